@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Launch an MPI job with sane per-rank defaults.  Run with --help for usage.
+set -euo pipefail
+
+usage() {
+  cat <<'USAGE'
+Usage: ./mpi_run.sh [-n N] [--hostfile FILE] [--dry-run] [--] COMMAND [ARGS...]
+
+Runs COMMAND on N MPI ranks (default 2) with the mpirun of the active environment
+(the virtual environment's bin/ first, then PATH).
+
+  -n, -np N         number of ranks (default: 2)
+  --hostfile FILE   hosts to place ranks on (passed as -f for MPICH, --hostfile for Open MPI)
+  --dry-run         print the mpirun command line and exit without running it
+  -h, --help        show this help
+
+Environment:
+  Each rank gets one BLAS/OpenMP thread (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS,
+  MKL_NUM_THREADS = 1) unless you already set them; ranks sharing cores otherwise
+  fight over them.  With Open MPI, --oversubscribe is added (and --allow-run-as-root
+  when running as root); MPICH needs neither.  MPIRUN=/path/to/mpirun overrides the
+  launcher lookup.  The full command is printed to stderr before it runs.
+
+Examples:
+  ./mpi_run.sh -n 4 python -m npddp.train --backend ring
+  ./mpi_run.sh -n 2 python benchmarks/allreduce.py --out ar.h5
+USAGE
+}
+
+nprocs=2
+hostfile=""
+dry_run=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    -h|--help) usage; exit 0 ;;
+    -n|-np) [[ $# -ge 2 ]] || { echo "mpi_run.sh: $1 needs a value" >&2; exit 2; }
+            nprocs="$2"; shift 2 ;;
+    --hostfile) [[ $# -ge 2 ]] || { echo "mpi_run.sh: --hostfile needs a file" >&2; exit 2; }
+            hostfile="$2"; shift 2 ;;
+    --dry-run) dry_run=1; shift ;;
+    --) shift; break ;;
+    -*) echo "mpi_run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) break ;;
+  esac
+done
+[[ $# -gt 0 ]] || { echo "mpi_run.sh: no command given (see --help)" >&2; exit 2; }
+[[ "$nprocs" =~ ^[1-9][0-9]*$ ]] || { echo "mpi_run.sh: -n must be a positive integer, got '$nprocs'" >&2; exit 2; }
+[[ -z "$hostfile" || -r "$hostfile" ]] || { echo "mpi_run.sh: hostfile '$hostfile' is not readable" >&2; exit 2; }
+
+mpirun="${MPIRUN:-}"
+if [[ -z "$mpirun" && -n "${VIRTUAL_ENV:-}" && -x "$VIRTUAL_ENV/bin/mpirun" ]]; then mpirun="$VIRTUAL_ENV/bin/mpirun"; fi
+if [[ -z "$mpirun" ]]; then
+  pydir="$(dirname "$(command -v python3 || command -v python || echo /nonexistent)")"
+  if [[ -x "$pydir/mpirun" ]]; then mpirun="$pydir/mpirun"; fi
+fi
+if [[ -z "$mpirun" ]]; then mpirun="$(command -v mpirun || command -v mpiexec || true)"; fi
+[[ -n "$mpirun" ]] || { echo "mpi_run.sh: no mpirun found; pip install mpich (or install an MPI) first" >&2; exit 127; }
+
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
+export MKL_NUM_THREADS="${MKL_NUM_THREADS:-1}"
+
+args=(-n "$nprocs")
+if "$mpirun" --version 2>&1 | grep -qiE 'open mpi|open-mpi|openrte'; then
+  args+=(--oversubscribe)
+  [[ "$(id -u)" == 0 ]] && args+=(--allow-run-as-root)
+  [[ -n "$hostfile" ]] && args+=(--hostfile "$hostfile")
+  for v in OMP_NUM_THREADS OPENBLAS_NUM_THREADS MKL_NUM_THREADS; do args+=(-x "$v"); done
+else
+  [[ -n "$hostfile" ]] && args+=(-f "$hostfile")
+  args+=(-envlist OMP_NUM_THREADS,OPENBLAS_NUM_THREADS,MKL_NUM_THREADS)
+fi
+
+echo "+ $mpirun ${args[*]} $*" >&2
+[[ "$dry_run" == 1 ]] && exit 0
+exec "$mpirun" "${args[@]}" "$@"

@@ -1,0 +1,65 @@
+"""The Communicator protocol every backend implements, and the Work handle of a non-blocking call."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class Work(Protocol):
+    """Handle of a non-blocking collective."""
+
+    def wait(self) -> np.ndarray:
+        """Block until the collective is complete; return its result array."""
+
+    def test(self) -> bool:
+        """Advance the collective as far as possible without blocking; True once complete."""
+
+
+@runtime_checkable
+class Communicator(Protocol):
+    """Collectives over NumPy buffers. Backends only reduce; they never average."""
+
+    @property
+    def rank(self) -> int:
+        """This process's rank, 0 <= rank < size."""
+
+    @property
+    def size(self) -> int:
+        """Number of ranks in the group."""
+
+    @property
+    def name(self) -> str:
+        """Backend name as accepted by ``npddp.comm.create``."""
+
+    def barrier(self) -> None:
+        """Return only once every rank has entered the barrier."""
+
+    def broadcast(self, buf: np.ndarray, root: int = 0) -> np.ndarray:
+        """Overwrite ``buf`` on every rank with root's ``buf``, in place; return ``buf``."""
+
+    def allreduce(self, buf: np.ndarray, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
+        """Reduce ``buf`` elementwise over ranks into ``out`` (``buf`` itself when None); return it."""
+
+    def iallreduce(self, buf: np.ndarray, op: str = "sum") -> Work:
+        """Start an in-place all-reduce of ``buf``; progress it with ``Work.test``/``Work.wait``."""
+
+    def reduce_scatter(self, buf: np.ndarray, op: str = "sum") -> np.ndarray:
+        """Reduce ``buf`` over ranks; return this rank's block, blocks as ``np.array_split(buf.ravel(), size)``."""
+
+    def allgather(self, buf: np.ndarray) -> np.ndarray:
+        """Return every rank's ``buf`` stacked, shape ``(size, *buf.shape)``."""
+
+    def gather(self, buf: np.ndarray, root: int = 0) -> np.ndarray | None:
+        """On root return every rank's ``buf`` stacked as ``(size, *buf.shape)``; None elsewhere."""
+
+    def scatter(self, buf: np.ndarray, root: int = 0) -> np.ndarray:
+        """Every rank passes ``buf`` of shape ``(size, *block)``; each returns root's ``buf[rank]``."""
+
+    def send(self, buf: np.ndarray, dest: int, tag: int = 0) -> None:
+        """Blocking point-to-point send of ``buf`` to ``dest``."""
+
+    def recv(self, buf: np.ndarray, source: int, tag: int = 0) -> np.ndarray:
+        """Blocking receive into ``buf`` from ``source``; return ``buf``."""

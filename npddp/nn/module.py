@@ -1,0 +1,166 @@
+"""Parameter, the Module base class and Sequential.
+
+Contract used by DDP:
+* ``Parameter.data`` and ``Parameter.grad`` exist from construction; backward only ever
+  adds into ``grad`` in place (``+=`` or ``out=``), so DDP may swap ``grad`` for a view into
+  a flat bucket once, after construction, and every later backward writes into the bucket.
+* ``named_parameters()`` has a fixed order: attribute definition order, depth first.
+* ``register_grad_hook(fn)``: during ``backward`` of a container, ``fn(layer)`` is called
+  right after each leaf layer's backward returns, at which point that layer's parameter
+  gradients are final for this backward pass (layers without parameters report too, so a
+  listener can poll outstanding communication between layers).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import numpy as np
+
+
+class Parameter:
+    """A trainable array with its gradient buffer, allocated together."""
+
+    __slots__ = ("data", "grad")
+
+    def __init__(self, data: np.ndarray):
+        self.data = np.ascontiguousarray(data)
+        self.grad = np.zeros_like(self.data)
+
+    @property
+    def shape(self):
+        """Shape of ``data``."""
+        return self.data.shape
+
+    @property
+    def dtype(self):
+        """dtype of ``data``."""
+        return self.data.dtype
+
+    def __repr__(self) -> str:
+        return f"Parameter(shape={self.data.shape}, dtype={self.data.dtype})"
+
+
+class Module:
+    """Base class: parameters and sub-modules are found among the instance attributes."""
+
+    def __init__(self):
+        self.training = True
+        self._grad_hooks: list[Callable[[Module], None]] = []
+
+    # --- structure -------------------------------------------------------------------
+    def children(self) -> Iterator[tuple[str, "Module"]]:
+        """Direct sub-modules with their attribute names, in definition order."""
+        for key, value in vars(self).items():
+            if isinstance(value, Module):
+                yield key, value
+
+    def named_parameters(self, prefix: str = "") -> list[tuple[str, Parameter]]:
+        """Every parameter with a dotted name, depth first, in a fixed order."""
+        out = []
+        for key, value in vars(self).items():
+            if isinstance(value, Parameter):
+                out.append((prefix + key, value))
+            elif isinstance(value, Module):
+                out.extend(value.named_parameters(prefix + key + "."))
+        return out
+
+    def parameters(self) -> list[Parameter]:
+        """Every parameter, in ``named_parameters`` order."""
+        return [p for _, p in self.named_parameters()]
+
+    def num_parameters(self) -> int:
+        """Total number of scalar parameters."""
+        return sum(p.data.size for p in self.parameters())
+
+    def num_bytes(self) -> int:
+        """Bytes held by parameter values (gradients take as much again)."""
+        return sum(p.data.nbytes for p in self.parameters())
+
+    def zero_grad(self) -> None:
+        """Set every gradient to zero in place."""
+        for p in self.parameters():
+            p.grad[...] = 0
+
+    def train(self, mode: bool = True) -> "Module":
+        """Switch this module and its children to training (or eval) mode."""
+        self.training = mode
+        for _, child in self.children():
+            child.train(mode)
+        return self
+
+    def eval(self) -> "Module":
+        """Switch to evaluation mode."""
+        return self.train(False)
+
+    # --- gradient-ready notifications ------------------------------------------------
+    def register_grad_hook(self, fn: Callable[["Module"], None]) -> None:
+        """Call ``fn(layer)`` after each leaf layer's backward inside this module."""
+        self._grad_hooks.append(fn)
+        for _, child in self.children():
+            child.register_grad_hook(fn)
+
+    def clear_grad_hooks(self) -> None:
+        """Remove every gradient hook from this module and its children."""
+        self._grad_hooks.clear()
+        for _, child in self.children():
+            child.clear_grad_hooks()
+
+    def _backward_child(self, child: "Module", dout: np.ndarray) -> np.ndarray:
+        """Run ``child.backward`` and, for a leaf child, tell the hooks its gradients are final."""
+        dx = child.backward(dout)
+        if self._grad_hooks and next(child.children(), None) is None:
+            for fn in self._grad_hooks:
+                fn(child)
+        return dx
+
+    # --- computation -----------------------------------------------------------------
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """Compute the output for ``x`` (and keep what backward needs)."""
+        raise NotImplementedError
+
+    def backward(self, dout: np.ndarray) -> np.ndarray:
+        """Accumulate parameter gradients for ``dout`` = dL/d(output); return dL/d(input)."""
+        raise NotImplementedError
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.forward(x)
+
+    def extra_repr(self) -> str:
+        """Layer settings shown by repr."""
+        return ""
+
+    def __repr__(self) -> str:
+        kids = list(self.children())
+        if not kids:
+            return f"{type(self).__name__}({self.extra_repr()})"
+        body = "\n".join(f"  ({k}): " + repr(m).replace("\n", "\n  ") for k, m in kids)
+        return f"{type(self).__name__}(\n{body}\n)"
+
+
+class Sequential(Module):
+    """Layers applied in order; backward runs them in reverse, reporting each leaf to the hooks."""
+
+    def __init__(self, *layers: Module):
+        super().__init__()
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, Module):
+                raise TypeError(f"Sequential item {i} is {type(layer).__name__}, not a Module")
+            setattr(self, str(i), layer)
+        self.layers = list(layers)  # plain list: not an attribute Module walks
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer.forward(x)
+        return x
+
+    def backward(self, dout):
+        for layer in reversed(self.layers):
+            dout = self._backward_child(layer, dout)
+        return dout
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __getitem__(self, i: int) -> Module:
+        return self.layers[i]
