@@ -1,0 +1,292 @@
+"""Tests of benchmarks/allreduce.py: exact check data, argument errors, the sweep and its HDF5 dump.
+
+Serial tests run the sweep on ``MPI.COMM_SELF``; the MPI tests run it in-process on
+``COMM_WORLD`` and check that every rank agrees; one serial test launches the script under
+``mpirun -n 2`` to see bad arguments end every rank with exit status 2.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import npddp.comm as npcomm
+from benchmarks import allreduce as ar
+from benchmarks import _common as bc
+from npddp import runinfo
+
+TINY = ["-b", "4", "-e", "1K", "-f", "7", "--iters", "4", "--warmup", "2", "--budget", "0.001"]
+
+
+def _simulate(inputs, op, order):
+    """Reduce the ranks' arrays one at a time in ``order``, in their own dtype."""
+    acc = inputs[order[0]].copy()
+    for r in order[1:]:
+        npcomm.OPS[op](acc, inputs[r], out=acc)
+    return acc
+
+
+@pytest.mark.parametrize("dtype", npcomm.DTYPES)
+def test_check_data_reduces_exactly_in_any_order(dtype):
+    rng = np.random.default_rng(1)
+    for op in npcomm.OPS:
+        for n in (1, 2, 3, 4, 7, 64) + ((1024,) if dtype == "float16" and op == "sum" else ()):
+            f = ar.data_table(op, dtype, n)
+            count = 2 * f.size + 5
+            inputs = [ar.periodic(f, r, count, dtype) for r in range(n)]
+            assert all(x.dtype == np.dtype(dtype) and x.shape == (count,) for x in inputs)
+            expected = ar.periodic(ar.reduced_table(f, op, n), 0, count, dtype)
+            for order in (list(range(n)), list(range(n))[::-1], list(rng.permutation(n))):
+                assert np.array_equal(_simulate(inputs, op, order), expected), (op, n, order)
+            if f.size > 1:  # the data varies along the vector, so a shifted block is seen
+                assert np.unique(inputs[0]).size > 1
+
+
+def test_check_data_sees_a_block_shifted_by_any_block_size():
+    f = ar.data_table("sum", "float32", 4)
+    data = ar.periodic(f, 0, 4096, "float32")
+    for shift in range(1, 1021):
+        assert not np.array_equal(data[shift:], data[:-shift]), shift
+
+
+def test_block_matches_array_split():
+    for count in (0, 1, 3, 7, 10, 64):
+        for n in (1, 2, 3, 4):
+            parts = np.array_split(np.arange(count), n)
+            for rank in range(n):
+                lo, hi = ar.block(count, n, rank)
+                assert np.array_equal(np.arange(lo, hi), parts[rank])
+
+
+def test_sizes_round_to_whole_elements_and_drop_duplicates():
+    cfg = ar.parse_config(["-b", "12", "-e", "100", "-f", "2", "--dtype", "float64"])
+    assert ar.sizes(cfg, 2).tolist() == [1, 3, 6, 12]  # 12, 24, 48, 96 bytes, rounded down to whole float64s
+    cfg = ar.parse_config(["-b", "8", "-e", "100", "-f", "3", "--dtype", "float32", "--collective", "allgather"])
+    assert ar.sizes(cfg, 3).tolist() == [6, 18]  # 8 B -> 2 -> 0 (dropped); 24 B -> 6; 72 B -> 18
+    cfg = ar.parse_config(["-b", "8", "-e", "256M"])
+    counts = ar.sizes(cfg, 2)
+    assert counts[0] == 2 and counts[-1] == 64 << 20 and np.all(counts[1:] == 2 * counts[:-1])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--backends", "mpi,bogus"], "unknown backend 'bogus'"),
+    (["--backends", "mpi,mpi"], "names a backend twice"),
+    (["-b", "1M", "-e", "1K"], "is larger than -e"),
+    (["-b", "2", "--dtype", "float32"], "smaller than one float32 element"),
+    (["--dtype", "float8"], "invalid choice: 'float8'"),
+    (["--op", "avg"], "invalid choice: 'avg'"),
+    (["--collective", "allgather", "--op", "max"], "--op applies to allreduce and reduce_scatter"),
+    (["-f", "1"], "factor must be an int >= 2"),
+    (["-e", "12Q"], "bad size '12Q'"),
+    (["--iters", "0"], "must be >= 1"),
+    (["--budget", "0"], "--budget must be > 0"),
+])
+def test_bad_arguments_exit_2_with_a_clear_message(capsys, argv, message):
+    with pytest.raises(SystemExit) as e:
+        ar.parse_config(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        ar.parse_config(argv, verbose=False)  # ranks other than 0: same exit, nothing printed
+    assert e.value.code == 2
+    assert capsys.readouterr() == ("", "")
+
+
+def test_op_is_none_for_collectives_that_do_not_reduce():
+    assert ar.parse_config(["--collective", "broadcast"]).op == "none"
+    assert ar.parse_config(["--collective", "reduce_scatter"]).op == "sum"
+    assert ar.parse_config(["--op", "max"]).op == "max"
+
+
+# ----------------------------------------------------------------------------- checking on one rank
+
+class Faulty:
+    """A communicator that delegates to the mpi backend and then spoils one thing."""
+
+    def __init__(self, inner, fault):
+        self._inner, self._fault = inner, fault
+        self.rank, self.size, self.name = inner.rank, inner.size, "faulty"
+
+    def barrier(self):
+        self._inner.barrier()
+
+    def allreduce(self, buf, op="sum", out=None):
+        if self._fault == "ignore_out" and out is not None:
+            return out
+        result = self._inner.allreduce(buf, op, out=out)
+        if self._fault == "clobber_input" and out is not None:
+            buf[-1] += 1
+        elif self._fault == "bump":
+            result[result.size // 2] += 1
+        return result
+
+    def broadcast(self, buf, root=0):
+        self._inner.broadcast(buf, root)
+        if self._fault == "bump":
+            buf[0] += 1
+        return buf
+
+    def allgather(self, buf):
+        out = self._inner.allgather(buf)
+        if self._fault == "bump":
+            out[0, -1] += 1
+        return out
+
+    def reduce_scatter(self, buf, op="sum"):
+        out = self._inner.reduce_scatter(buf, op)
+        if self._fault == "bump":
+            out[0] += 1
+        return out
+
+
+CASES = [(c, p) for c in bc.COLLECTIVES for p in ar.PLACES[c]]
+
+
+@pytest.mark.parametrize("collective, place", CASES)
+def test_check_counts_zero_for_every_backend_and_catches_faults(collective, place):
+    dtype, op = "float32", ("sum" if collective in ar.REDUCING else "none")
+    for name in npcomm.BACKENDS:
+        run, check = ar.kernel(npcomm.create(name, MPI.COMM_SELF), collective, place, 10, dtype, op)
+        run()
+        run()  # timed iterations may leave anything in the buffers; the check starts afresh
+        assert check() == 0, name
+    inner = npcomm.create("mpi", MPI.COMM_SELF)
+    assert ar.kernel(Faulty(inner, "bump"), collective, place, 10, dtype, op)[1]() == 1
+    if place == "outofplace" and collective == "allreduce":
+        assert ar.kernel(Faulty(inner, "ignore_out"), collective, place, 10, dtype, op)[1]() == 10
+        assert ar.kernel(Faulty(inner, "clobber_input"), collective, place, 10, dtype, op)[1]() == 1
+
+
+def test_measure_times_a_bounded_number_of_iterations():
+    calls = []
+    times, wrong = ar.measure(lambda: calls.append(1), lambda: 5, MPI.COMM_SELF, iters=20, warmup=3, budget=10.0)
+    assert times.shape == (20,) and np.all(times >= 0) and wrong == 5
+    assert len(calls) == 1 + 2 + 20  # first warm-up sizes the run, two more, then the timed ones
+    slow = lambda: __import__("time").sleep(0.02)  # noqa: E731
+    times, _ = ar.measure(slow, lambda: 0, MPI.COMM_SELF, iters=20, warmup=5, budget=0.03)
+    assert times.shape == (ar.MIN_ITERS,) and np.all(times >= 0.02)
+
+
+DATASETS = {"bytes": np.int64, "count": np.int64, "iters": np.int64, "time_s": np.float64,
+            "time_min_s": np.float64, "time_median_s": np.float64, "time_max_s": np.float64,
+            "algbw_GBps": np.float64, "busbw_GBps": np.float64, "wrong": np.int64}
+
+
+def check_dump(path, argv, n, collective="allreduce", dtype="float32"):
+    """Problems found in a sweep dump (empty when it matches the documented layout)."""
+    problems = []
+
+    def expect(ok, what):
+        if not ok:
+            problems.append(what)
+    cfg = ar.parse_config(argv)
+    counts = ar.sizes(cfg, n)
+    with h5py.File(path, "r") as f:
+        a = runinfo.read_attrs(f)
+        expect(a["kind"] == "allreduce_sweep" and a["collective"] == collective and a["dtype"] == dtype, "kind")
+        expect(a["schema_version"] == runinfo.SCHEMA_VERSION and a["world_size"] == n, "schema/world size")
+        expect(a["backends"] == list(cfg.backends) and a["places"] == list(ar.PLACES[collective]), "backends")
+        expect(json.loads(a["argv"]) == argv and json.loads(a["config"])["iters"] == cfg.iters, "argv/config")
+        expect(a["config.minbytes"] == cfg.minbytes and a["mpi_library"] and a["host"], "config/env attrs")
+        for backend in cfg.backends:
+            for place in ar.PLACES[collective]:
+                g = f[f"{backend}/{place}"]
+                for name, dt in DATASETS.items():
+                    expect(g[name].dtype == dt, f"{backend}/{place}/{name} dtype {g[name].dtype}")
+                d = {name: g[name][()] for name in DATASETS}
+                expect(d["count"].tolist() == counts.tolist(), "count")
+                expect(np.array_equal(d["bytes"], counts * np.dtype(dtype).itemsize), "bytes")
+                expect(d["time_s"].shape == (counts.size, cfg.iters), "time_s shape")
+                filled = np.isfinite(d["time_s"])
+                expect(np.array_equal(filled.sum(axis=1), d["iters"]) and np.all(d["iters"] >= ar.MIN_ITERS)
+                       and np.all(filled[:, :ar.MIN_ITERS]), "iters / NaN padding")
+                expect(np.all(d["time_s"][filled] > 0), "positive times")
+                expect(np.allclose(d["time_median_s"], np.nanmedian(d["time_s"], axis=1))
+                       and np.all(d["time_min_s"] <= d["time_median_s"])
+                       and np.all(d["time_median_s"] <= d["time_max_s"]), "min/median/max")
+                expect(np.allclose(d["algbw_GBps"], d["bytes"] / d["time_median_s"] / 1e9), "algbw")
+                factor = bc.busbw_factor(collective, n)
+                expect(np.allclose(d["busbw_GBps"], d["algbw_GBps"] * factor)
+                       and g.attrs["busbw_factor"] == pytest.approx(factor), "busbw")
+                expect(not d["wrong"].any(), f"{backend}/{place} wrong {d['wrong'].tolist()}")
+    return problems
+
+
+def test_main_on_one_rank_prints_the_table_and_writes_the_layout(tmp_path, capsys):
+    path = tmp_path / "ar.h5"
+    argv = TINY + ["--out", str(path)]
+    assert ar.main(argv, mpi_comm=MPI.COMM_SELF) == 0
+    assert check_dump(path, argv, 1) == []
+    out = capsys.readouterr().out
+    for backend in npcomm.BACKENDS:
+        assert f"{backend} in-place" in out and f"{backend} out-of-place" in out
+    assert "time(us)" in out and "busbw" in out and "#wrong" in out and "ring/mpi inplace" in out
+    assert os.listdir(tmp_path) == ["ar.h5"]
+
+
+def test_main_returns_1_when_any_result_is_wrong(monkeypatch, capsys):
+    real = npcomm.create
+    monkeypatch.setattr(npcomm, "create", lambda name, c=None: Faulty(real("mpi", c), "bump"))
+    assert ar.main(TINY + ["--backends", "ring"], mpi_comm=MPI.COMM_SELF) == 1
+    assert "FAILED" in capsys.readouterr().out
+
+
+def test_script_bad_arguments_exit_2_on_every_rank_without_hanging(run_script):
+    done = run_script(2, "allreduce.py", "--backends", "mpi,bogus")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("allreduce.py: error: --backends: unknown backend 'bogus'") == 1, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+# ----------------------------------------------------------------------------- MPI
+
+def _agreed_tempdir(comm):
+    """A fresh directory made by rank 0, its path broadcast as fixed-length bytes."""
+    buf = np.zeros(4096, dtype=np.uint8)
+    if comm.Get_rank() == 0:
+        raw = tempfile.mkdtemp(prefix="npddp-bench-").encode()
+        buf[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+    comm.Bcast(buf, root=0)
+    return Path(bytes(buf).rstrip(b"\0").decode())
+
+
+@pytest.mark.mpi(min_size=2)
+def test_sweep_dump_written_by_rank_0(assert_all_ranks):
+    comm = MPI.COMM_WORLD
+    directory = _agreed_tempdir(comm)
+    path = directory / "ar.h5"
+    argv = TINY + ["--out", str(path)]
+    rc = ar.main(argv, mpi_comm=comm)
+    comm.Barrier()
+    problems = check_dump(path, argv, comm.Get_size()) if comm.Get_rank() == 0 else []
+    if comm.Get_rank() == 0:
+        shutil.rmtree(directory)
+    assert_all_ranks(rc == 0 and not problems, f"rc={rc}, problems: {problems}")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_every_backend_is_exact_and_ranks_agree_on_the_results(assert_all_ranks, assert_ranks_agree):
+    comm = MPI.COMM_WORLD
+    combos = list(zip(npcomm.DTYPES, ["sum", "prod", "max", "min", "sum"]))  # every dtype, every op
+    failures = []
+    for collective in bc.COLLECTIVES:
+        for dtype, op in (combos if collective in ar.REDUCING else combos[:2]):
+            itemsize = np.dtype(dtype).itemsize  # counts 1, 7, 49: fewer than, and not divisible by, the ranks
+            argv = TINY + ["-b", str(itemsize), "-e", str(64 * itemsize), "--collective", collective,
+                           "--dtype", dtype, "--iters", "3"]
+            if collective in ar.REDUCING:
+                argv += ["--op", op]
+            cfg = ar.parse_config(argv, verbose=False)
+            results = ar.run_sweep(cfg, comm)
+            for r in results:
+                if r.wrong.any():
+                    failures.append(f"{collective} {dtype} {op} {r.backend} {r.place}: wrong {r.wrong.tolist()}")
+            times = np.stack([r.time_s for r in results])
+            assert_ranks_agree(np.nan_to_num(times, nan=-1.0))  # max over ranks, so identical everywhere
+    assert_all_ranks(not failures, "; ".join(failures))
