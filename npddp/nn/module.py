@@ -55,6 +55,12 @@ class Module:
             if isinstance(value, Module):
                 yield key, value
 
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
+        """This module (named ``prefix``) and every sub-module with a dotted name, depth first."""
+        yield prefix, self
+        for key, child in self.children():
+            yield from child.named_modules(f"{prefix}.{key}" if prefix else key)
+
     def named_parameters(self, prefix: str = "") -> list[tuple[str, Parameter]]:
         """Every parameter with a dotted name, depth first, in a fixed order."""
         out = []

@@ -1,0 +1,118 @@
+"""Dense layers and pointwise activations: Linear, ReLU, Tanh, Flatten.
+
+Each ``forward`` caches its input by reference (no copy) and ``backward`` uses the input of
+the most recent ``forward``.  Parameter gradients are *added* into ``.grad`` in place and
+looked up at backward time, so a ``.grad`` swapped for a view into a flat buffer keeps working.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._check import (cached, check_dout, check_dtype_arg, check_float_array, check_input,
+                     check_positive_int, check_rng)
+from .init import get_init
+from .module import Module, Parameter
+
+
+class Linear(Module):
+    """``y = x @ W.T + b`` with ``W`` of shape (out, in), as in PyTorch.
+
+    Weights start He-normal (``init`` picks another scheme from :mod:`npddp.nn.init`), drawn
+    from ``rng`` (a Generator or int seed; None: unseeded), biases zero.  ``input_grad=False``
+    skips dL/dx (backward returns None): use it for a first layer whose input is data, which
+    saves one matmul per step.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
+                 dtype=np.float32, rng=None, init: str = "he_normal", input_grad: bool = True):
+        super().__init__()
+        self.in_features = check_positive_int("in_features", in_features)
+        self.out_features = check_positive_int("out_features", out_features)
+        self.dtype = check_dtype_arg(dtype)
+        rng = check_rng(rng)
+        shape = (self.out_features, self.in_features)
+        self.weight = Parameter(get_init(init)(rng, shape, self.in_features, self.dtype))  # (out, in)
+        self.bias = Parameter(np.zeros(self.out_features, self.dtype)) if bias else None   # (out,)
+        self.input_grad = bool(input_grad)
+        self._x = None
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        check_input(self, x, ("B", self.in_features), self.dtype)
+        self._x = x                                        # (B, in)
+        y = np.matmul(x, self.weight.data.T)               # (B, out)
+        if self.bias is not None:
+            np.add(y, self.bias.data, out=y)               # (B, out)
+        return y
+
+    def backward(self, dout: np.ndarray) -> np.ndarray | None:
+        x = cached(self, self._x)                          # (B, in)
+        check_dout(self, dout, (x.shape[0], self.out_features))
+        gw = self.weight.grad
+        np.add(gw, np.matmul(dout.T, x), out=gw)           # (out, in)
+        if self.bias is not None:
+            gb = self.bias.grad
+            np.add(gb, dout.sum(axis=0), out=gb)           # (out,)
+        if not self.input_grad:
+            return None
+        return np.matmul(dout, self.weight.data)           # (B, in)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}->{self.out_features}" + ("" if self.bias is not None else ", bias=False")
+
+
+class ReLU(Module):
+    """``max(x, 0)`` elementwise; the gradient at 0 is taken as 0."""
+
+    def __init__(self):
+        super().__init__()
+        self._x = None
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        check_float_array(self, x)
+        self._x = x                                        # (B, ...)
+        return np.maximum(x, 0)                            # (B, ...)
+
+    def backward(self, dout: np.ndarray) -> np.ndarray:
+        x = cached(self, self._x)                          # (B, ...)
+        check_dout(self, dout, x.shape)
+        return dout * (x > 0)                              # (B, ...)
+
+
+class Tanh(Module):
+    """``tanh(x)`` elementwise; backward uses the cached output: ``dout * (1 - y**2)``."""
+
+    def __init__(self):
+        super().__init__()
+        self._y = None
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        check_float_array(self, x)
+        self._y = np.tanh(x)                               # (B, ...)
+        return self._y
+
+    def backward(self, dout: np.ndarray) -> np.ndarray:
+        y = cached(self, self._y)                          # (B, ...)
+        check_dout(self, dout, y.shape)
+        dx = np.multiply(y, y)                             # (B, ...)
+        np.subtract(1, dx, out=dx)                         # (B, ...)
+        np.multiply(dx, dout, out=dx)                      # (B, ...)
+        return dx
+
+
+class Flatten(Module):
+    """``(B, d1, d2, ...) -> (B, d1*d2*...)``: a view when the input is contiguous."""
+
+    def __init__(self):
+        super().__init__()
+        self._shape = None
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        check_float_array(self, x, min_ndim=2)
+        self._shape = x.shape                              # (B, ...)
+        return x.reshape(x.shape[0], -1)                   # (B, prod(...))
+
+    def backward(self, dout: np.ndarray) -> np.ndarray:
+        shape = cached(self, self._shape)
+        check_dout(self, dout, (shape[0], int(np.prod(shape[1:]))))
+        return dout.reshape(shape)                         # (B, ...)
