@@ -1,0 +1,319 @@
+"""The training CLI's configuration: one dataclass whose field metadata builds the argparse parser.
+
+Each field of :class:`Config` is one ``--flag`` (underscores become dashes). Its metadata
+holds the help text, the valid choices, and whether a resumed run must repeat the value
+(``resume="match"``). :func:`parse_config` turns argv into a ``Config``; :func:`check_config`
+validates it against the world size. Both raise :class:`ConfigError` with a message meant to be
+printed after ``error: ``; neither communicates, so every rank reaches the same verdict.
+
+The choice lists come from the modules that implement them; importing this module does not
+import mpi4py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import typing
+from dataclasses import dataclass, field
+
+from .comm import BACKENDS
+from .data.arrays import ARRAY_SUFFIXES
+from .ddp import COMPRESSIONS, SYNCS
+
+MODELS = ("mlp", "cnn")
+OPTIMIZERS = ("sgd", "adamw")
+DTYPES = ("float32", "float64")
+DATASETS = ("synthetic", "synthetic-image", "digits", "mnist")
+DATA_SUFFIXES = ARRAY_SUFFIXES
+H5_SUFFIXES = (".h5", ".hdf5")
+PROG = "python -m npddp.train"
+
+
+class ConfigError(ValueError):
+    """Bad command-line input: printed once as ``error: <message>``, exit code 2."""
+
+
+def _opt(default, help: str, *, choices=None, metavar=None, resume: str = "", shown=None):
+    """A dataclass field carrying its command-line help; ``resume="match"``: fixed for a resumed run."""
+    meta = {"help": help, "choices": choices, "metavar": metavar, "resume": resume, "shown": shown}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every setting of a training run."""
+
+    # --- communication
+    backend: str = _opt("mpi", "all-reduce implementation: MPI's own collectives (mpi), the "
+                        "hand-written ring over point-to-point calls (ring), or gather-reduce-"
+                        "broadcast at rank 0 (naive)", choices=BACKENDS)
+    sync: str = _opt("overlap", "gradient sync strategy: one all-reduce per tensor (per_param), one "
+                     "flat buffer (flat), buckets after backward (bucketed), or buckets reduced "
+                     "while backward runs (overlap)", choices=SYNCS)
+    bucket_mb: float = _opt(0.25, "bucket size cap in MiB for bucketed/overlap (small, so the small "
+                            "default model still gets several buckets)", metavar="MB")
+    compression: str = _opt("none", "gradient compression: none, fp16 (half-precision all-reduce) or "
+                            "topk (largest --topk-ratio of each bucket, with error feedback)",
+                            choices=COMPRESSIONS)
+    topk_ratio: float = _opt(0.01, "fraction of each bucket sent by --compression topk, in (0, 1]",
+                             metavar="R")
+    local_sgd: int = _opt(0, "average parameters every K steps instead of gradients every step "
+                          "(0: plain data parallelism)", metavar="K", resume="match")
+    # --- model
+    model: str = _opt("mlp", "network: mlp (Linear+ReLU layers) or cnn (3x3 conv, ReLU, 2x2 max-pool "
+                      "stages, then a dense head)", choices=MODELS, resume="match")
+    hidden: list = _opt([256, 256], "widths of the hidden dense layers (the MLP, or the CNN's head)",
+                        metavar="N", resume="match")
+    channels: list = _opt([8, 16], "CNN only: output channels of each conv stage", metavar="C",
+                          resume="match")
+    dropout: float = _opt(0.0, "dropout probability after each hidden dense layer, in [0, 1) "
+                          "(0: no dropout layers); each rank draws its own masks", metavar="P",
+                          resume="match")
+    dtype: str = _opt("float32", "floating type of data, parameters and gradients", choices=DTYPES,
+                      resume="match")
+    # --- data
+    dataset: typing.Optional[str] = _opt(
+        None, "synthetic, synthetic-image, digits (needs scikit-learn), mnist (IDX files in "
+        "--data-dir), or a path to a .npz/.h5/.hdf5 file holding arrays X and y (integer labels)",
+        metavar="NAME|PATH", resume="match", shown="synthetic; synthetic-image with --model cnn")
+    data_dir: typing.Optional[str] = _opt(None, "directory holding the MNIST files (and relative "
+                                          "array-file paths)", metavar="DIR", shown="none")
+    train_samples: int = _opt(0, "use this many training rows (synthetic sets generate exactly that "
+                              "many; 0: 32768 for synthetic, 8192 for synthetic-image, all rows "
+                              "otherwise)", metavar="N",
+                              resume="match")
+    val_samples: int = _opt(0, "use this many validation rows (0: 1024 for synthetic sets, all "
+                            "rows otherwise)", metavar="N")
+    # --- optimisation
+    epochs: int = _opt(5, "passes over the training set", metavar="N")
+    batch_size: int = _opt(96, "GLOBAL batch size, split evenly across ranks: it must be a multiple "
+                           "of the world size (96 suits 1, 2, 3, 4, 6, 8, ... ranks)", metavar="B",
+                           resume="match")
+    lr: float = _opt(0.05, "learning rate", metavar="LR")
+    optimizer: str = _opt("sgd", "sgd (with --momentum) or adamw", choices=OPTIMIZERS, resume="match")
+    momentum: float = _opt(0.9, "SGD momentum in [0, 1) (ignored by adamw)", metavar="M",
+                           resume="match")
+    weight_decay: float = _opt(0.0, "L2 penalty for sgd, decoupled decay for adamw", metavar="WD",
+                               resume="match")
+    seed: int = _opt(0, "seed of the initial weights, the data shuffle (seed + epoch) and the "
+                     "dropout streams", metavar="S", resume="match")
+    max_steps: int = _opt(0, "stop after this many optimizer steps in all (counting those before a "
+                          "--resume), writing the checkpoint; 0: no limit", metavar="N")
+    # --- files
+    checkpoint: typing.Optional[str] = _opt(
+        None, "HDF5 checkpoint written atomically by rank 0 at the end of every epoch and of the "
+        "run (and every --checkpoint-every steps); it may replace an npddp checkpoint, never "
+        "another file",
+        metavar="PATH.h5", shown="none")
+    checkpoint_every: int = _opt(0, "also write the checkpoint every N optimizer steps (0: only "
+                                 "at epoch ends and at the end)", metavar="N")
+    resume: bool = _opt(False, "continue the run saved in --checkpoint; flags marked [fixed on "
+                        "resume] must repeat the saved values")
+    allow_world_size_change: bool = _opt(
+        False, "let --resume continue on a different number of ranks: parameters, optimizer "
+        "state and the position in the epoch are kept, per-rank state (dropout streams, top-k "
+        "residuals) starts afresh, and the result is no longer bit-identical to an "
+        "uninterrupted run")
+    metrics: typing.Optional[str] = _opt(
+        None, "HDF5 file of per-step and per-epoch metrics (groups /steps and /epochs of 1-D "
+        "columns), rewritten atomically by rank 0 at every epoch end and checkpoint; it may "
+        "replace an npddp metrics file, never another file",
+        metavar="PATH.h5", shown="none")
+    # --- process
+    threads: int = _opt(0, "BLAS threads per rank, applied with threadpoolctl when it is installed; "
+                        "without it only the environment counts (set OMP_NUM_THREADS / "
+                        "OPENBLAS_NUM_THREADS before launching, as ./mpi_run.sh does) and a "
+                        "warning says so; 0: leave as is", metavar="N")
+    quiet: bool = _opt(False, "print only the final summary (and errors and warnings)")
+
+    def dataset_name(self) -> str:
+        """--dataset, or the default for --model."""
+        if self.dataset is not None:
+            return self.dataset
+        return "synthetic-image" if self.model == "cnn" else "synthetic"
+
+    def as_dict(self) -> dict:
+        """The fields as a plain dict (lists copied)."""
+        return {f.name: _copy(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+def _copy(value):
+    return list(value) if isinstance(value, list) else value
+
+
+def flag(name: str) -> str:
+    """``batch_size`` -> ``--batch-size``."""
+    return "--" + name.replace("_", "-")
+
+
+def fixed_on_resume() -> tuple[str, ...]:
+    """Names of the fields a resumed run must repeat."""
+    return tuple(f.name for f in dataclasses.fields(Config) if f.metadata["resume"] == "match")
+
+
+def _show(value) -> str:
+    """A default as it would be typed on the command line."""
+    if isinstance(value, list):
+        return " ".join(str(v) for v in value)
+    if isinstance(value, bool):
+        return "off" if not value else "on"
+    return "none" if value is None else str(value)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser that raises ConfigError instead of exiting, and prints help to a chosen file."""
+
+    def __init__(self, *args, help_file=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._help_file = help_file
+
+    def error(self, message):
+        raise ConfigError(message)
+
+    def print_help(self, file=None):
+        super().print_help(file if file is not None else self._help_file)
+
+
+_EPILOG = """\
+batch size: --batch-size is the global batch; each rank takes batch_size / world_size rows
+  per step, so it must be a multiple of the world size (an error names the nearest valid one).
+resume: --resume --checkpoint run.h5 continues where run.h5 stopped (epoch, batch, optimizer
+  and every random state); with the same flags, world size and backend the final parameters
+  are bit-identical to a run that never stopped. A different world size is an error unless
+  --allow-world-size-change is given.
+exit codes: 0 done; 2 bad input (one 'error: ...' line from rank 0, nothing overwritten);
+  1 an unhandled exception on any rank (the whole job is aborted).
+examples:
+  mpirun -n 2 python -m npddp.train
+  mpirun -n 4 python -m npddp.train --backend ring --model cnn --epochs 5 --checkpoint run.h5
+  mpirun -n 4 python -m npddp.train --checkpoint run.h5 --resume --metrics m.h5
+"""
+
+
+#: The field that opens each section of --help.
+_GROUPS = {"backend": "communication", "model": "model", "dataset": "data",
+           "epochs": "optimisation", "checkpoint": "files", "threads": "process"}
+
+
+def build_parser(help_file=None) -> argparse.ArgumentParser:
+    """The parser for every Config field, with defaults and choices in the help."""
+    parser = _Parser(prog=PROG, description="Train a NumPy model with Distributed Data Parallel over "
+                     "MPI; rank 0 prints progress and writes the HDF5 files.", epilog=_EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter, help_file=help_file,
+                     allow_abbrev=False)
+    hints = typing.get_type_hints(Config)
+    group = parser
+    for f in dataclasses.fields(Config):
+        if f.name in _GROUPS:
+            group = parser.add_argument_group(_GROUPS[f.name])
+        meta = f.metadata
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        shown = meta["shown"] if meta["shown"] is not None else _show(default)
+        text = meta["help"] + f" (default: {shown})"
+        if meta["resume"] == "match":
+            text += " [fixed on resume]"
+        kwargs: dict = {"dest": f.name, "default": argparse.SUPPRESS, "help": text}
+        kind = hints[f.name]
+        if kind is bool:
+            kwargs["action"] = "store_true"
+        else:
+            if kind is list:
+                kwargs.update(type=int, nargs="+")
+            else:
+                kwargs["type"] = next(a for a in typing.get_args(kind) if a is not type(None)) \
+                    if typing.get_origin(kind) is typing.Union else kind
+            if meta["choices"]:
+                kwargs["choices"] = meta["choices"]
+                kwargs["metavar"] = "{" + ",".join(meta["choices"]) + "}"
+            elif meta["metavar"]:
+                kwargs["metavar"] = meta["metavar"]
+        group.add_argument(flag(f.name), **kwargs)
+    return parser
+
+
+def parse_config(argv=None, help_file=None) -> Config:
+    """A Config from ``argv`` (default ``sys.argv[1:]``); ConfigError on a bad or unknown flag.
+
+    ``--help`` prints to ``help_file`` (stdout when None) and raises SystemExit(0).
+    """
+    values = vars(build_parser(help_file).parse_args(argv))
+    return Config(**values)
+
+
+# ----------------------------------------------------------------------------- validation
+
+def _positive(cfg: Config, name: str, allow_zero: bool = False) -> None:
+    value = getattr(cfg, name)
+    ok = value >= 0 if allow_zero else value > 0
+    if not (ok and math.isfinite(value)):
+        what = "an integer >= 0" if isinstance(value, int) and allow_zero else \
+            "a positive integer" if isinstance(value, int) else "a positive number"
+        raise ConfigError(f"{flag(name)} must be {what}, got {value}")
+
+
+def check_config(cfg: Config, world_size: int) -> None:
+    """Raise ConfigError on the first setting that is invalid for ``world_size`` ranks.
+
+    Looks at nothing but ``cfg`` and ``world_size`` (no files, no messages), so every rank
+    reaches the same verdict.
+    """
+    for name in ("epochs", "batch_size", "lr", "bucket_mb"):
+        _positive(cfg, name)
+    for name in ("local_sgd", "seed", "max_steps", "checkpoint_every", "threads", "train_samples",
+                 "val_samples"):
+        _positive(cfg, name, allow_zero=True)
+    if not (0.0 <= cfg.momentum < 1.0):
+        raise ConfigError(f"--momentum must be in [0, 1), got {cfg.momentum}")
+    if not (0.0 <= cfg.weight_decay < math.inf):
+        raise ConfigError(f"--weight-decay must be a finite number >= 0, got {cfg.weight_decay}")
+    if not (0.0 <= cfg.dropout < 1.0):
+        raise ConfigError(f"--dropout must be in [0, 1), got {cfg.dropout}")
+    if not (0.0 < cfg.topk_ratio <= 1.0):
+        raise ConfigError(f"--topk-ratio must be in (0, 1], got {cfg.topk_ratio}")
+    for name in ("hidden", "channels"):
+        bad = [v for v in getattr(cfg, name) if v < 1]
+        if bad:
+            raise ConfigError(f"{flag(name)} takes positive integers, got {bad[0]}")
+    if cfg.batch_size < world_size:
+        raise ConfigError(f"--batch-size {cfg.batch_size} is smaller than the world size {world_size}: "
+                          "every rank needs at least one row per step")
+    if cfg.batch_size % world_size:
+        lower = cfg.batch_size - cfg.batch_size % world_size
+        raise ConfigError(f"--batch-size {cfg.batch_size} does not split evenly over {world_size} "
+                          f"ranks: use a multiple of {world_size}, e.g. {lower} or {lower + world_size}")
+    if cfg.local_sgd and cfg.compression != "none":
+        raise ConfigError(f"--local-sgd {cfg.local_sgd} averages parameters, so it cannot be combined "
+                          f"with --compression {cfg.compression}")
+    _check_dataset(cfg)
+    _check_files(cfg)
+
+
+def _check_dataset(cfg: Config) -> None:
+    """A known dataset name or a path with a data-file suffix; mnist needs --data-dir."""
+    name = cfg.dataset_name()
+    if name not in DATASETS and not name.lower().endswith(DATA_SUFFIXES):
+        raise ConfigError(f"unknown --dataset {name!r}; valid: {', '.join(DATASETS)}, or a path "
+                          f"ending in {', '.join(DATA_SUFFIXES)}")
+    if name == "mnist" and not cfg.data_dir:
+        raise ConfigError("--dataset mnist needs --data-dir DIR: the directory holding "
+                          "train-images-idx3-ubyte and the other three IDX files")
+
+
+def _check_files(cfg: Config) -> None:
+    """Output paths end in .h5/.hdf5 and differ; flags that need --checkpoint have it."""
+    for name in ("checkpoint", "metrics"):
+        path = getattr(cfg, name)
+        if path is not None and not path.lower().endswith(H5_SUFFIXES):
+            raise ConfigError(f"{flag(name)} {path!r} must end in {' or '.join(H5_SUFFIXES)}")
+    if cfg.checkpoint and cfg.metrics and os.path.abspath(cfg.checkpoint) == os.path.abspath(cfg.metrics):
+        raise ConfigError(f"--checkpoint and --metrics name the same file {cfg.checkpoint!r}")
+    for name in ("resume", "checkpoint_every"):
+        if getattr(cfg, name) and cfg.checkpoint is None:
+            raise ConfigError(f"{flag(name)} needs --checkpoint PATH.h5")
+    if cfg.allow_world_size_change and not cfg.resume:
+        raise ConfigError("--allow-world-size-change only applies with --resume")
