@@ -1,0 +1,201 @@
+"""All-reduce and iallreduce on every backend, over COMM_SELF and COMM_WORLD.
+
+Exact values for every size, dtype, op and layout; results bit-identical on all ranks;
+non-blocking handles polled, waited in any order and interleaved with blocking collectives.
+"""
+
+import time
+
+import numpy as np
+
+from npddp.comm import DTYPES, OPS, create
+
+
+def sizes(k: int) -> list[int]:
+    """Element counts worth testing with ``k`` ranks."""
+    return sorted({0, 1, k - 1, k, k + 1, 1009})
+
+
+def run_case(comm, values, n, dtype, op, inplace, shape=None):
+    """One all-reduce of the exact inputs; returns (result, list of problems)."""
+    x = values.rank(n, comm.rank, dtype, op)
+    expected = values.expected(n, comm.size, dtype, op)
+    if shape is not None:
+        x, expected = x.reshape(shape), expected.reshape(shape)
+    case = f"n={n} shape={x.shape} {np.dtype(dtype).name} {op} {'in place' if inplace else 'out='}"
+    problems = []
+    if inplace:
+        got = comm.allreduce(x, op)
+        if got is not x:
+            problems.append(f"{case}: in-place call did not return buf")
+    else:
+        x.flags.writeable = False  # out= only reads the input
+        before = x.copy()
+        out = np.full_like(x, -7)
+        got = comm.allreduce(x, op, out=out)
+        if got is not out:
+            problems.append(f"{case}: did not return out")
+        if not np.array_equal(x, before):
+            problems.append(f"{case}: input changed")
+    if got.dtype != expected.dtype or got.shape != expected.shape or not np.array_equal(got, expected):
+        problems.append(f"{case}: got {got.ravel()[:6]}, expected {expected.ravel()[:6]}")
+    return got, problems
+
+
+def test_allreduce_exact(comm, mpi_comm, values, assert_all_ranks, assert_ranks_agree):
+    problems = []
+    for n in sizes(comm.size):
+        for dtype in DTYPES:
+            for op in OPS:
+                for inplace in (True, False):
+                    got, found = run_case(comm, values, n, dtype, op, inplace)
+                    problems += found
+                    assert_ranks_agree(got, mpi_comm)
+    assert_all_ranks(not problems, "; ".join(problems[:4]), mpi_comm)
+
+
+def test_allreduce_large(comm, mpi_comm, values, assert_all_ranks, assert_ranks_agree):
+    problems = []
+    for dtype in ("float32", "int64"):
+        for op in ("sum", "max"):
+            for inplace in (True, False):
+                got, found = run_case(comm, values, 2**20 + 3, dtype, op, inplace)
+                problems += found
+                assert_ranks_agree(got, mpi_comm)
+    assert_all_ranks(not problems, "; ".join(problems[:4]), mpi_comm)
+
+
+def test_allreduce_64mb(comm, mpi_comm, assert_all_ranks):
+    x = np.full(16 << 20, comm.rank + 1, dtype=np.float32)  # 64 MB
+    comm.allreduce(x, "sum")
+    want = comm.size * (comm.size + 1) // 2
+    wrong = int(np.count_nonzero(x != want))
+    assert_all_ranks(wrong == 0, f"{wrong} of {x.size} elements differ from {want}", mpi_comm)
+
+
+def test_allreduce_any_shape(comm, mpi_comm, values, assert_all_ranks, assert_ranks_agree):
+    problems = []
+    for shape in [(), (0,), (3, 0), (2, 3), (4, 1, 5), (comm.size + 1, 3)]:
+        for inplace in (True, False):
+            got, found = run_case(comm, values, int(np.prod(shape)), "float64", "sum", inplace, shape)
+            problems += found
+            assert_ranks_agree(got, mpi_comm)
+    assert_all_ranks(not problems, "; ".join(problems[:4]), mpi_comm)
+
+
+def test_ring_segments_and_windows(mpi_comm, values, assert_all_ranks, assert_ranks_agree):
+    """Tiny segments force many units per ring step; every window size must give exact results."""
+    comm = create("ring", mpi_comm)
+    problems = []
+    for segment_bytes in (8, 100):
+        for window in (1, 3):
+            comm.segment_bytes, comm.window = segment_bytes, window
+            for n in (0, 1, comm.size + 1, 1009):
+                for dtype in ("float16", "int64"):
+                    for op in ("sum", "prod"):
+                        got, found = run_case(comm, values, n, dtype, op, inplace=n % 2 == 0)
+                        problems += [f"segment_bytes={segment_bytes} window={window} {p}" for p in found]
+                        assert_ranks_agree(got, mpi_comm)
+            bufs = [values.rank(n, comm.rank, "float32", "sum") for n in (1009, 37, 0, 3)]
+            works = [comm.iallreduce(b, "sum") for b in bufs]
+            poll_until_done(works)
+            for b, work in zip(bufs, works):
+                if work.wait() is not b or not np.array_equal(b, values.expected(b.size, comm.size, "float32", "sum")):
+                    problems.append(f"segment_bytes={segment_bytes} window={window} iallreduce n={b.size}")
+    assert_all_ranks(not problems, "; ".join(problems[:4]), mpi_comm)
+
+
+def test_float_cancellation_agrees_bitwise(comm, mpi_comm, assert_all_ranks, assert_ranks_agree):
+    """Terms of +-1e6 that cancel: rounding depends on order, but every rank must hold the same bits."""
+    i = np.arange(4099)
+    problems = []
+    for dtype in ("float32", "float64"):
+        terms = [np.where((i + r) % 2 == 0, 1e6, -1e6) * (1 + i % 3) + 0.1 * (r + 1) + 1e-3 * i
+                 for r in range(comm.size)]
+        exact = np.sum([t.astype(dtype).astype(np.float64) for t in terms], axis=0)
+        for inplace in (True, False):
+            x = terms[comm.rank].astype(dtype)
+            got = comm.allreduce(x, "sum") if inplace else comm.allreduce(x, "sum", out=np.empty_like(x))
+            tol = 8 * comm.size * 3e6 * np.finfo(dtype).eps
+            if not np.allclose(got, exact, rtol=0, atol=tol):
+                problems.append(f"{dtype}: max error {np.max(np.abs(got - exact))} > {tol}")
+            assert_ranks_agree(got, mpi_comm)
+    assert_all_ranks(not problems, "; ".join(problems), mpi_comm)
+
+
+def test_ten_thousand_small_allreduces(comm, mpi_comm, assert_all_ranks):
+    x, out = np.zeros(2, dtype=np.int64), np.empty(2, dtype=np.int64)
+    totals = np.zeros(2, dtype=np.int64)
+    for step in range(10_000):
+        x[0], x[1] = step + comm.rank, -comm.rank
+        totals += comm.allreduce(x, "sum", out=out)
+    k, pairs = comm.size, comm.size * (comm.size - 1) // 2
+    expected = [k * (10_000 * 9_999 // 2) + 10_000 * pairs, -10_000 * pairs]
+    assert_all_ranks(totals.tolist() == expected, f"totals {totals.tolist()} != {expected}", mpi_comm)
+
+
+def poll_until_done(works, seconds=60.0):
+    """Call test() on every handle until all report completion (or the deadline passes)."""
+    deadline = time.monotonic() + seconds
+    while not all([w.test() for w in works]) and time.monotonic() < deadline:
+        pass
+
+
+def _outstanding(comm, values):
+    """Several buffers of different size, dtype and op, with their expected results."""
+    specs = [(1009, "float32", "sum"), (0, "int64", "max"), (comm.size + 1, "float64", "prod"),
+             (5000, "int32", "min"), (1, "float16", "sum"), (2**16 + 1, "int64", "sum")]
+    bufs = [values.rank(n, comm.rank, dtype, op) for n, dtype, op in specs]
+    expected = [values.expected(n, comm.size, dtype, op) for n, dtype, op in specs]
+    return specs, bufs, expected
+
+
+def test_iallreduce_polled_then_waited_in_order(comm, mpi_comm, values, assert_all_ranks, assert_ranks_agree):
+    specs, bufs, expected = _outstanding(comm, values)
+    works = [comm.iallreduce(b, op) for b, (_, _, op) in zip(bufs, specs)]
+    poll_until_done(works)
+    all_done = all([w.test() for w in works])
+    results = [w.wait() for w in works]
+    again = [w.wait() for w in works]
+    problems = [] if all_done else ["test() never reported completion"]
+    for spec, b, r, r2, e in zip(specs, bufs, results, again, expected):
+        if r is not b or r2 is not b or not np.array_equal(b, e):
+            problems.append(f"{spec}: got {b[:4]}, expected {e[:4]}")
+        assert_ranks_agree(b, mpi_comm)
+    assert_all_ranks(not problems, "; ".join(problems), mpi_comm)
+
+
+def test_iallreduce_waited_in_rank_dependent_order(comm, mpi_comm, values, assert_all_ranks):
+    """Odd ranks wait newest first, even ranks oldest first: handles must not depend on wait order."""
+    specs, bufs, expected = _outstanding(comm, values)
+    works = [comm.iallreduce(b, op) for b, (_, _, op) in zip(bufs, specs)]
+    for w in (works[::-1] if comm.rank % 2 else works):
+        w.wait()
+    bad = [spec for spec, b, e in zip(specs, bufs, expected) if not np.array_equal(b, e)]
+    assert_all_ranks(not bad, f"wrong results for {bad}", mpi_comm)
+
+
+def test_iallreduce_interleaved_with_blocking_collectives(comm, mpi_comm, values, assert_all_ranks):
+    k, root = comm.size, comm.size - 1
+    a = values.rank(3001, comm.rank, "float64", "sum")
+    work = comm.iallreduce(a, "sum")
+    b = comm.allreduce(values.rank(77, comm.rank, "int64", "max"), "max")
+    c = np.arange(50.0) if comm.rank == root else np.zeros(50)
+    comm.broadcast(c, root=root)
+    comm.barrier()
+    g = comm.allgather(np.array([comm.rank], dtype=np.int32))
+    work.wait()
+    ok = (np.array_equal(a, values.expected(3001, k, "float64", "sum"))
+          and np.array_equal(b, values.expected(77, k, "int64", "max"))
+          and np.array_equal(c, np.arange(50.0)) and np.array_equal(g.ravel(), np.arange(k)))
+    assert_all_ranks(ok, "an outstanding iallreduce disturbed (or was disturbed by) blocking collectives", mpi_comm)
+
+
+def test_iallreduce_one_rank_completes_at_once(backend, values):
+    from mpi4py import MPI
+    comm = create(backend, MPI.COMM_SELF)
+    for n in (0, 1, 10):
+        x = values.rank(n, 0, "float32", "sum")
+        before = x.copy()
+        work = comm.iallreduce(x, "sum")
+        assert work.test() and work.wait() is x and np.array_equal(x, before)

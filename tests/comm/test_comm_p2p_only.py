@@ -1,0 +1,105 @@
+"""The hand-written backends use point-to-point calls only, and reuse their scratch buffers."""
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from npddp.comm import create
+
+p2p_backends = pytest.mark.parametrize("backend", ["ring", "naive"])
+
+
+def test_wrapper_refuses_collectives(p2p_only, comm_world):
+    raw = p2p_only(comm_world)
+    for name in ("Allreduce", "Iallreduce", "Bcast", "Barrier", "Dup", "Split", "Reduce_scatter", "Gather"):
+        with pytest.raises(AttributeError, match=name):
+            getattr(raw, name)
+    assert raw.Get_size() == comm_world.Get_size() and raw.messages() == 0
+
+
+@p2p_backends
+def test_every_collective_over_point_to_point_only(backend, mpi_comm, p2p_only, values, assert_all_ranks):
+    raw = p2p_only(mpi_comm)
+    comm = create(backend, raw)
+    k, rank = comm.size, comm.rank
+    problems = []
+    comm.barrier()
+    b = np.arange(3000.0) if rank == k - 1 else np.zeros(3000)
+    if not np.array_equal(comm.broadcast(b, root=k - 1), np.arange(3000.0)):
+        problems.append("broadcast")
+    for n in (0, 1, k + 1, 1009, 70_001):
+        for op in ("sum", "prod", "max"):
+            x = values.rank(n, rank, "float64", op)
+            if not np.array_equal(comm.allreduce(x, op), values.expected(n, k, "float64", op)):
+                problems.append(f"allreduce n={n} {op}")
+            y = values.rank(n, rank, "int32", op)
+            out = comm.allreduce(y, op, out=np.empty_like(y))
+            if not np.array_equal(out, values.expected(n, k, "int32", op)):
+                problems.append(f"allreduce out= n={n} {op}")
+    z = values.rank(501, rank, "float32", "min")
+    comm.iallreduce(z, "min").wait()
+    if not np.array_equal(z, values.expected(501, k, "float32", "min")):
+        problems.append("iallreduce")
+    rs = comm.reduce_scatter(values.rank(11, rank, "int64", "sum"), "sum")
+    if not np.array_equal(rs, np.array_split(values.expected(11, k, "int64", "sum"), k)[rank]):
+        problems.append("reduce_scatter")
+    if not np.array_equal(comm.allgather(np.array([rank, -rank])), np.array([[r, -r] for r in range(k)])):
+        problems.append("allgather")
+    g = comm.gather(np.array([rank]), root=0)
+    if rank == 0 and not np.array_equal(g.ravel(), np.arange(k)):
+        problems.append("gather")
+    if comm.scatter(np.arange(k * 2).reshape(k, 2), root=0).tolist() != [2 * rank, 2 * rank + 1]:
+        problems.append("scatter")
+    if k > 1:
+        got = np.zeros(3)
+        if rank == 0:
+            comm.send(np.full(3, 5.0), dest=1, tag=3)
+        elif rank == 1:
+            comm.recv(got, source=0, tag=3)
+        if rank == 1 and not np.array_equal(got, np.full(3, 5.0)):
+            problems.append("send/recv")
+    if k > 1 and not raw.messages():
+        problems.append("no point-to-point calls were counted")
+    assert_all_ranks(not problems, f"{backend}: {problems}", mpi_comm)
+
+
+@p2p_backends
+def test_steady_state_allocates_nothing(backend, mpi_comm, assert_all_ranks):
+    """After warm-up, 1 MB all-reduces neither grow the scratch pool nor allocate array memory."""
+    comm = create(backend, mpi_comm)
+    x, y = np.ones(1 << 18, dtype=np.float32), np.ones(1 << 18, dtype=np.float32)  # 1 MB each
+    out = np.empty_like(x)
+
+    def one_at_a_time():
+        comm.allreduce(x, "max")
+        comm.allreduce(x, "sum", out=out)
+        comm.iallreduce(x, "min").wait()
+
+    def two_outstanding():
+        w1, w2 = comm.iallreduce(x, "max"), comm.iallreduce(y, "min")
+        w2.wait(), w1.wait()
+
+    one_at_a_time()
+    pool = (comm.scratch.nbuffers, comm.scratch.nbytes)
+    tracemalloc.start()
+    try:
+        base, _ = tracemalloc.get_traced_memory()
+        for _ in range(10):
+            one_at_a_time()
+        single = tracemalloc.get_traced_memory()
+        same_pool = (comm.scratch.nbuffers, comm.scratch.nbytes) == pool
+        for _ in range(10):  # two handles in flight may need a second scratch buffer, never more
+            two_outstanding()
+        double = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    bounded = comm.scratch.nbuffers <= 2 * pool[0] and comm.scratch.nbytes <= 2 * pool[1]
+    ok = (same_pool and bounded and single[0] - base < 16_384 and single[1] - base < 65_536
+          and double[0] - base < pool[1] + 16_384 and double[1] - base < pool[1] + 65_536)
+    assert_all_ranks(ok, f"pool {pool} -> {(comm.scratch.nbuffers, comm.scratch.nbytes)}; traced memory above "
+                         f"start (current, peak): one at a time {single[0] - base}, {single[1] - base} B; "
+                         f"two outstanding {double[0] - base}, {double[1] - base} B", mpi_comm)
+    if comm.size > 1:  # naive reduces on rank 0 only
+        used = comm.scratch.nbytes > 0 or (backend == "naive" and comm.rank != 0)
+        assert_all_ranks(used, "no scratch was used", mpi_comm)
