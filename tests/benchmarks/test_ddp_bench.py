@@ -1,0 +1,303 @@
+"""Tests of benchmarks/ddp.py: options, combinations, the row arithmetic, sweeps and their dumps.
+
+Serial tests run the benchmark on ``MPI.COMM_SELF``; the MPI tests run it in-process on
+``COMM_WORLD`` with the tiny model and a few steps, and check every rank's view; one serial
+test launches the script under ``mpirun -n 2`` to see bad arguments end every rank with 2.
+"""
+
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from benchmarks import ddp as bd
+from benchmarks import report
+from npddp import runinfo
+from npddp.ddp import SYNCS
+from npddp.nn import mlp
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "ddp.py"
+TINY = ["--models", "tiny", "--batch", "4", "--steps", "2", "--warmup", "1"]
+# 0.001 MiB holds no two tiny-model tensors (one bucket each); 1000 MiB holds them all
+BUCKETS = ["--bucket-mb", "0.001,1000"]
+
+
+def agreed_tempdir(comm):
+    """A fresh directory made by rank 0, its path broadcast as fixed-length bytes."""
+    buf = np.zeros(4096, dtype=np.uint8)
+    if comm.Get_rank() == 0:
+        raw = tempfile.mkdtemp(prefix="npddp-ddp-bench-").encode()
+        buf[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+    comm.Bcast(buf, root=0)
+    return Path(bytes(buf).rstrip(b"\0").decode())
+
+
+def read_dump(path):
+    """(root attributes, {column: 1-D array with bytes decoded to str})."""
+    with h5py.File(path, "r") as f:
+        attrs = runinfo.read_attrs(f)
+        rows = {}
+        for name, ds in f["rows"].items():
+            values = ds[()]
+            rows[name] = [v.decode() for v in values] if values.dtype.kind == "S" else values
+    return attrs, rows
+
+
+def expected_ops(sync, bucket_mb, tensors):
+    """All-reduce calls per step for the tiny model with the buckets of BUCKETS."""
+    if sync == "per_param" or (sync in bd.BUCKETED and bucket_mb < 1):
+        return tensors
+    return 1
+
+
+# ----------------------------------------------------------------------------- options
+
+def test_model_sizes_are_as_documented():
+    for name, (low, high, tensors) in {"tiny": (0.9e6, 1.2e6, 6), "small": (4.5e6, 5.5e6, 12),
+                                       "medium": (15e6, 25e6, 12)}.items():
+        count = bd.param_count(name)
+        assert low <= count <= high, (name, count)
+        assert f"{count:,}" in bd.__doc__
+        if name != "medium":  # building it takes a second; its count follows from the same formula
+            model = mlp(bd.IN_FEATURES, bd.MODELS[name], bd.OUT_FEATURES, seed=0)
+            assert model.num_parameters() == count and len(model.parameters()) == tensors
+
+
+def test_combinations_sweep_bucket_caps_only_where_they_matter():
+    for k in range(1, len(SYNCS) + 1):
+        for syncs in itertools.combinations(SYNCS, k):
+            for caps in ("25", "1,25", "0.5,4,64"):
+                argv = ["--models", "tiny,medium", "--syncs", ",".join(syncs), "--backends", "mpi,ring",
+                        "--bucket-mb", caps]
+                todo = bd.combos(bd.parse_config(argv))
+                ncaps = len(caps.split(","))
+                per_model = sum(ncaps if s in bd.BUCKETED else 1 for s in syncs) * 2
+                assert len(todo) == 2 * per_model and len(set(todo)) == len(todo)
+                for c in todo:
+                    assert (c.bucket_mb > 0) == (c.sync in bd.BUCKETED), c
+
+
+def test_defaults_differ_between_breakdown_and_weak_scaling():
+    cfg = bd.parse_config([])
+    assert cfg.models == ("tiny", "small", "medium") and cfg.syncs == SYNCS
+    assert cfg.backends == ("mpi", "ring") and cfg.bucket_mb == (1.0, 25.0) and not cfg.weak_scaling
+    ws = bd.parse_config(["--weak-scaling"])
+    assert ws.models == ("small",) and ws.syncs == ("overlap",) and ws.bucket_mb == (25.0,) and ws.weak_scaling
+    assert bd.parse_config(["--weak-scaling", "--models", "tiny"]).models == ("tiny",)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--models", "tiny,huge"], "unknown name 'huge'; valid: tiny, small, medium"),
+    (["--syncs", "flat,flat"], "names something twice"),
+    (["--syncs", "async"], "unknown name 'async'"),
+    (["--backends", "nccl"], "unknown name 'nccl'"),
+    (["--bucket-mb", "0"], "distinct finite numbers > 0"),
+    (["--bucket-mb", "1,x"], "expected comma-separated numbers"),
+    (["--batch", "0"], "must be >= 1, got 0"),
+    (["--steps", "two"], "expected an integer, got 'two'"),
+    (["--warmup", "-1"], "must be >= 0, got -1"),
+    (["--dtype", "float16"], "invalid choice: 'float16'"),
+])
+def test_bad_arguments_exit_2_with_a_clear_message(capsys, argv, message):
+    with pytest.raises(SystemExit) as e:
+        bd.parse_config(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        bd.parse_config(argv, verbose=False)  # ranks other than 0: same exit, nothing printed
+    assert e.value.code == 2
+    assert capsys.readouterr() == ("", "")
+
+
+def test_scaling_sizes_are_powers_of_two_then_the_world():
+    for k in range(1, 40):
+        sizes = bd.scaling_sizes(k)
+        assert sizes[0] == 1 and sizes[-1] == k and sizes == sorted(set(sizes))
+        assert all(n & (n - 1) == 0 for n in sizes[:-1]) and sizes[-2:][0] * 2 >= k
+
+
+# ----------------------------------------------------------------------------- row arithmetic
+
+def test_rows_take_the_slowest_rank_for_the_step_and_the_mean_for_its_parts():
+    rng = np.random.default_rng(0)
+    f = {name: i for i, name in enumerate(bd.FIELDS)}
+    todo = [bd.Combo("tiny", "overlap", "mpi", 25.0), bd.Combo("small", "flat", "ring", 0.0)]
+    for n, steps in itertools.product((1, 2, 3, 4), (1, 2, 5)):
+        ranks = np.zeros((n, len(todo), steps, len(bd.FIELDS)))  # (ranks, combos, steps, fields)
+        parts = rng.uniform(0.001, 0.01, size=(n, len(todo), steps, 4))  # forward, compute-backward, issue, exposed
+        opt = rng.uniform(0.001, 0.01, size=(n, len(todo), steps))
+        ranks[..., f["forward_s"]] = parts[..., 0]
+        ranks[..., f["comm_issue_s"]] = parts[..., 2]
+        ranks[..., f["backward_s"]] = parts[..., 1] + parts[..., 2]
+        ranks[..., f["comm_exposed_s"]] = parts[..., 3]
+        ranks[..., f["optimizer_s"]] = opt
+        ranks[..., f["total_s"]] = parts.sum(axis=-1) + opt + rng.uniform(0, 0.001, size=opt.shape)
+        ranks[..., f["comm_calls"]] = 3
+        ranks[..., f["comm_bytes"]] = 4000
+        rows = bd.breakdown_rows(todo, ranks.max(axis=0), ranks.mean(axis=0), n, 8)
+        for c, row in enumerate(rows):
+            total = ranks[:, c, :, f["total_s"]].max(axis=0)  # (steps,) slowest rank per step
+            assert row["total_time_ms"] == pytest.approx(np.median(total) * 1e3)
+            assert row["total_time_ms_min"] <= row["total_time_ms_p10"] <= row["total_time_ms"]
+            assert row["total_time_ms"] <= row["total_time_ms_p90"] <= row["total_time_ms_max"]
+            comm = (parts[:, c, :, 2] + parts[:, c, :, 3]).mean(axis=0)
+            assert row["comm_time_ms"] == pytest.approx(np.median(comm) * 1e3)
+            assert row["backward_time_ms"] == pytest.approx(np.median(parts[:, c, :, 1].mean(axis=0)) * 1e3)
+            compute = (parts[:, c, :, 0] + parts[:, c, :, 1] + opt[:, c]).mean(axis=0)
+            assert row["compute_time_ms"] == pytest.approx(np.median(compute) * 1e3)
+            assert 0 <= row["comm_fraction"] <= 1
+            assert row["comm_fraction"] == pytest.approx(row["comm_time_ms"] / row["total_time_ms"])
+            assert row["samples_per_s"] == pytest.approx(n * 8 / np.median(total))
+            assert row["num_comm_ops"] == 3 and row["comm_bytes"] == 4000 and row["world_size"] == n
+            assert row["params"] == bd.param_count(todo[c].model) and row["bucket_mb"] == todo[c].bucket_mb
+
+
+# ----------------------------------------------------------------------------- one rank
+
+def check_breakdown(path, argv, n):
+    """Problems found in a breakdown dump (empty when it matches the documented layout)."""
+    cfg = bd.parse_config(argv, verbose=False)
+    todo = bd.combos(cfg)
+    attrs, rows = read_dump(path)
+    problems = []
+
+    def expect(ok, what):
+        if not ok:
+            problems.append(what)
+    expect(attrs["kind"] == "ddp_breakdown" and attrs["schema_version"] == runinfo.SCHEMA_VERSION, "kind")
+    expect(attrs["world_size"] == n and attrs["backend"] == ",".join(cfg.backends), "world size / backend")
+    expect(json.loads(attrs["argv"]) == argv and attrs["config.steps"] == cfg.steps, "argv / config")
+    expect(set(report.BREAKDOWN_COLUMNS + report.SPLIT_COLUMNS) <= set(rows), "report's columns")
+    expect({len(v) for v in rows.values()} == {len(todo)}, "one row per combination")
+    got = list(zip(rows["model_size"], rows["sync"], rows["backend"], rows["bucket_mb"]))
+    expect(got == [(c.model, c.sync, c.backend, c.bucket_mb) for c in todo], f"combinations {got}")
+    tensors = len(mlp(bd.IN_FEATURES, bd.MODELS["tiny"], bd.OUT_FEATURES).parameters())
+    for i, c in enumerate(todo):
+        ops = expected_ops(c.sync, c.bucket_mb, tensors) if n > 1 else 0
+        expect(rows["num_comm_ops"][i] == ops, f"{c}: {rows['num_comm_ops'][i]} ops, expected {ops}")
+        expect(rows["comm_bytes"][i] == (bd.param_count("tiny") * 4 if n > 1 else 0), f"{c}: comm_bytes")
+        expect(0 <= rows["comm_fraction"][i] <= 1, f"{c}: comm_fraction {rows['comm_fraction'][i]}")
+        expect(rows["total_time_ms"][i] > 0 and rows["compute_time_ms"][i] > 0, f"{c}: times")
+        expect(rows["samples_per_s"][i] == pytest.approx(n * cfg.batch / rows["total_time_ms"][i] * 1e3), "samples/s")
+    for name in ("params", "num_comm_ops", "comm_bytes", "world_size", "batch"):
+        expect(rows[name].dtype == np.int64, f"{name} dtype")
+    for name in ("bucket_mb", "total_time_ms", "comm_fraction", "samples_per_s"):
+        expect(rows[name].dtype == np.float64, f"{name} dtype")
+    try:
+        report.load(path)
+    except report.DumpError as e:
+        problems.append(f"report cannot read it: {e}")
+    return problems
+
+
+def test_one_rank_sweep_prints_the_table_and_writes_the_layout(tmp_path, capsys):
+    path = tmp_path / "ddp.h5"
+    argv = TINY + BUCKETS + ["--backends", "mpi", "--out", str(path)]
+    assert bd.main(argv, mpi_comm=MPI.COMM_SELF) == 0
+    assert check_breakdown(path, argv, 1) == []
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    at = [i for i, line in enumerate(lines) if line.split()[:1] == ["model"]]
+    assert len(at) == 1, out
+    header = lines[at[0]].split()
+    for head in ("step_ms", "p10", "p90", "fwd", "bwd", "comm", "exposed", "opt", "compute", "comm%", "ops",
+                 "samples/s"):
+        assert head in header, head
+    table = [line.split() for line in lines[at[0] + 1:at[0] + 1 + len(bd.combos(bd.parse_config(argv)))]]
+    assert [(r[0], r[1], r[2], float(r[3])) for r in table] == [
+        (c.model, c.sync, c.backend, c.bucket_mb) for c in bd.combos(bd.parse_config(argv))]
+    assert all(len(r) == len(header) for r in table)
+    assert os.listdir(tmp_path) == ["ddp.h5"]
+
+
+def test_bad_out_directory_exits_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        bd.main(TINY + ["--out", str(tmp_path / "missing" / "x.h5")], mpi_comm=MPI.COMM_SELF)
+    assert e.value.code == 2 and "does not exist or is not writable" in capsys.readouterr().err
+
+
+def _mpirun():
+    """The mpirun beside this Python (the virtual environment's), else the one on PATH."""
+    found = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or shutil.which("mpirun")
+    assert found, "no mpirun found"
+    return found
+
+
+def test_script_bad_arguments_exit_2_on_every_rank_without_hanging():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_"))}
+    done = subprocess.run([_mpirun(), "-n", "2", sys.executable, str(SCRIPT), "--syncs", "overlap,bogus"],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("ddp.py: error: argument --syncs: unknown name 'bogus'") == 1, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+# ----------------------------------------------------------------------------- MPI
+
+@pytest.mark.mpi(min_size=2)
+def test_records_reduce_to_the_max_and_the_mean_over_ranks(assert_ranks_agree):
+    comm = MPI.COMM_WORLD
+    n, rank = comm.Get_size(), comm.Get_rank()
+    records = np.full((3, 2, len(bd.FIELDS)), rank + 1.0)
+    worst, mean = bd.reduce_records(records, comm)
+    assert_ranks_agree(np.stack([worst, mean]))
+    assert np.all(worst == n) and np.allclose(mean, (n + 1) / 2) and np.all(records == rank + 1.0)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_breakdown_sweep_dump_matches_the_combinations(assert_all_ranks):
+    comm = MPI.COMM_WORLD
+    directory = agreed_tempdir(comm)
+    path = directory / "ddp.h5"
+    argv = TINY + BUCKETS + ["--out", str(path)]
+    rc = bd.main(argv, mpi_comm=comm)
+    comm.Barrier()
+    problems = check_breakdown(path, argv, comm.Get_size()) if comm.Get_rank() == 0 else []
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        shutil.rmtree(directory)
+    assert_all_ranks(rc == 0 and not problems, f"rc={rc}, problems: {problems}")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_weak_scaling_runs_each_size_and_is_1_at_one_rank(assert_all_ranks):
+    comm = MPI.COMM_WORLD
+    n = comm.Get_size()
+    directory = agreed_tempdir(comm)
+    path = directory / "ws.h5"
+    argv = ["--weak-scaling"] + TINY + ["--syncs", "flat,overlap", "--backends", "mpi,ring", "--out", str(path)]
+    rc = bd.main(argv, mpi_comm=comm)
+    comm.Barrier()
+    problems = []
+    if comm.Get_rank() == 0:
+        attrs, rows = read_dump(path)
+        todo = bd.combos(bd.parse_config(argv))
+        sizes = bd.scaling_sizes(n)
+        if attrs["kind"] != "weak_scaling" or attrs["world_size"] != n:
+            problems.append(f"attrs {attrs['kind']} {attrs['world_size']}")
+        if list(rows["world_size"]) != [k for k in sizes for _ in todo]:
+            problems.append(f"world sizes {list(rows['world_size'])}")
+        for i, k in enumerate(rows["world_size"]):
+            base = rows["samples_per_s"][i % len(todo)]
+            if rows["efficiency"][i] != pytest.approx(rows["samples_per_s"][i] / (k * base)):
+                problems.append(f"row {i}: efficiency")
+            if rows["step_ms"][i] != pytest.approx(k * 4 / rows["samples_per_s"][i] * 1e3):
+                problems.append(f"row {i}: step_ms")
+        if not all(e == 1.0 for e, k in zip(rows["efficiency"], rows["world_size"]) if k == 1):
+            problems.append("efficiency at one rank is not 1.0")
+        try:
+            report.load(path)
+        except report.DumpError as e:
+            problems.append(f"report cannot read it: {e}")
+        shutil.rmtree(directory)
+    assert_all_ranks(rc == 0 and not problems, f"rc={rc}, problems: {problems}")
