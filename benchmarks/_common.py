@@ -21,6 +21,7 @@ broadcast          n-1 (a chain)    1
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
 from dataclasses import dataclass
@@ -232,3 +233,15 @@ def project_ddp(params, world_sizes, compute_s_per_param: float, networks=NETWOR
                 comm = float(model_time(nbytes, "allreduce", int(n), net.alpha, net.beta, calls=buckets))
                 out.append(Projection(net.name, int(p), int(n), buckets, compute_s_per_param * int(p), comm))
     return out
+
+
+class RankParser(argparse.ArgumentParser):
+    """ArgumentParser that prints (help, usage, errors) only where ``verbose`` is set."""
+
+    def __init__(self, *args, verbose: bool = True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.verbose = verbose
+
+    def _print_message(self, message, file=None):
+        if self.verbose:
+            super()._print_message(message, file)

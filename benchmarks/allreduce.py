@@ -95,18 +95,6 @@ class SweepConfig:
 
 # ----------------------------------------------------------------------------- arguments
 
-class _RankParser(argparse.ArgumentParser):
-    """ArgumentParser that prints (help, usage, errors) only where ``verbose`` is set."""
-
-    def __init__(self, *args, verbose: bool = True, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.verbose = verbose
-
-    def _print_message(self, message, file=None):
-        if self.verbose:
-            super()._print_message(message, file)
-
-
 def _positive_int(text: str) -> int:
     """argparse type: an int >= 1."""
     value = int(text)
@@ -125,7 +113,7 @@ def _size(text: str) -> int:
 
 def build_parser(verbose: bool = True) -> argparse.ArgumentParser:
     """The command-line parser; only a ``verbose`` one prints."""
-    p = _RankParser(prog="allreduce.py", verbose=verbose,
+    p = bc.RankParser(prog="allreduce.py", verbose=verbose,
                     description="Time a collective over npddp backends across message sizes.")
     p.add_argument("--backends", default=",".join(npcomm.BACKENDS),
                    help=f"comma-separated backends (default: %(default)s; valid: {', '.join(npcomm.BACKENDS)})")

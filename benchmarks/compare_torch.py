@@ -55,6 +55,7 @@ from mpi4py import MPI  # noqa: E402
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import _common as bc  # noqa: E402
 from benchmarks import ddp as bench  # noqa: E402
 from npddp import comm as npcomm  # noqa: E402
 from npddp import runinfo  # noqa: E402
@@ -88,7 +89,7 @@ class Config:
 
 def build_parser(verbose: bool = True) -> argparse.ArgumentParser:
     """The command-line parser; only a ``verbose`` one prints."""
-    p = bench.RankParser(prog="compare_torch.py", verbose=verbose,
+    p = bc.RankParser(prog="compare_torch.py", verbose=verbose,
                          description="Throughput of npddp and torch DistributedDataParallel on the same MLP.")
     p.add_argument("--model", choices=tuple(bench.MODELS), default="small", help="model size (default small)")
     p.add_argument("--backends", type=bench.names(npcomm.BACKENDS), default=("mpi", "ring"),

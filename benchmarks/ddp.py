@@ -75,6 +75,7 @@ from mpi4py import MPI  # noqa: E402
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import _common as bc  # noqa: E402
 from npddp import comm as npcomm  # noqa: E402
 from npddp import runinfo  # noqa: E402
 from npddp.ddp import SYNCS, DistributedDataParallel  # noqa: E402
@@ -126,18 +127,6 @@ class Combo:
 
 # ----------------------------------------------------------------------------- arguments
 
-class RankParser(argparse.ArgumentParser):
-    """ArgumentParser that prints (help, usage, errors) only where ``verbose`` is set."""
-
-    def __init__(self, *args, verbose: bool = True, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.verbose = verbose
-
-    def _print_message(self, message, file=None):
-        if self.verbose:
-            super()._print_message(message, file)
-
-
 def names(valid) -> callable:
     """argparse type: a comma-separated list of distinct names from ``valid``."""
     def convert(text: str) -> tuple:
@@ -177,7 +166,7 @@ def int_at_least(low: int) -> callable:
 
 def build_parser(verbose: bool = True) -> argparse.ArgumentParser:
     """The command-line parser; only a ``verbose`` one prints."""
-    p = RankParser(prog="ddp.py", verbose=verbose,
+    p = bc.RankParser(prog="ddp.py", verbose=verbose,
                    description="Time the parts of a DDP training step (or weak scaling) for MLPs.")
     p.add_argument("--models", type=names(tuple(MODELS)), default=None,
                    help="comma-separated model sizes (default: tiny,small,medium; weak scaling: small)")

@@ -67,3 +67,18 @@ def assert_all_ranks():
 def assert_ranks_agree():
     """``assert_ranks_agree(array, mpi_comm=None)``: fail everywhere unless every rank holds the same bits."""
     return check_ranks_agree
+
+
+@pytest.fixture
+def agreed_tmpdir():
+    """A fresh directory made by rank 0 of COMM_WORLD, its path broadcast to every rank as bytes."""
+    import tempfile
+    from pathlib import Path
+
+    comm = _world(None)
+    buf = np.zeros(4096, dtype=np.uint8)
+    if comm.Get_rank() == 0:
+        raw = tempfile.mkdtemp(prefix="npddp-test-").encode()
+        buf[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+    comm.Bcast(buf, root=0)
+    return Path(bytes(buf).rstrip(b"\0").decode())

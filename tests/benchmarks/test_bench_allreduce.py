@@ -8,8 +8,6 @@ Serial tests run the sweep on ``MPI.COMM_SELF``; the MPI tests run it in-process
 import json
 import os
 import shutil
-import tempfile
-from pathlib import Path
 
 import h5py
 import numpy as np
@@ -246,20 +244,11 @@ def test_script_bad_arguments_exit_2_on_every_rank_without_hanging(run_script):
 
 # ----------------------------------------------------------------------------- MPI
 
-def _agreed_tempdir(comm):
-    """A fresh directory made by rank 0, its path broadcast as fixed-length bytes."""
-    buf = np.zeros(4096, dtype=np.uint8)
-    if comm.Get_rank() == 0:
-        raw = tempfile.mkdtemp(prefix="npddp-bench-").encode()
-        buf[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
-    comm.Bcast(buf, root=0)
-    return Path(bytes(buf).rstrip(b"\0").decode())
-
 
 @pytest.mark.mpi(min_size=2)
-def test_sweep_dump_written_by_rank_0(assert_all_ranks):
+def test_sweep_dump_written_by_rank_0(assert_all_ranks, agreed_tmpdir):
     comm = MPI.COMM_WORLD
-    directory = _agreed_tempdir(comm)
+    directory = agreed_tmpdir
     path = directory / "ar.h5"
     argv = TINY + ["--out", str(path)]
     rc = ar.main(argv, mpi_comm=comm)

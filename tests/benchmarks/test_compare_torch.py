@@ -9,7 +9,6 @@ otherwise, in addition to the checks above.
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import h5py
@@ -123,21 +122,12 @@ def test_one_rank_run_with_torch(tmp_path, capsys):
     assert "vs torch" in out and out.count("npddp") >= 2 and "torch    gloo" in out
 
 
-def agreed_tempdir(comm):
-    """A fresh directory made by rank 0, its path broadcast as fixed-length bytes."""
-    buf = np.zeros(4096, dtype=np.uint8)
-    if comm.Get_rank() == 0:
-        raw = tempfile.mkdtemp(prefix="npddp-cmp-").encode()
-        buf[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
-    comm.Bcast(buf, root=0)
-    return Path(bytes(buf).rstrip(b"\0").decode())
-
 
 @pytest.mark.mpi(min_size=2)
-def test_every_rank_runs_the_comparison(assert_all_ranks):
+def test_every_rank_runs_the_comparison(assert_all_ranks, agreed_tmpdir):
     pytest.importorskip("torch")
     comm = MPI.COMM_WORLD
-    directory = agreed_tempdir(comm)
+    directory = agreed_tmpdir
     path = directory / "cmp.h5"
     argv = TINY + ["--backends", "ring,mpi", "--sync", "bucketed", "--bucket-mb", "1", "--out", str(path)]
     rc = ct.main(argv, mpi_comm=comm)

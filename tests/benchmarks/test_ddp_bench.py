@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import h5py
@@ -31,15 +30,6 @@ TINY = ["--models", "tiny", "--batch", "4", "--steps", "2", "--warmup", "1"]
 # 0.001 MiB holds no two tiny-model tensors (one bucket each); 1000 MiB holds them all
 BUCKETS = ["--bucket-mb", "0.001,1000"]
 
-
-def agreed_tempdir(comm):
-    """A fresh directory made by rank 0, its path broadcast as fixed-length bytes."""
-    buf = np.zeros(4096, dtype=np.uint8)
-    if comm.Get_rank() == 0:
-        raw = tempfile.mkdtemp(prefix="npddp-ddp-bench-").encode()
-        buf[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
-    comm.Bcast(buf, root=0)
-    return Path(bytes(buf).rstrip(b"\0").decode())
 
 
 def read_dump(path):
@@ -255,9 +245,9 @@ def test_records_reduce_to_the_max_and_the_mean_over_ranks(assert_ranks_agree):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_breakdown_sweep_dump_matches_the_combinations(assert_all_ranks):
+def test_breakdown_sweep_dump_matches_the_combinations(assert_all_ranks, agreed_tmpdir):
     comm = MPI.COMM_WORLD
-    directory = agreed_tempdir(comm)
+    directory = agreed_tmpdir
     path = directory / "ddp.h5"
     argv = TINY + BUCKETS + ["--out", str(path)]
     rc = bd.main(argv, mpi_comm=comm)
@@ -270,10 +260,10 @@ def test_breakdown_sweep_dump_matches_the_combinations(assert_all_ranks):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_weak_scaling_runs_each_size_and_is_1_at_one_rank(assert_all_ranks):
+def test_weak_scaling_runs_each_size_and_is_1_at_one_rank(assert_all_ranks, agreed_tmpdir):
     comm = MPI.COMM_WORLD
     n = comm.Get_size()
-    directory = agreed_tempdir(comm)
+    directory = agreed_tmpdir
     path = directory / "ws.h5"
     argv = ["--weak-scaling"] + TINY + ["--syncs", "flat,overlap", "--backends", "mpi,ring", "--out", str(path)]
     rc = bd.main(argv, mpi_comm=comm)
