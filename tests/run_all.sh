@@ -9,7 +9,7 @@ echo "=== serial: python -m pytest"
 python -m pytest -q -m "not mpi" "$@" || failed+=(serial)
 for k in 2 3 4; do
   echo "=== mpi: mpirun -n $k python -m pytest --with-mpi"
-  timeout 900 ./mpi_run.sh -n "$k" python -m pytest -q --with-mpi -m mpi "$@" || failed+=("mpi-$k")
+  timeout 420 ./mpi_run.sh -n "$k" python -m pytest -q --with-mpi -m mpi "$@" || failed+=("mpi-$k")
 done
 if [[ ${#failed[@]} -gt 0 ]]; then
   echo "FAILED runs: ${failed[*]}"
