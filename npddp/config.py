@@ -19,7 +19,7 @@ import os
 import typing
 from dataclasses import dataclass, field
 
-from .comm import BACKENDS
+from .comm import BACKENDS, DEFAULT_TIMEOUT, TIMEOUT_BACKENDS
 from .data.arrays import ARRAY_SUFFIXES
 from .ddp import COMPRESSIONS, SYNCS
 
@@ -64,6 +64,11 @@ class Config:
                              metavar="R")
     local_sgd: int = _opt(0, "average parameters every K steps instead of gradients every step "
                           "(0: plain data parallelism)", metavar="K", resume="match")
+    timeout: typing.Optional[float] = _opt(
+        None, "ring and naive backends: seconds a collective may wait for the other ranks before "
+        "raising TimeoutError, which ends the job (inf: wait forever; MPI's own collectives, "
+        "backend mpi, cannot time out)", metavar="SECONDS",
+        shown=f"$NPDDP_TIMEOUT, else {DEFAULT_TIMEOUT:g}")
     # --- model
     model: str = _opt("mlp", "network: mlp (Linear+ReLU layers) or cnn (3x3 conv, ReLU, 2x2 max-pool "
                       "stages, then a dense head)", choices=MODELS, resume="match")
@@ -130,6 +135,10 @@ class Config:
                         "OPENBLAS_NUM_THREADS before launching, as ./mpi_run.sh does) and a "
                         "warning says so; 0: leave as is", metavar="N")
     quiet: bool = _opt(False, "print only the final summary (and errors and warnings)")
+    inject_fault: typing.Optional[str] = _opt(
+        None, "testing aid: raise an exception on rank RANK at the start of optimizer step STEP "
+        "(counted from 1, as in the metrics), to check that a failure on one rank ends the whole "
+        "job", metavar="RANK:STEP", shown="none")
 
     def dataset_name(self) -> str:
         """--dataset, or the default for --model."""
@@ -188,6 +197,9 @@ resume: --resume --checkpoint run.h5 continues where run.h5 stopped (epoch, batc
   --allow-world-size-change is given.
 exit codes: 0 done; 2 bad input (one 'error: ...' line from rank 0, nothing overwritten);
   1 an unhandled exception on any rank (the whole job is aborted).
+failures: an exception, a Ctrl-C or a --timeout on any rank aborts every rank; a killed rank
+  ends the job through mpirun; the last checkpoint stays loadable. NPDDP_DEBUG=1 checks before
+  every collective that all ranks make the same call (a mismatch is an error, not a hang).
 examples:
   mpirun -n 2 python -m npddp.train
   mpirun -n 4 python -m npddp.train --backend ring --model cnn --epochs 5 --checkpoint run.h5
@@ -286,11 +298,34 @@ def check_config(cfg: Config, world_size: int) -> None:
         lower = cfg.batch_size - cfg.batch_size % world_size
         raise ConfigError(f"--batch-size {cfg.batch_size} does not split evenly over {world_size} "
                           f"ranks: use a multiple of {world_size}, e.g. {lower} or {lower + world_size}")
+    if cfg.timeout is not None:
+        if cfg.backend not in TIMEOUT_BACKENDS:
+            raise ConfigError(f"--timeout applies to --backend {' or '.join(TIMEOUT_BACKENDS)}; MPI's own "
+                              f"collectives (--backend {cfg.backend}) cannot time out")
+        if not cfg.timeout > 0:
+            raise ConfigError(f"--timeout must be a number of seconds > 0 (inf: wait forever), got {cfg.timeout}")
+    if cfg.inject_fault is not None:
+        parse_fault(cfg.inject_fault, world_size)
     if cfg.local_sgd and cfg.compression != "none":
         raise ConfigError(f"--local-sgd {cfg.local_sgd} averages parameters, so it cannot be combined "
                           f"with --compression {cfg.compression}")
     _check_dataset(cfg)
     _check_files(cfg)
+
+
+def parse_fault(text: str, world_size: int) -> tuple[int, int]:
+    """``--inject-fault RANK:STEP`` as ``(rank, step)``; ConfigError naming the valid ranges otherwise."""
+    head = f"--inject-fault {text!r}"
+    rank, _, step = text.partition(":")
+    try:
+        rank, step = int(rank), int(step)
+    except ValueError:
+        raise ConfigError(f"{head} must be RANK:STEP with two integers, e.g. 1:5") from None
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"{head}: rank {rank} is out of range; valid ranks: 0..{world_size - 1}")
+    if step < 1:
+        raise ConfigError(f"{head}: step {step} is out of range; valid steps: 1 and up")
+    return rank, step
 
 
 def _check_dataset(cfg: Config) -> None:

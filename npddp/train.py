@@ -6,13 +6,15 @@
     mpirun -n 4 python -m npddp.train --backend ring --model cnn --epochs 5 --checkpoint run.h5 --resume
     mpirun -n 2 python -m npddp.train --sync bucketed --bucket-mb 0.1 --metrics m.h5
     mpirun -n 2 python -m npddp.train --max-steps 100 --checkpoint run.h5   # stop early, resume later
+    mpirun -n 2 python -m npddp.train --backend ring --timeout 60 --inject-fault 1:5   # must end, exit 1
     python -m npddp.train --help                   # every flag with its default
 
 The steps: config (argv, checked identically on every rank) -> data -> model -> DDP ->
 optimizer -> (resume) -> epochs of training steps with validation. Rank 0 prints a header, a
 progress bar per epoch (only when stderr is a terminal), one line per epoch and a summary, and
 writes the HDF5 checkpoint (--checkpoint) and metrics (--metrics). Bad input ends every rank
-with exit code 2 after one ``error: ...`` line; an exception on any rank aborts the whole job.
+with exit code 2 after one ``error: ...`` line; an exception on any rank (a --timeout, or the
+one --inject-fault raises) aborts the whole job.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from mpi4py import MPI
 
 from . import checkpoint
 from .comm import create
-from .config import Config, ConfigError, check_config, fixed_on_resume, flag, parse_config
+from .config import Config, ConfigError, check_config, fixed_on_resume, flag, parse_config, parse_fault
 from .data import BatchLoader, DistributedSampler, iterate_batches, load_dataset
 from .ddp import DistributedDataParallel
 from .launch import abort_on_exception
@@ -57,6 +59,10 @@ def agree(comm, message: str | None) -> str | None:
             text = bytes(table[r, 1:1 + n].astype(np.uint8)).decode(errors="replace")
             return text if r == 0 else f"(on rank {r}) {text}"
     return None
+
+
+class InjectedFault(RuntimeError):
+    """The exception ``--inject-fault RANK:STEP`` raises."""
 
 
 def limit_threads(n: int) -> str | None:
@@ -187,6 +193,7 @@ class Trainer:
         self.epochs_done, self.batches_done, self.step = 0, 0, 0
         self.last_row: dict | None = None
         self.saved_at = -1
+        self.fault = parse_fault(cfg.inject_fault, comm.size) if cfg.inject_fault else None
 
     # --- files -------------------------------------------------------------------------
     def flush(self, status: str = "running") -> None:
@@ -234,6 +241,8 @@ class Trainer:
         stop = False
         t0 = time.perf_counter()
         for b, (xb, yb) in enumerate(self.loader.batches(start), start=start + 1):
+            if self.fault == (self.comm.rank, self.step + 1):
+                raise InjectedFault(f"--inject-fault {cfg.inject_fault}: rank {self.comm.rank}, step {self.step + 1}")
             ddp.zero_grad()
             loss = loss_fn.forward(ddp(xb), yb)
             ddp.backward(loss_fn.backward())
@@ -349,7 +358,11 @@ def main(argv=None) -> int:
         Printer(rank).error(str(exc))
         return 2
     out = Printer(rank, cfg.quiet)
-    comm = create(cfg.backend, world)
+    try:
+        comm = create(cfg.backend, world, timeout=cfg.timeout)
+    except ValueError as exc:           # NPDDP_DEBUG / NPDDP_TIMEOUT malformed: the same on every rank
+        out.error(str(exc))
+        return 2
     note = limit_threads(cfg.threads)
     if note:
         out.warn(note)

@@ -29,6 +29,8 @@ FLAGS = [
     ("--compression", ["topk"], "compression", "topk"),
     ("--topk-ratio", ["0.1"], "topk_ratio", 0.1),
     ("--local-sgd", ["4"], "local_sgd", 4),
+    ("--timeout", ["30"], "timeout", 30.0),
+    ("--inject-fault", ["1:5"], "inject_fault", "1:5"),
     ("--model", ["cnn"], "model", "cnn"),
     ("--hidden", ["32", "16", "8"], "hidden", [32, 16, 8]),
     ("--channels", ["4"], "channels", [4]),

@@ -1,4 +1,4 @@
-"""What all backends share: the op table, argument checks and block layout.
+"""What all backends share: the op table, argument checks, timeouts and block layout.
 
 Every check here runs before a backend sends a single message, so a bad argument
 raises the same error on the rank that passed it and nothing is left half-sent.
@@ -18,6 +18,19 @@ OPS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 #: Tags below this bound are the user's (``send``/``recv``); collectives use the ones above.
 USER_TAG_LIMIT = 1 << 14
 COLLECTIVE_TAG_SPAN = 1 << 14
+
+
+#: Seconds the hand-written backends wait for a peer before raising TimeoutError.
+DEFAULT_TIMEOUT = 300.0
+
+
+def check_timeout(value, what: str = "timeout") -> float:
+    """Return a timeout in seconds as float; ``float('inf')`` waits forever. TypeError/ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{what} must be a number of seconds, got {type(value).__name__}")
+    if not value > 0:  # also rejects NaN
+        raise ValueError(f"{what}={value} is out of range; valid: seconds > 0 (inf: wait forever)")
+    return float(value)
 
 
 def check_op(op: str):

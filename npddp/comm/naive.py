@@ -22,54 +22,50 @@ class NaiveCommunicator(P2PCommunicator):
 
     name = "naive"
 
-    def __init__(self, mpi_comm=None):
-        super().__init__(mpi_comm)
+    def __init__(self, mpi_comm=None, timeout: float = c.DEFAULT_TIMEOUT):
+        super().__init__(mpi_comm, timeout)
         self._empty = np.empty(0, dtype=np.uint8)
 
     def barrier(self) -> None:
         """Every rank signals rank 0; rank 0 answers each once it has heard from all."""
-        tag = self._tags.next()
-        others = range(1, self._size)
+        call = self._begin("barrier")
         if self._rank == ROOT:
-            for source in others:
-                self.comm.Recv(self._empty, source=source, tag=tag)
-            for dest in others:
-                self.comm.Send(self._empty, dest=dest, tag=tag)
+            others = range(1, self._size)
+            self._transfer(call, recvs=[(self._empty, source) for source in others])
+            self._transfer(call, sends=[(self._empty, dest) for dest in others])
         else:
-            self.comm.Send(self._empty, dest=ROOT, tag=tag)
-            self.comm.Recv(self._empty, source=ROOT, tag=tag)
+            self._transfer(call, sends=[(self._empty, ROOT)])
+            self._transfer(call, recvs=[(self._empty, ROOT)])
 
     def broadcast(self, buf, root=0):
-        """Root sends ``buf`` to every other rank in turn."""
+        """Root sends ``buf`` to every other rank (all sends posted at once)."""
         c.check_buffer(buf)
         root = c.check_rank(root, self._size)
-        tag = self._tags.next()
-        if buf.size:
+        call = self._begin("broadcast")
+        if buf.size and self._size > 1:
             if self._rank == root:
-                for dest in range(self._size):
-                    if dest != root:
-                        self.comm.Send(buf, dest=dest, tag=tag)
+                self._transfer(call, sends=[(buf, dest) for dest in range(self._size) if dest != root])
             else:
-                self.comm.Recv(buf, source=root, tag=tag)
+                self._transfer(call, recvs=[(buf, root)])
         return buf
 
-    def _allreduce_work(self, src, dst, ufunc, tag, result):
+    def _allreduce_work(self, call, src, dst, ufunc, result):
         """Rounds: rank 0 receives and reduces each rank's buffer in rank order, then sends the result to all."""
         if self._rank != ROOT:
             rounds = [([(src, ROOT)], (), None), ((), [(dst, ROOT)], None)]
-            return RoundWork(self.comm, tag, rounds, self._active, result)
+            return RoundWork(call, rounds, result)
         raw = self.scratch.acquire(src.nbytes)
         got = np.frombuffer(raw, dtype=src.dtype, count=src.size)  # (n,)
         rounds = [((), [(got, source)], partial(ufunc, src if source == 1 else dst, got, out=dst))
                   for source in range(1, self._size)]
         rounds.append(([(dst, dest) for dest in range(1, self._size)], (), None))
-        return RoundWork(self.comm, tag, rounds, self._active, result, partial(self.scratch.release, raw))
+        return RoundWork(call, rounds, result, partial(self.scratch.release, raw))
 
     def reduce_scatter(self, buf, op="sum"):
         """Rank 0 receives and reduces every buffer in rank order, then sends each rank its block."""
         ufunc = c.check_op(op)
         c.check_buffer(buf, writable=False)
-        tag = self._tags.next()
+        call = self._begin("reduce_scatter")
         flat = buf.reshape(-1)
         bounds = c.block_bounds(flat.size, self._size).tolist()
         out = np.empty(bounds[self._rank + 1] - bounds[self._rank], dtype=buf.dtype)
@@ -77,26 +73,33 @@ class NaiveCommunicator(P2PCommunicator):
             np.copyto(out, flat)
             return out
         if self._rank != ROOT:
-            self.comm.Send(flat, dest=ROOT, tag=tag)
-            self.comm.Recv(out, source=ROOT, tag=tag)
+            self._transfer(call, recvs=[(out, ROOT)], sends=[(flat, ROOT)])
             return out
         total = flat.copy()  # (n,)
         raw = self.scratch.acquire(flat.nbytes)
         got = np.frombuffer(raw, dtype=buf.dtype, count=flat.size)  # (n,)
         for source in range(1, self._size):
-            self.comm.Recv(got, source=source, tag=tag)
+            self._transfer(call, recvs=[(got, source)])
             ufunc(total, got, out=total)
         del got
         self.scratch.release(raw)
         np.copyto(out, total[:bounds[1]])
-        for dest in range(1, self._size):
-            self.comm.Send(total[bounds[dest]:bounds[dest + 1]], dest=dest, tag=tag)
+        self._transfer(call, sends=[(total[bounds[d]:bounds[d + 1]], d) for d in range(1, self._size)])
         return out
 
     def allgather(self, buf):
-        """Gather to rank 0, then broadcast the stacked array from rank 0."""
+        """Rank 0 receives every rank's buffer, then sends the stacked array to every rank."""
         c.check_buffer(buf, writable=False)
-        stacked = self.gather(buf, ROOT)
-        if stacked is None:
-            stacked = np.empty((self._size, *buf.shape), dtype=buf.dtype)
-        return self.broadcast(stacked, ROOT)
+        call = self._begin("allgather")
+        out = np.empty((self._size, *buf.shape), dtype=buf.dtype)
+        rows = out.reshape(self._size, -1)  # (size, buf.size)
+        rows[self._rank] = buf.reshape(-1)
+        if buf.size and self._size > 1:
+            others = range(1, self._size)
+            if self._rank == ROOT:
+                self._transfer(call, recvs=[(rows[source], source) for source in others])
+                self._transfer(call, sends=[(out, dest) for dest in others])
+            else:
+                self._transfer(call, sends=[(buf, ROOT)])
+                self._transfer(call, recvs=[(out, ROOT)])
+        return out

@@ -14,7 +14,7 @@ from collections import deque
 import numpy as np
 
 from . import _common as c
-from .p2p import P2PCommunicator, P2PWork, wait_for
+from .p2p import P2PCommunicator, P2PWork, _Overdue
 
 _PLAN_CACHE_SIZE = 64
 
@@ -61,9 +61,9 @@ class RingAllreduce(P2PWork):
     __slots__ = ("_comm", "_tag", "_left", "_right", "_src", "_dst", "_ufunc", "_plan", "_pool", "_raw",
                  "_scratch", "_nsent", "_nsent_done", "_nposted", "_ndone", "_sends", "_recvs")
 
-    def __init__(self, comm, tag, rank, size, src, dst, ufunc, plan, pool, active, result):
-        super().__init__(active, result)
-        self._comm, self._tag = comm, tag
+    def __init__(self, call, rank, size, src, dst, ufunc, plan, pool, result):
+        super().__init__(call, result)
+        self._comm, self._tag = call.owner.comm, call.tag
         self._left, self._right = (rank - 1) % size, (rank + 1) % size
         self._src, self._dst, self._ufunc, self._plan, self._pool = src, dst, ufunc, plan, pool
         self._raw = pool.acquire(plan.scratch_elems * src.itemsize)
@@ -79,7 +79,7 @@ class RingAllreduce(P2PWork):
         sends = self._sends
         while self._nsent_done < k:
             if block:
-                wait_for(sends[0])
+                self._call.wait(sends[0])
             elif not sends[0].Test():
                 return False
             sends.popleft()
@@ -113,7 +113,7 @@ class RingAllreduce(P2PWork):
             if not recvs:
                 return False
             if block:
-                wait_for(recvs[0])
+                self._call.wait(recvs[0])
             elif not recvs[0].Test():
                 return False
             recvs.popleft()
@@ -122,6 +122,9 @@ class RingAllreduce(P2PWork):
                 self._ufunc(region if src is dst else src[plan.recv[ndone]],
                             self._scratch[plan.scratch[ndone]], out=region)
             ndone += 1
+
+    def _requests(self):
+        return [(r, self._left) for r in self._recvs], [(r, self._right) for r in self._sends]
 
     def _release(self):
         self._scratch = None
@@ -140,8 +143,8 @@ class RingCommunicator(P2PCommunicator):
     #: Broadcasts of at least this many bytes use a pipelined chain instead of a binomial tree.
     chain_bytes = 1 << 20
 
-    def __init__(self, mpi_comm=None):
-        super().__init__(mpi_comm)
+    def __init__(self, mpi_comm=None, timeout: float = c.DEFAULT_TIMEOUT):
+        super().__init__(mpi_comm, timeout)
         self._plans: dict[tuple[int, int, int], RingPlan] = {}
         self._empty = np.empty(0, dtype=np.uint8)
 
@@ -157,70 +160,74 @@ class RingCommunicator(P2PCommunicator):
 
     def barrier(self) -> None:
         """Dissemination barrier: in round k, signal rank + 2**k and hear from rank - 2**k."""
-        tag = self._tags.next()
-        empty, dist = self._empty, 1
-        while dist < self._size:
-            self.comm.Sendrecv(empty, (self._rank + dist) % self._size, tag,
-                               empty, (self._rank - dist) % self._size, tag)
+        call = self._begin("barrier")
+        empty, dist, size = self._empty, 1, self._size
+        while dist < size:
+            self._transfer(call, [(empty, (self._rank - dist) % size)], [(empty, (self._rank + dist) % size)])
             dist <<= 1
 
     def broadcast(self, buf, root=0):
         """Binomial tree from root; a pipelined chain of segments for buffers of ``chain_bytes`` or more."""
         c.check_buffer(buf)
         root = c.check_rank(root, self._size)
-        tag = self._tags.next()
+        call = self._begin("broadcast")
         if buf.size == 0 or self._size == 1:
             return buf
         if buf.nbytes >= self.chain_bytes and self._size > 2:
-            self._chain_broadcast(buf.reshape(-1), root, tag)
+            self._chain_broadcast(call, buf.reshape(-1), root)
         else:
-            self._tree_broadcast(buf, root, tag)
+            self._tree_broadcast(call, buf, root)
         return buf
 
-    def _tree_broadcast(self, buf, root, tag):
+    def _tree_broadcast(self, call, buf, root):
         """Receive from the parent (clear lowest set bit of the relative rank), then send to children."""
         size, vrank = self._size, (self._rank - root) % self._size
         mask = 1
         while mask < size:
             if vrank & mask:
-                self.comm.Recv(buf, source=(vrank - mask + root) % size, tag=tag)
+                self._transfer(call, recvs=[(buf, (vrank - mask + root) % size)])
                 break
             mask <<= 1
+        children = []
         mask >>= 1
         while mask:
             if vrank + mask < size:
-                self.comm.Send(buf, dest=(vrank + mask + root) % size, tag=tag)
+                children.append((buf, (vrank + mask + root) % size))
             mask >>= 1
+        if children:
+            self._transfer(call, sends=children)
 
-    def _chain_broadcast(self, flat, root, tag):
+    def _chain_broadcast(self, call, flat, root):
         """Root -> root+1 -> ...: each rank forwards a segment as soon as it has arrived."""
-        size, vrank = self._size, (self._rank - root) % self._size
+        size, vrank, tag = self._size, (self._rank - root) % self._size, call.tag
         seg = max(1, self.segment_bytes // flat.itemsize)
         parts = [flat[i:i + seg] for i in range(0, flat.size, seg)]
-        right = (self._rank + 1) % size
+        left, right = (self._rank - 1) % size, (self._rank + 1) % size
         if vrank == 0:
-            sends = [self.comm.Isend(p, right, tag) for p in parts]
-        else:
-            recvs = [self.comm.Irecv(p, (self._rank - 1) % size, tag) for p in parts]
-            sends = []
-            for p, req in zip(parts, recvs):
-                wait_for(req)
+            self._transfer(call, sends=[(p, right) for p in parts])
+            return
+        recvs = [(self.comm.Irecv(p, left, tag), left) for p in parts]
+        sends = []
+        try:
+            for p, (req, _) in zip(parts, recvs):
+                call.wait(req)
                 if vrank < size - 1:
-                    sends.append(self.comm.Isend(p, right, tag))
-        for req in sends:
-            wait_for(req)
+                    sends.append((self.comm.Isend(p, right, tag), right))
+            for req, _ in sends:
+                call.wait(req)
+        except _Overdue:
+            raise self.give_up(call, recvs, sends, parts) from None
 
-    def _allreduce_work(self, src, dst, ufunc, tag, result):
+    def _allreduce_work(self, call, src, dst, ufunc, result):
         """Start the ring all-reduce state machine."""
         plan = self._plan(src.size, src.itemsize)
-        return RingAllreduce(self.comm, tag, self._rank, self._size, src, dst, ufunc, plan,
-                             self.scratch, self._active, result)
+        return RingAllreduce(call, self._rank, self._size, src, dst, ufunc, plan, self.scratch, result)
 
     def reduce_scatter(self, buf, op="sum"):
         """Ring reduce-scatter: step s forwards the partial of block rank-s-1, so rank r ends with block r."""
         ufunc = c.check_op(op)
         c.check_buffer(buf, writable=False)
-        tag = self._tags.next()
+        call = self._begin("reduce_scatter")
         flat = buf.reshape(-1)
         size, rank = self._size, self._rank
         bounds = c.block_bounds(flat.size, size).tolist()
@@ -239,7 +246,7 @@ class RingCommunicator(P2PCommunicator):
             b = (rank - step - 2) % size
             local = flat[bounds[b]:bounds[b + 1]]
             got = scratch[step % 2, :local.size]
-            self.comm.Sendrecv(sending, right, tag, got, left, tag)
+            self._transfer(call, [(got, left)], [(sending, right)])
             sending = ufunc(local, got, out=out if step == size - 2 else got)
         self.scratch.release(raw)
         return out
@@ -247,7 +254,7 @@ class RingCommunicator(P2PCommunicator):
     def allgather(self, buf):
         """Ring all-gather: step s forwards block rank-s and receives block rank-s-1."""
         c.check_buffer(buf, writable=False)
-        tag = self._tags.next()
+        call = self._begin("allgather")
         size, rank = self._size, self._rank
         out = np.empty((size, *buf.shape), dtype=buf.dtype)
         rows = out.reshape(size, -1)  # (size, buf.size)
@@ -255,5 +262,5 @@ class RingCommunicator(P2PCommunicator):
         if buf.size:
             left, right = (rank - 1) % size, (rank + 1) % size
             for step in range(size - 1):
-                self.comm.Sendrecv(rows[(rank - step) % size], right, tag, rows[(rank - step - 1) % size], left, tag)
+                self._transfer(call, [(rows[(rank - step - 1) % size], left)], [(rows[(rank - step) % size], right)])
         return out

@@ -1,0 +1,177 @@
+"""Fixtures for the reliability tests: MPI jobs launched as subprocesses and watched from outside.
+
+``launch(args, n=2, cwd=...)`` starts ``mpirun -n n python ARGS`` (the mpirun beside the
+interpreter) and returns a :class:`Job`: its output lines with their arrival times, and the
+python rank processes it has ever had, found by walking ``/proc``. At teardown every job is
+ended and any rank process still alive is killed, by pid. ``run_job(args, n=2, cwd=...)``
+runs one to completion and returns the ``subprocess.CompletedProcess``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+
+def mpirun() -> str:
+    """The mpirun beside the interpreter, else the first on PATH."""
+    beside = Path(sys.executable).parent / "mpirun"
+    found = str(beside) if beside.exists() else shutil.which("mpirun")
+    assert found, "no mpirun beside the interpreter or on PATH"
+    return found
+
+
+def job_env(**extra) -> dict:
+    """This environment minus an enclosing MPI job's variables, one BLAS thread per rank, plus ``extra``."""
+    skip = ("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_", "NPDDP_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(skip)}
+    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def _stat(pid: int) -> tuple[int, int, str] | None:
+    """(parent pid, start time in clock ticks, state) of a process, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[1]), int(fields[19]), fields[0]
+
+
+def _rank_of(pid: int) -> int | None:
+    """The PMI rank in a process's environment, or None."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for item in f.read().split(b"\0"):
+                if item.startswith(b"PMI_RANK="):
+                    return int(item[9:])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def descendants(root: int) -> list[int]:
+    """Pids of every live process below ``root``."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = _stat(int(entry))
+            if st is not None:
+                children.setdefault(st[0], []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+class Job:
+    """A background ``mpirun`` job: timed output lines, and every python rank process it had."""
+
+    def __init__(self, args, n: int, cwd, env: dict):
+        self.n = n
+        self.command = [mpirun(), "-n", str(n), sys.executable, *map(str, args)]
+        self.proc = subprocess.Popen(self.command, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        self.lines: list[tuple[float, str]] = []
+        self.ranks: dict[int, tuple[int, int]] = {}   # rank -> (pid, start time)
+        self.exited_at: float | None = None
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self._watcher = threading.Thread(target=self._watch, daemon=True)
+        self._watcher.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def _watch(self) -> None:
+        while self.proc.poll() is None:
+            self.find_ranks()
+            time.sleep(0.02)
+
+    def find_ranks(self) -> dict[int, int]:
+        """Record the rank processes below mpirun now; rank -> pid of those seen so far."""
+        for pid in descendants(self.proc.pid):
+            rank, st = _rank_of(pid), _stat(pid)
+            if rank is not None and st is not None and rank not in self.ranks:
+                self.ranks[rank] = (pid, st[1])
+        return {rank: pid for rank, (pid, _) in self.ranks.items()}
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit status of mpirun, or None if it is still running after ``timeout`` seconds."""
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        self.exited_at = self.exited_at or time.monotonic()
+        self._reader.join(10)
+        return code
+
+    def first(self, text: str) -> float | None:
+        """Arrival time of the first output line containing ``text``."""
+        return next((t for t, line in self.lines if text in line), None)
+
+    @property
+    def output(self) -> str:
+        """Everything the job printed so far (stdout and stderr, interleaved)."""
+        return "\n".join(line for _, line in self.lines)
+
+    def alive(self) -> list[int]:
+        """Pids of this job's rank processes that still run (zombies count as ended)."""
+        out = []
+        for pid, start in self.ranks.values():
+            st = _stat(pid)
+            if st is not None and st[1] == start and st[2] != "Z":
+                out.append(pid)
+        return out
+
+    def end(self, grace: float = 5.0) -> list[int]:
+        """Kill mpirun, give its rank processes ``grace`` seconds to go, then kill (by pid) and return those left."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        deadline = time.monotonic() + grace
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        leftovers = self.alive()
+        for pid in leftovers:
+            os.kill(pid, signal.SIGKILL)
+        return leftovers
+
+
+@pytest.fixture
+def launch():
+    """``launch(args, n=2, cwd=None, **env)`` -> a running :class:`Job`; every job is ended at teardown."""
+    jobs: list[Job] = []
+
+    def start(args, n: int = 2, cwd=None, **env) -> Job:
+        jobs.append(Job(args, n, cwd, job_env(**env)))
+        return jobs[-1]
+
+    yield start
+    for job in jobs:
+        job.end()
+
+
+@pytest.fixture
+def run_job():
+    """``run_job(args, n=2, cwd=None, timeout=120, **env)`` -> CompletedProcess of ``mpirun -n n python ARGS``
+    (n=None: plain ``python ARGS``, one process without mpirun)."""
+    def run(args, n: int | None = 2, cwd=None, timeout: float = 120, **env) -> subprocess.CompletedProcess:
+        command = [sys.executable, *map(str, args)]
+        if n is not None:
+            command = [mpirun(), "-n", str(n), *command]
+        return subprocess.run(command, cwd=cwd, env=job_env(**env), capture_output=True, text=True, timeout=timeout,
+                              check=False)
+    return run

@@ -1,0 +1,176 @@
+"""Debug mode: ranks that call different collectives get a CollectiveMismatchError on every rank, not a hang.
+
+Serial tests cover the fingerprint (encode, describe, compare, the message) and how debug mode
+is switched on; MPI tests make the last rank call something else than the others, for every
+backend and every kind of difference, and check the error, its agreement across ranks, and
+that the communicator still works afterwards.
+"""
+
+import numpy as np
+import pytest
+
+from npddp.comm import BACKENDS, CollectiveMismatchError, create
+from npddp.comm.debug import FINGERPRINT_LENGTH, DebugCommunicator, describe, encode, mismatch
+
+
+def fp(sequence, operation, buf=None, op=None, root=None):
+    return encode(np.empty(FINGERPRINT_LENGTH, dtype=np.int64), sequence, operation, buf, op, root)
+
+
+f32 = np.zeros(10, dtype=np.float32)
+
+
+@pytest.mark.parametrize("operation, buf, op, root, text", [
+    ("barrier", None, None, None, "barrier()"),
+    ("allreduce", f32, "sum", None, "allreduce(op=sum, float32, shape (10,))"),
+    ("iallreduce", np.zeros((2, 3), np.int64), "max", None, "iallreduce(op=max, int64, shape (2, 3))"),
+    ("broadcast", np.zeros((), np.float16), None, 3, "broadcast(root=3, float16, shape ())"),
+    ("reduce_scatter", np.zeros(0, np.int32), "prod", None, "reduce_scatter(op=prod, int32, shape (0,))"),
+    ("scatter", np.zeros((4, 1, 2), np.float64), None, 0, "scatter(root=0, float64, shape (4, 1, 2))"),
+    ("gather", np.zeros((1,) * 8, np.float32), None, 1, f"gather(root=1, float32, shape {(1,) * 8})"),
+    ("allgather", np.zeros((1,) * 9, np.float32), None, None, "allgather(float32, 9-d shape of 1 elements)"),
+])
+def test_a_fingerprint_describes_the_call_it_encodes(operation, buf, op, root, text):
+    row = fp(7, operation, buf, op, root)
+    assert row.shape == (FINGERPRINT_LENGTH,) and row.dtype == np.int64
+    assert describe(row) == text
+
+
+def test_the_example_mismatch_names_the_ranks_the_calls_and_the_fields():
+    table = np.stack([fp(12, "allreduce", f32, op="sum"), fp(12, "broadcast", f32, root=1)])
+    assert mismatch(table) == ("collective #12 mismatch: rank 1 called broadcast(root=1, float32, shape (10,)) "
+                               "but rank 0 called allreduce(op=sum, float32, shape (10,)); differing fields: "
+                               "operation, op, root")
+
+
+# rows of a 4-rank table, the fields the message must list (None: no mismatch), text it must contain
+TABLES = [
+    ([fp(3, "allreduce", f32, "sum")] * 4, None, ""),
+    ([fp(3, "allreduce", f32, "sum")] * 3 + [fp(3, "allreduce", f32.reshape(2, 5), "sum")], None, ""),
+    ([fp(3, "allgather", f32)] * 3 + [fp(3, "allgather", f32.reshape(2, 5))], ["shape"], "rank 3 called allgather"),
+    ([fp(3, "allreduce", f32, "sum")] * 2 + [fp(3, "allreduce", f32, "max")] * 2, ["op"],
+     "ranks 2, 3 called allreduce(op=max"),
+    ([fp(3, "allreduce", f32, "sum"), fp(3, "allreduce", f32.astype(np.float64), "sum"),
+      fp(3, "allreduce", f32[:9], "sum"), fp(3, "allreduce", f32, "sum")], ["dtype", "count"],
+     ("rank 1 called allreduce(op=sum, float64, shape (10,)), rank 2 called allreduce(op=sum, float32, shape (9,)) "
+      "but ranks 0, 3 called")),
+    ([fp(5, "barrier")] * 3 + [fp(6, "barrier")], ["sequence"],
+     "rank 3 called #6 barrier() but ranks 0, 1, 2 called #5 barrier()"),
+    ([fp(5, "gather", f32, root=0), fp(5, "gather", f32, root=2)], ["root"], "rank 1 called gather(root=2"),
+    ([fp(5, "barrier"), fp(5, "allreduce", f32, "sum")], ["operation", "dtype", "count", "op", "shape"],
+     "rank 1 called allreduce(op=sum, float32, shape (10,)) but rank 0 called barrier()"),
+]
+
+
+@pytest.mark.parametrize("rows, fields, text", TABLES)
+def test_mismatch_lists_exactly_the_fields_that_differ_and_who_called_what(rows, fields, text):
+    message = mismatch(np.stack(rows))
+    if fields is None:
+        assert message is None
+        return
+    assert message.startswith(f"collective #{rows[0][0]} mismatch: ") and text in message, message
+    assert message.endswith("; differing fields: " + ", ".join(fields)), message
+
+
+def test_debug_is_on_with_the_argument_or_the_environment_and_forwards_attributes(monkeypatch):
+    from mpi4py import MPI
+    monkeypatch.delenv("NPDDP_DEBUG", raising=False)
+    for backend in BACKENDS:
+        assert not isinstance(create(backend, MPI.COMM_SELF), DebugCommunicator)
+        wrapped = create(backend, MPI.COMM_SELF, debug=True)
+        assert isinstance(wrapped, DebugCommunicator) and wrapped.name == backend
+        assert (wrapped.rank, wrapped.size) == (0, 1)
+    for value, on in (("1", True), ("yes", True), ("ON", True), ("0", False), ("", False), ("off", False)):
+        monkeypatch.setenv("NPDDP_DEBUG", value)
+        assert isinstance(create("ring", MPI.COMM_SELF), DebugCommunicator) == on, value
+    monkeypatch.setenv("NPDDP_DEBUG", "1")
+    ring = create("ring", MPI.COMM_SELF)
+    ring.segment_bytes = 64                                   # reaches the wrapped backend
+    assert ring.inner.segment_bytes == 64 and ring.segment_bytes == 64 and ring.timeout == ring.inner.timeout
+
+
+def test_a_wrapped_backend_gives_the_same_results_and_checks_arguments_before_any_exchange():
+    from mpi4py import MPI
+    for backend in BACKENDS:
+        comm = create(backend, MPI.COMM_SELF, debug=True)
+        x = np.arange(6, dtype=np.float64)
+        assert comm.allreduce(x.copy(), "max").tolist() == x.tolist()
+        assert comm.iallreduce(x.copy()).wait().tolist() == x.tolist()
+        assert comm.allgather(x).shape == (1, 6) and comm.scatter(x.reshape(1, 6)).tolist() == x.tolist()
+        assert comm.collectives == 4
+        for bad in (lambda c=comm, x=x: c.allreduce(x, "mean"), lambda c=comm, x=x: c.broadcast(x, root=1),
+                    lambda c=comm: c.allgather([1.0]), lambda c=comm, x=x: c.scatter(x)):
+            with pytest.raises((TypeError, ValueError)):
+                bad()
+        assert comm.collectives == 4, backend                # no fingerprint was exchanged for a bad call
+
+
+# ----------------------------------------------------------------------------- across ranks
+
+def _calls(comm, odd):
+    """(name, call made by ranks 0..size-2, call made by the last rank, fields the error must list)."""
+    k = comm.size
+    x32, x64 = np.ones(10, np.float32), np.ones(10, np.float64)
+    return [
+        ("operation and root", lambda: comm.allreduce(x32), lambda: comm.broadcast(x32, root=odd),
+         ["operation", "op", "root"]),
+        ("dtype", lambda: comm.allreduce(x32), lambda: comm.allreduce(x64), ["dtype"]),
+        ("count", lambda: comm.allreduce(x32), lambda: comm.allreduce(x32[:7].copy()), ["count"]),
+        ("op", lambda: comm.allreduce(x32, "sum"), lambda: comm.allreduce(x32, "min"), ["op"]),
+        ("root", lambda: comm.broadcast(x64, root=0), lambda: comm.broadcast(x64, root=odd), ["root"]),
+        ("shape", lambda: comm.allgather(np.ones((2, 3))), lambda: comm.allgather(np.ones((3, 2))), ["shape"]),
+        ("blocking or not", lambda: comm.allreduce(x32), lambda: comm.iallreduce(x32).wait(), ["operation"]),
+        ("gather vs scatter", lambda: comm.gather(x64), lambda: comm.scatter(np.ones((k, 10))),
+         ["operation", "count", "shape"]),
+        ("barrier", lambda: comm.barrier(), lambda: comm.reduce_scatter(x32), ["operation", "dtype", "count", "op",
+                                                                             "shape"]),
+    ]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: f"{b}-backend")
+def test_a_mismatched_collective_raises_the_same_error_on_every_rank(backend, comm_world, assert_all_ranks,
+                                                                     assert_ranks_agree):
+    comm = create(backend, comm_world, debug=True)
+    odd = comm.size - 1
+    problems = []
+    for name, usual, other, fields in _calls(comm, odd):
+        try:
+            (other if comm.rank == odd else usual)()
+            got = "no error"
+        except CollectiveMismatchError as err:
+            got = str(err)
+        msg = np.frombuffer(got.encode()[:400].ljust(400), dtype=np.uint8)
+        assert_ranks_agree(msg, comm_world)                          # the same message everywhere
+        others = "rank 0" if odd == 1 else f"ranks {', '.join(map(str, range(odd)))}"
+        if not (got.startswith(f"collective #{comm.collectives} mismatch: rank {odd} called ")
+                and f" but {others} called " in got and got.endswith("differing fields: " + ", ".join(fields))):
+            problems.append(f"{name}: {got}")
+        y = np.full(5, comm.rank + 1.0)                              # the communicator still works
+        comm.allreduce(y)
+        if not np.array_equal(y, np.full(5, comm.size * (comm.size + 1) / 2)):
+            problems.append(f"{name}: the all-reduce after the mismatch is wrong: {y}")
+    assert_all_ranks(not problems, "; ".join(problems), comm_world)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: f"{b}-backend")
+def test_matching_collectives_pass_through_unchanged(backend, comm_world, assert_all_ranks, assert_ranks_agree):
+    dup = comm_world.Dup()                   # each hand-written backend needs an MPI communicator of its own
+    comm, raw = create(backend, comm_world, debug=True), create(backend, dup)
+    k, rank = comm.size, comm.rank
+    x = np.arange(1001, dtype=np.float64) * (rank + 1)
+    results = []
+    for c in (comm, raw):
+        work = c.iallreduce(x.copy(), "sum")
+        results.append([work.wait(), c.allreduce(x, "max", out=np.empty_like(x)), c.reduce_scatter(x, "min"),
+                        c.allgather(x[:7]), c.broadcast(x.copy(), root=k - 1), c.scatter(np.tile(x[:3], (k, 1)), 0)])
+        c.barrier()
+    works = comm.iallreduce(x.copy()), raw.iallreduce(x.copy())
+    unwrapped = type(works[0]) is type(works[1])
+    for work in works:
+        work.wait()
+    same = all(np.array_equal(a, b) for a, b in zip(*results))
+    assert_ranks_agree(results[0][0], comm_world)
+    assert_all_ranks(same and unwrapped, "debug changed a result or wrapped the Work handle", comm_world)
+    dup.Free()
