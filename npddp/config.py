@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from .comm import BACKENDS, DEFAULT_TIMEOUT, TIMEOUT_BACKENDS
 from .data.arrays import ARRAY_SUFFIXES
 from .ddp import COMPRESSIONS, SYNCS
+from .progress import PROGRESS_MODES
 
 MODELS = ("mlp", "cnn")
 OPTIMIZERS = ("sgd", "adamw")
@@ -135,6 +136,9 @@ class Config:
                         "OPENBLAS_NUM_THREADS before launching, as ./mpi_run.sh does) and a "
                         "warning says so; 0: leave as is", metavar="N")
     quiet: bool = _opt(False, "print only the final summary (and errors and warnings)")
+    progress: str = _opt("auto", "per-epoch progress bar on rank 0's stderr: auto (only when stderr "
+                         "is a terminal; under mpirun it is usually a pipe), always, or never",
+                         choices=PROGRESS_MODES)
     inject_fault: typing.Optional[str] = _opt(
         None, "testing aid: raise an exception on rank RANK at the start of optimizer step STEP "
         "(counted from 1, as in the metrics), to check that a failure on one rank ends the whole "

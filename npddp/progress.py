@@ -1,8 +1,9 @@
 """What the training CLI prints: rank-0-only messages, a per-epoch progress bar, and line formats.
 
 Only rank 0 prints. Messages go to stdout; warnings, errors and the progress bar to stderr.
-The bar is drawn only when stderr is a terminal, and redrawn at most ten times a second, so
-a run logged to a file gets no per-step output at all.
+The bar is drawn when stderr is a terminal (``progress="auto"``) or when asked for
+(``"always"``), and redrawn at most ten times a second, so a run logged to a file gets no
+per-step output by default.
 """
 
 from __future__ import annotations
@@ -10,13 +11,19 @@ from __future__ import annotations
 import sys
 import time
 
+#: When the progress bar is drawn.
+PROGRESS_MODES = ("auto", "always", "never")
+
 
 class Printer:
     """Rank-0 output: ``info`` (silenced by quiet), ``summary``, ``warn`` and ``error``."""
 
-    def __init__(self, rank: int, quiet: bool = False, out=None, err=None):
+    def __init__(self, rank: int, quiet: bool = False, out=None, err=None, progress: str = "auto"):
+        if progress not in PROGRESS_MODES:
+            raise ValueError(f"progress must be one of {', '.join(PROGRESS_MODES)}, got {progress!r}")
         self.enabled = rank == 0
         self.quiet = quiet
+        self.progress = progress
         self.out = out if out is not None else sys.stdout
         self.err = err if err is not None else sys.stderr
 
@@ -43,8 +50,9 @@ class Printer:
         self._write(self.err, f"error: {text}")
 
     def bar(self, total: int, label: str) -> "ProgressBar":
-        """A progress bar over ``total`` steps, live only on rank 0 with a terminal stderr."""
-        live = self.enabled and not self.quiet and _isatty(self.err)
+        """A progress bar over ``total`` steps, live on rank 0 as ``progress`` says (never when quiet)."""
+        wanted = self.progress == "always" or (self.progress == "auto" and _isatty(self.err))
+        live = self.enabled and not self.quiet and wanted
         return ProgressBar(total, label, self.err if live else None)
 
 

@@ -357,7 +357,7 @@ def main(argv=None) -> int:
     except ConfigError as exc:
         Printer(rank).error(str(exc))
         return 2
-    out = Printer(rank, cfg.quiet)
+    out = Printer(rank, cfg.quiet, progress=cfg.progress)
     try:
         comm = create(cfg.backend, world, timeout=cfg.timeout)
     except ValueError as exc:           # NPDDP_DEBUG / NPDDP_TIMEOUT malformed: the same on every rank

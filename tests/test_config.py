@@ -31,6 +31,7 @@ FLAGS = [
     ("--local-sgd", ["4"], "local_sgd", 4),
     ("--timeout", ["30"], "timeout", 30.0),
     ("--inject-fault", ["1:5"], "inject_fault", "1:5"),
+    ("--progress", ["always"], "progress", "always"),
     ("--model", ["cnn"], "model", "cnn"),
     ("--hidden", ["32", "16", "8"], "hidden", [32, 16, 8]),
     ("--channels", ["4"], "channels", [4]),

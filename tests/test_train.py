@@ -307,17 +307,25 @@ class _Terminal(io.StringIO):
         return self.tty
 
 
-@pytest.mark.parametrize("rank, tty, quiet, drawn", [(0, True, False, True), (0, False, False, False),
-                                                     (1, True, False, False), (0, True, True, False)])
-def test_the_progress_bar_draws_only_on_rank_0_on_a_terminal_unless_quiet(rank, tty, quiet, drawn):
+@pytest.mark.parametrize("rank, tty, quiet, progress, drawn", [
+    (0, True, False, "auto", True), (0, False, False, "auto", False), (1, True, False, "auto", False),
+    (0, True, True, "auto", False), (0, False, False, "always", True), (1, False, False, "always", False),
+    (0, False, True, "always", False), (0, True, False, "never", False)])
+def test_the_progress_bar_draws_on_rank_0_on_a_terminal_or_when_asked_unless_quiet(rank, tty, quiet, progress,
+                                                                                     drawn):
     err = _Terminal(tty)
-    bar = Printer(rank, quiet=quiet, out=io.StringIO(), err=err).bar(10, "epoch 1/3")
+    bar = Printer(rank, quiet=quiet, out=io.StringIO(), err=err, progress=progress).bar(10, "epoch 1/3")
     for step in range(1, 11):
         bar.update(step, 0.5, 0.01)
     text = err.getvalue()
     assert ("epoch 1/3 [" in text and "10/10 loss 0.5000" in text) == drawn
     bar.close()
     assert err.getvalue().endswith("\r\x1b[K") == drawn
+
+
+def test_an_unknown_progress_mode_names_the_valid_ones():
+    with pytest.raises(ValueError, match="auto, always, never"):
+        Printer(0, progress="sometimes")
 
 
 @pytest.mark.parametrize("rank, quiet", [(0, False), (0, True), (1, False)])
