@@ -1,8 +1,10 @@
 """Point-to-point plumbing shared by the hand-written backends (``ring``, ``naive``).
 
-* :class:`ScratchPool` lends reusable receive buffers, so steady-state collectives allocate nothing.
-* :class:`TagSequence` gives each collective its own tag, identical on all ranks, above the user tags.
-* :class:`Call` is one collective in progress: its name, number and tag, and the deadline of its waits.
+* :class:`~npddp.comm.scratch.ScratchPool` lends reusable receive buffers, so steady-state
+  collectives allocate nothing.
+* :class:`~npddp.comm.calls.TagSequence` gives each collective its own tag, identical on all
+  ranks, above the user tags; :class:`~npddp.comm.calls.Call` is one collective in progress:
+  its name, number and tag, and the deadline of its waits.
 * :class:`P2PWork` is the Work handle of a collective driven by point-to-point requests; its
   subclasses implement ``_advance(block)``. :class:`RoundWork` runs a schedule of rounds.
 * :class:`P2PCommunicator` holds what both backends share: rank and size, the pool and tags,
@@ -23,132 +25,13 @@ further call, because its peers now stand at different points of the call sequen
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from . import _common as c
-
-#: Polls of a request between two reads of the clock.
-CLOCK_EVERY = 64
-_POLLS = range(CLOCK_EVERY)
-
-
-class ScratchPool:
-    """Receive buffers lent out and given back; a buffer is replaced only when too small."""
-
-    __slots__ = ("_free", "_nbuffers", "_nbytes")
-
-    def __init__(self):
-        self._free: list[bytearray] = []
-        self._nbuffers = 0
-        self._nbytes = 0
-
-    @property
-    def nbuffers(self) -> int:
-        """Number of buffers the pool owns (free and lent)."""
-        return self._nbuffers
-
-    @property
-    def nbytes(self) -> int:
-        """Total bytes of the buffers the pool owns (free and lent)."""
-        return self._nbytes
-
-    def acquire(self, nbytes: int) -> bytearray:
-        """Lend the smallest free buffer of at least ``nbytes``; replace the largest free one if none fits."""
-        free = self._free
-        best = -1
-        for i, b in enumerate(free):
-            if len(b) >= nbytes and (best < 0 or len(b) < len(free[best])):
-                best = i
-        if best >= 0:
-            return free.pop(best)
-        if free:
-            largest = max(range(len(free)), key=lambda i: len(free[i]))
-            self._nbytes -= len(free.pop(largest))
-            self._nbuffers -= 1
-        buf = bytearray(max(nbytes, 1))
-        self._nbytes += len(buf)
-        self._nbuffers += 1
-        return buf
-
-    def release(self, buf: bytearray) -> None:
-        """Take back a buffer lent by :meth:`acquire`."""
-        self._free.append(buf)
-
-
-class TagSequence:
-    """Tags for collectives: ``USER_TAG_LIMIT + (sequence % COLLECTIVE_TAG_SPAN)``, same order on all ranks."""
-
-    __slots__ = ("_seq", "count")
-
-    def __init__(self):
-        self._seq = 0
-        self.count = 0  # tags handed out so far
-
-    def next(self) -> int:
-        """Tag of the next collective."""
-        tag = c.USER_TAG_LIMIT + self._seq
-        self._seq = (self._seq + 1) % c.COLLECTIVE_TAG_SPAN
-        self.count += 1
-        return tag
-
-
-class _Overdue(Exception):
-    """A wait passed its call's deadline; caught inside this module and turned into a TimeoutError."""
-
-
-class Call:
-    """One collective (or send/recv) in progress: what to name in errors, and the deadline of its waits."""
-
-    __slots__ = ("owner", "operation", "number", "tag", "expires")
-
-    def __init__(self, owner: P2PCommunicator, operation: str, number: int | None, tag: int):
-        self.owner, self.operation, self.number, self.tag = owner, operation, number, tag
-        self.expires = 0.0  # set at the first clock read
-
-    def overdue(self) -> bool:
-        """Read the clock; the first read starts the deadline. True once it has passed."""
-        now = time.monotonic()
-        if not self.expires:
-            self.expires = now + self.owner.timeout
-            return False
-        return now > self.expires
-
-    def wait(self, request) -> None:
-        """Complete ``request``, yielding the CPU between polls; _Overdue past the deadline."""
-        while True:
-            for _ in _POLLS:
-                if request.Test():
-                    return
-                os.sched_yield()  # when ranks outnumber cores, let the rank we wait for run
-            if self.overdue():
-                raise _Overdue
-
-    def describe(self) -> str:
-        """E.g. ``ring allreduce (collective #12, tag 16395)``."""
-        what = f"collective #{self.number}, " if self.number is not None else ""
-        return f"{self.owner.name} {self.operation} ({what}tag {self.tag})"
-
-    def timeout_error(self, recv_from: Sequence[int], send_to: Sequence[int]) -> TimeoutError:
-        """The error of this call, still waiting on messages from and to the given ranks."""
-        waits = []
-        if recv_from:
-            waits.append("to receive from " + _ranks(recv_from))
-        if send_to:
-            waits.append("to send to " + _ranks(send_to))
-        return TimeoutError(
-            f"[rank {self.owner.rank}] {self.describe()} timed out after {self.owner.timeout:g} s waiting "
-            f"{' and '.join(waits) or 'for its peers'}: a peer crashed, hangs, or called a different "
-            "collective (NPDDP_DEBUG=1 checks that); this communicator is now unusable")
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    """``rank 3`` or ``ranks 1, 3``."""
-    ranks = sorted(set(ranks))
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
-
+from .calls import CLOCK_EVERY, Call, Overdue, TagSequence
+from .scratch import ScratchPool
 
 class P2PWork:
     """Work handle of a collective driven by point-to-point requests.
@@ -215,8 +98,8 @@ class P2PWork:
                     os.sched_yield()
                     polls += 1
                     if not polls % CLOCK_EVERY and call.overdue():
-                        raise _Overdue
-        except _Overdue:
+                        raise Overdue
+        except Overdue:
             raise call.owner.give_up(call, *self._requests()) from None
         return self._result
 
@@ -358,7 +241,7 @@ class P2PCommunicator:
                 call.wait(request)
             for request, _ in sreqs:
                 call.wait(request)
-        except _Overdue:
+        except Overdue:
             raise self.give_up(call, rreqs, sreqs, (recvs, sends)) from None
 
     def give_up(self, call: Call, recvs: list, sends: list, keep=None) -> TimeoutError:

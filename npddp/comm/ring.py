@@ -14,7 +14,8 @@ from collections import deque
 import numpy as np
 
 from . import _common as c
-from .p2p import P2PCommunicator, P2PWork, _Overdue
+from .calls import Overdue
+from .p2p import P2PCommunicator, P2PWork
 
 _PLAN_CACHE_SIZE = 64
 
@@ -215,7 +216,7 @@ class RingCommunicator(P2PCommunicator):
                     sends.append((self.comm.Isend(p, right, tag), right))
             for req, _ in sends:
                 call.wait(req)
-        except _Overdue:
+        except Overdue:
             raise self.give_up(call, recvs, sends, parts) from None
 
     def _allreduce_work(self, call, src, dst, ufunc, result):

@@ -7,7 +7,8 @@ import pytest
 
 from npddp.comm import BACKENDS, DTYPES, OPS, create
 from npddp.comm import _common as c
-from npddp.comm.p2p import ScratchPool, TagSequence
+from npddp.comm.calls import TagSequence
+from npddp.comm.scratch import ScratchPool
 
 
 def test_block_bounds_match_array_split():
