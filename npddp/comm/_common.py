@@ -100,3 +100,22 @@ def block_bounds(n: int, size: int) -> np.ndarray:
     bounds = np.zeros(size + 1, dtype=np.int64)
     np.cumsum(counts, out=bounds[1:])
     return bounds
+
+
+class RankedComm:
+    """Base of the backends: the wrapped MPI communicator with its rank and size, read once."""
+
+    def __init__(self, mpi_comm):
+        self.comm = mpi_comm
+        self._rank = mpi_comm.Get_rank()
+        self._size = mpi_comm.Get_size()
+
+    @property
+    def rank(self) -> int:
+        """This process's rank."""
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        """Number of ranks."""
+        return self._size

@@ -34,25 +34,13 @@ class MPIWork:
         return self._result
 
 
-class MPICommunicator:
+class MPICommunicator(c.RankedComm):
     """Communicator over MPI's native collectives (Allreduce, Bcast, Iallreduce, ...)."""
 
     name = "mpi"
 
     def __init__(self, mpi_comm=None):
-        self.comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
-        self._rank = self.comm.Get_rank()
-        self._size = self.comm.Get_size()
-
-    @property
-    def rank(self) -> int:
-        """This process's rank."""
-        return self._rank
-
-    @property
-    def size(self) -> int:
-        """Number of ranks."""
-        return self._size
+        super().__init__(MPI.COMM_WORLD if mpi_comm is None else mpi_comm)
 
     def barrier(self) -> None:
         """MPI_Barrier."""

@@ -174,7 +174,7 @@ class RoundWork(P2PWork):
             self._on_release()
 
 
-class P2PCommunicator:
+class P2PCommunicator(c.RankedComm):
     """Base of the backends built from point-to-point calls; subclasses add the collectives.
 
     Collective tags come from a sequence private to this object, so non-blocking work that
@@ -188,25 +188,13 @@ class P2PCommunicator:
         if mpi_comm is None:
             from mpi4py import MPI
             mpi_comm = MPI.COMM_WORLD
-        self.comm = mpi_comm
-        self._rank = self.comm.Get_rank()
-        self._size = self.comm.Get_size()
+        super().__init__(mpi_comm)
         self.timeout = timeout
         self.scratch = ScratchPool()
         self._tags = TagSequence()
         self._active: list[P2PWork] = []
         self._failure: str | None = None   # why this communicator is unusable
         self._stranded: list = []           # buffers and handles abandoned requests may still touch
-
-    @property
-    def rank(self) -> int:
-        """This process's rank."""
-        return self._rank
-
-    @property
-    def size(self) -> int:
-        """Number of ranks."""
-        return self._size
 
     @property
     def timeout(self) -> float:
