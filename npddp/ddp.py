@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -51,7 +52,7 @@ class StepStats:
 class _Bucket:
     """A flat gradient buffer and the parameters whose ``.grad`` are views into it."""
 
-    __slots__ = ("index", "params", "buffer", "pending", "work", "scratch", "residual")
+    __slots__ = ("index", "params", "buffer", "reports", "pending", "work", "scratch", "residual")
 
     def __init__(self, index: int, params: list[Parameter]):
         self.index = index
@@ -64,7 +65,8 @@ class _Bucket:
             view[...] = p.grad
             p.grad = view  # the one rebinding of .grad, before any backward of the wrapper
             offset += p.data.size
-        self.pending = len(params)
+        self.reports = len(params)  # gradient-ready reports that complete the bucket (-1: never)
+        self.pending = self.reports
         self.work = None
         self.scratch = None   # fp16 copy for fp16 compression
         self.residual = None  # error feedback for top-k compression
@@ -129,7 +131,7 @@ class DistributedDataParallel:
 
         cap = {"per_param": 0.0, "flat": math.inf}.get(sync, self.bucket_cap_mb * 2**20)
         self.buckets = [_Bucket(i, ps) for i, ps in enumerate(_cut_buckets(self._params, cap))]
-        self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        self._layer_buckets = self._map_leaf_layers(model)
         self._in_backward = False
         model.register_grad_hook(self._on_layer_done)
 
@@ -155,6 +157,16 @@ class DistributedDataParallel:
                 if a != b:
                     raise ValueError(f"model mismatch: rank {r} differs from rank 0 at parameter #{i}: "
                                      f"rank 0 has '{a}', rank {r} has '{b}'")
+
+    def _map_leaf_layers(self, model: Module) -> dict:
+        """id(leaf layer) -> the bucket of each of its parameters; sets how many reports fill each bucket."""
+        bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        leaves = [m for _, m in model.named_modules() if next(m.children(), None) is None]
+        owned = [(m, m.parameters()) for m in leaves]
+        reports = Counter(id(p) for _, params in owned for p in params)
+        for b in self.buckets:  # a parameter no leaf reports (or one reported twice) waits for the end
+            b.reports = b.pending = len(b.params) if all(reports[id(p)] == 1 for p in b.params) else -1
+        return {id(m): [bucket_of[id(p)] for p in params] for m, params in owned if params}
 
     # --- forward / backward ---------------------------------------------------------
     def forward(self, x: np.ndarray) -> np.ndarray:
@@ -197,7 +209,7 @@ class DistributedDataParallel:
                 self._finish(bucket)
             self.stats.comm_exposed_s = time.perf_counter() - t1
         for bucket in self.buckets:  # reset per-step state
-            bucket.pending = len(bucket.params)
+            bucket.pending = bucket.reports
             bucket.work = None
         return dx
 
@@ -206,12 +218,10 @@ class DistributedDataParallel:
         if not self._in_backward:
             return
         t0 = time.perf_counter()
-        for p in layer.parameters():
-            bucket = self._bucket_of.get(id(p))
-            if bucket is not None:
-                bucket.pending -= 1
-                if bucket.pending == 0:
-                    self._start(bucket)
+        for bucket in self._layer_buckets.get(id(layer), ()):
+            bucket.pending -= 1
+            if bucket.pending == 0:
+                self._start(bucket)
         for bucket in self.buckets:
             if bucket.work is not None:
                 bucket.work.test()
