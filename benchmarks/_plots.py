@@ -211,16 +211,16 @@ def scaling(df, meta: dict) -> Figure:
             for n, s, y in zip(ns, spread, stats["median"]):
                 if s > SPREAD_WARNING:
                     ax.plot(n, y, "o", ms=14, mfc="none", mec="red")
-                    flagged.append(f"{name} N={n} ({column}: {s:.0%})")
+                    flagged.append(f"{name} N={n} ({s:.0%})")
         ax.axhline(1.0, color="gray", lw=1)
         _ranks_axis(ax, df["world_size"])
         ax.set_ylabel(ylabel)
         ax.set_ylim(0, max(1.15, float(df[column].max()) * 1.05))
         ax.legend(fontsize=8, loc="lower left")
-    if flagged:
+    if flagged:  # a figure-level x label: the layout keeps room for it under the axes
         where = "; ".join(flagged[:4]) + (" ..." if len(flagged) > 4 else "")
-        fig.text(0.01, 0.01, f"Warning: spread over repeats > {SPREAD_WARNING:.0%} at {where}: treat these points "
-                 "as noise", color="red", fontsize=8, gid="spread-warning")
+        fig.supxlabel(f"Warning: spread over repeats > {SPREAD_WARNING:.0%} at {where}: treat these points as noise",
+                      color="red", fontsize=8, wrap=True).set_gid("spread-warning")
     return fig
 
 
