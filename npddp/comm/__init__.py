@@ -22,10 +22,10 @@ import os
 from ._common import DEFAULT_TIMEOUT, DTYPES, OPS, check_timeout
 from .base import Communicator, Work
 from .debug import CollectiveMismatchError
-from .registry import ALGORITHMS, BACKENDS, TIMEOUT_BACKENDS
+from .registry import ALGORITHMS, BACKENDS
 from .transport import TRANSPORTS, Transport, is_transport, resolve_transport
 
-__all__ = ["ALGORITHMS", "BACKENDS", "DEFAULT_TIMEOUT", "DTYPES", "OPS", "TIMEOUT_BACKENDS", "TRANSPORTS",
+__all__ = ["ALGORITHMS", "BACKENDS", "DEFAULT_TIMEOUT", "DTYPES", "OPS", "TRANSPORTS",
            "CollectiveMismatchError", "Communicator", "Transport", "Work", "create", "debug_from_env",
            "timeout_from_env"]
 

@@ -21,8 +21,6 @@ ALGORITHMS = {
 _P2P_COMMUNICATORS = {"naive": ("naive", "NaiveCommunicator")}
 #: Every backend ``npddp.comm.create`` accepts.
 BACKENDS = ("mpi", *ALGORITHMS)
-#: Backends whose waits honour a timeout (all of them, MPI's own collectives included).
-TIMEOUT_BACKENDS = BACKENDS
 
 
 def _load(module: str, name: str):

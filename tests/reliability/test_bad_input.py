@@ -94,7 +94,6 @@ CASES = [
     ("--timeout 0", lambda d: _cli("--backend", "ring", "--timeout", "0"), ConfigError,
      ["--timeout must be a number of seconds > 0", "got 0.0"]),
     ("--timeout nan", lambda d: _cli("--backend", "naive", "--timeout", "nan"), ConfigError, ["got nan"]),
-    ("--timeout mpi", lambda d: _cli("--timeout", "30"), ConfigError, ["--backend ring or naive", "--backend mpi"]),
     ("--timeout word", lambda d: _cli("--timeout", "soon"), ConfigError, ["--timeout", "'soon'"]),
     ("--inject-fault form", lambda d: _cli("--inject-fault", "1-5"), ConfigError,
      ["--inject-fault '1-5'", "RANK:STEP", "e.g. 1:5"]),

@@ -12,11 +12,11 @@ import time
 import numpy as np
 import pytest
 
-from npddp.comm import DEFAULT_TIMEOUT, TIMEOUT_BACKENDS, create
+from npddp.comm import BACKENDS, DEFAULT_TIMEOUT, create
 
 TIMEOUT = 0.2
 SLACK = 5.0          # oversubscribed ranks may be scheduled late
-p2p = pytest.mark.parametrize("backend", TIMEOUT_BACKENDS, ids=lambda b: f"{b}-backend")
+p2p = pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: f"{b}-backend")
 
 
 @pytest.fixture(autouse=True)
