@@ -161,12 +161,10 @@ def check_out(paths: dict, world, parser: argparse.ArgumentParser) -> None:
 # ----------------------------------------------------------------------------- communicators
 
 def create_comm(backend: str, mpi_comm, transport: str = DEFAULT_TRANSPORT):
-    """``npddp.comm.create(backend, mpi_comm)`` over ``transport`` (only 'mpi' exists today)."""
+    """``npddp.comm.create`` of ``backend`` over ``transport``, its ranks those of ``mpi_comm``."""
     from npddp import comm as npcomm
 
-    if transport != DEFAULT_TRANSPORT:
-        return npcomm.create(backend, mpi_comm, transport=transport)
-    return npcomm.create(backend, mpi_comm)
+    return npcomm.create(backend, mpi_comm, transport=transport)
 
 
 def algorithm_of(comm, backend: str, nbytes: int, dtype: str) -> str:

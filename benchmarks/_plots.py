@@ -127,7 +127,7 @@ def sweep_ratio(df, meta: dict, baseline: str):
     colours = _colours(others, keys)
     for label, part in _series(others, keys):
         part = part.sort_values("bytes")
-        ratio = part["time_median_s"].to_numpy() / ref.loc[list(zip(part["place"], part["bytes"]))].to_numpy()
+        ratio = part["time_median_s"].to_numpy() / ref.reindex(list(zip(part["place"], part["bytes"]))).to_numpy()
         ax.plot(part["bytes"], ratio, marker="o", ms=3, label=label, **_style(label, colours))
     ax.axhline(1.0, color="black", lw=1, label=f"{baseline} (1.0)")
     _size_axis(ax)
@@ -156,8 +156,9 @@ def breakdown(df, meta: dict) -> Figure:
     axes = fig.subplots(len(models), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
     for ax, model in zip(axes, models):
         part = df[df["model"] == model]
-        labels = [f"{s} {b}" + (f" {mb:g} MiB" if mb else "")
-                  for s, b, mb in zip(part["sync"], part["backend"], part["bucket_mb"])]
+        several = part.loc[part["backend"] != NO_COMM, "transport"].nunique() > 1  # name it only if it varies
+        labels = [f"{s} {b}" + (f"/{t}" if several and b != NO_COMM else "") + (f" {mb:g} MiB" if mb else "")
+                  for s, b, t, mb in zip(part["sync"], part["backend"], part["transport"], part["bucket_mb"])]
         step = part["step_ms"].to_numpy()
         left = np.zeros(len(part))
         for name, column, colour, hatch in SEGMENTS:

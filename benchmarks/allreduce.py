@@ -260,8 +260,8 @@ def run_sweep(cfg: SweepConfig, harness, on_size=None) -> tuple[list[dict], np.n
 # ----------------------------------------------------------------------------- output
 
 _PLACE_LABEL = {"outofplace": "out-of-place", "inplace": "in-place"}
-_LEAD = (("size", "(B)", 11), ("count", "(elements)", 11), ("type", "", 8), ("redop", "", 5),
-         ("backend", "", 10), ("algorithm", "", 12))
+_LEAD = (("size", "(B)", 11), ("count", "(elements)", 10), ("type", "", 7), ("redop", "", 5),
+         ("backend", "", 12), ("algorithm", "", 12))
 _PER_PLACE = (("time", "(us)", 9), ("algbw", "(GB/s)", 7), ("busbw", "(GB/s)", 7), ("#wrong", "", 6))
 
 

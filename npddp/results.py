@@ -159,7 +159,7 @@ class _Checker:
         """Attributes, then columns, then the relations between them."""
         attrs = runinfo.read_attrs(self.f)
         kind = attrs.get("kind")
-        if kind not in KINDS:
+        if not isinstance(kind, str) or kind not in KINDS:
             got = "nothing (not an npddp benchmark dump)" if kind is None else repr(kind)
             self.bad("attribute 'kind'", "one of " + ", ".join(KINDS), got)
             return self.problems

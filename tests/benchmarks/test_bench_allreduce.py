@@ -266,7 +266,7 @@ def test_every_backend_that_npddp_lists_is_swept():
 
 def test_main_returns_1_when_any_result_is_wrong(monkeypatch, capsys):
     real = npcomm.create
-    monkeypatch.setattr(npcomm, "create", lambda name, c=None: Faulty(real("mpi", c), "bump"))
+    monkeypatch.setattr(npcomm, "create", lambda name, c=None, **kw: Faulty(real("mpi", c), "bump"))
     assert ar.main(TINY + ["--backends", "ring"], mpi_comm=MPI.COMM_SELF) == 1
     assert "# Wrong values       : " in capsys.readouterr().out
 

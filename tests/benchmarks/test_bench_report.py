@@ -22,6 +22,7 @@ from benchmarks import allreduce as ar
 from benchmarks import report
 from npddp import results
 from npddp.columns import FLOAT, INT, KINDS, STR
+from npddp.comm import BACKENDS
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -223,7 +224,10 @@ def test_report_reads_a_sweep_made_by_the_script_under_mpirun(tmp_path, capsys, 
     out = capsys.readouterr().out
     assert "allreduce sweep, 2 ranks" in out and "#wrong total: 0" in out
     fits = out.split("alpha-beta fit")[1].split("\n\n")[0].splitlines()[2:]
-    assert sorted(line.split()[0] for line in fits) == sorted(["mpi", "ring", "naive"] * 2)
+    assert sorted(line.split()[0] for line in fits) == sorted(list(BACKENDS) * 2)  # every backend, both places
+    header = re.search(r"^ +(\S+ serial .*)$", out, re.MULTILINE).group(1).split()
+    assert header[::2] == [a for a in BACKENDS if cm.modelled(a)] * 2  # the sweep's algorithms with a model
+    assert header[1::2] == ["serial"] * (len(header) // 4) + ["overlap"] * (len(header) // 4)
 
 
 # ----------------------------------------------------------------------------- malformed dumps
@@ -268,12 +272,14 @@ def mutations(spec):
 
     out = [("no kind", "attribute 'kind'", attr("kind")),
            ("foreign kind", "attribute 'kind'", attr("kind", "something_else")),
+           ("kind an array", "attribute 'kind'", attr("kind", np.array([1, 2]))),
            ("no schema version", "attribute 'schema_version'", attr("schema_version")),
            ("version 1", "attribute 'schema_version'", attr("schema_version", 1)),
            ("future version", "attribute 'schema_version'", attr("schema_version", results.SCHEMA_VERSION + 1)),
            ("no world_size", "attribute 'world_size'", attr("world_size")),
            ("world_size 'two'", "attribute 'world_size'", attr("world_size", "two")),
            ("world_size 0", "attribute 'world_size'", attr("world_size", 0)),
+           ("world_size an array", "attribute 'world_size'", attr("world_size", np.array([2, 2]))),
            ("world_size column disagrees", "column 'world_size'",
             lambda f: f["table"]["world_size"].__setitem__(0, 99)),
            ("no table", "group '/table'", lambda f: f.__delitem__("table")),
