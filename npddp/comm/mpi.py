@@ -72,16 +72,16 @@ class MPICommunicator(c.RankedComm):
         if self._failure is not None:
             raise RuntimeError(f"this mpi communicator is unusable after an earlier failure: {self._failure}")
 
-    def _run(self, what: str, blocking, nonblocking) -> None:
+    def _run(self, what: str, blocking, nonblocking, waiting: str = "for its peers") -> None:
         """Run one call: ``blocking()`` without a deadline, else ``nonblocking()``'s request polled against it."""
         self._check_usable()
         self._calls += 1
         if self._blocking:
             blocking()
         else:
-            self._wait(nonblocking(), what)
+            self._wait(nonblocking(), what, waiting)
 
-    def _wait(self, request, what: str) -> None:
+    def _wait(self, request, what: str, waiting: str = "for its peers") -> None:
         """Poll ``request`` (yielding between polls) until done; TimeoutError past the deadline."""
         polls, expires = 0, 0.0
         while not request.Test():
@@ -92,8 +92,9 @@ class MPICommunicator(c.RankedComm):
                 if not expires:
                     expires = now + self._timeout
                 elif now > expires:
-                    self._failure = (f"[rank {self._rank}] mpi {what} (collective #{self._calls}) timed out after "
-                                     f"{self._timeout:g} s waiting for its peers: a peer crashed, hangs, or called a different collective "
+                    number = "" if what.endswith(")") else f" (collective #{self._calls})"
+                    self._failure = (f"[rank {self._rank}] mpi {what}{number} timed out after "
+                                     f"{self._timeout:g} s waiting {waiting}: a peer crashed, hangs, or called a different collective "
                                      "(NPDDP_DEBUG=1 checks that); this communicator is now unusable")
                     raise TimeoutError(self._failure)
 
@@ -106,6 +107,7 @@ class MPICommunicator(c.RankedComm):
         """MPI_Bcast in place."""
         c.check_buffer(buf)
         root = c.check_rank(root, self._size)
+        self._check_usable()
         if buf.size:
             comm = self.comm
             self._run("broadcast", lambda: comm.Bcast(buf, root=root), lambda: comm.Ibcast(buf, root=root))
@@ -117,12 +119,14 @@ class MPICommunicator(c.RankedComm):
         mpi_op, comm = _MPI_OPS[op], self.comm
         if out is None or out is buf:
             c.check_buffer(buf)
+            self._check_usable()
             if buf.size and self._size > 1:
                 self._run("allreduce", lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=mpi_op),
                           lambda: comm.Iallreduce(MPI.IN_PLACE, buf, op=mpi_op))
             return buf
         c.check_buffer(buf, writable=False)
         c.check_out(buf, out)
+        self._check_usable()
         if self._size == 1 or buf.size == 0:
             np.copyto(out, buf)
         else:
@@ -145,6 +149,7 @@ class MPICommunicator(c.RankedComm):
         flat = buf.reshape(-1)
         counts = np.diff(c.block_bounds(flat.size, self._size)).tolist()
         out = np.empty(counts[self._rank], dtype=buf.dtype)
+        self._check_usable()
         if self._size == 1:
             np.copyto(out, flat)
         elif flat.size:
@@ -157,6 +162,7 @@ class MPICommunicator(c.RankedComm):
         """MPI_Allgather into a ``(size, *shape)`` array."""
         c.check_buffer(buf, writable=False)
         out = np.empty((self._size, *buf.shape), dtype=buf.dtype)
+        self._check_usable()
         if buf.size:
             comm = self.comm
             self._run("allgather", lambda: comm.Allgather(buf, out), lambda: comm.Iallgather(buf, out))
@@ -167,6 +173,7 @@ class MPICommunicator(c.RankedComm):
         c.check_buffer(buf, writable=False)
         root = c.check_rank(root, self._size)
         out = np.empty((self._size, *buf.shape), dtype=buf.dtype) if self._rank == root else None
+        self._check_usable()
         if buf.size:
             comm = self.comm
             self._run("gather", lambda: comm.Gather(buf, out, root=root), lambda: comm.Igather(buf, out, root=root))
@@ -177,6 +184,7 @@ class MPICommunicator(c.RankedComm):
         c.check_stacked(buf, self._size)
         root = c.check_rank(root, self._size)
         out = np.empty(buf.shape[1:], dtype=buf.dtype)
+        self._check_usable()
         if out.size:
             comm, send = self.comm, buf if self._rank == root else None
             self._run("scatter", lambda: comm.Scatter(send, out, root=root),
@@ -187,12 +195,13 @@ class MPICommunicator(c.RankedComm):
         """MPI_Send (MPI_Isend polled against the deadline)."""
         c.check_buffer(buf, writable=False)
         dest, tag, comm = c.check_rank(dest, self._size, "dest"), c.check_tag(tag), self.comm
-        self._run("send", lambda: comm.Send(buf, dest=dest, tag=tag), lambda: comm.Isend(buf, dest=dest, tag=tag))
+        self._run(f"send (tag {tag})", lambda: comm.Send(buf, dest=dest, tag=tag),
+                  lambda: comm.Isend(buf, dest=dest, tag=tag), f"to send to rank {dest}")
 
     def recv(self, buf, source, tag=0):
         """MPI_Recv into ``buf`` (MPI_Irecv polled against the deadline)."""
         c.check_buffer(buf)
         source, tag, comm = c.check_rank(source, self._size, "source"), c.check_tag(tag), self.comm
-        self._run("recv", lambda: comm.Recv(buf, source=source, tag=tag),
-                  lambda: comm.Irecv(buf, source=source, tag=tag))
+        self._run(f"recv (tag {tag})", lambda: comm.Recv(buf, source=source, tag=tag),
+                  lambda: comm.Irecv(buf, source=source, tag=tag), f"to receive from rank {source}")
         return buf
