@@ -94,7 +94,7 @@ def sweep_busbw(df, meta: dict) -> Figure:
     """Bus bandwidth (algorithm bandwidth on one rank) vs size per series, p10-p90 bands from the time spread."""
     one = int(meta["world_size"]) == 1
     what = "algorithm" if one else "bus"
-    fig = _figure(8, 5, f"{meta['collective']} {what} bandwidth vs size, {meta['dtype']} "
+    fig = _figure(9.5, 5, f"{meta['collective']} {what} bandwidth vs size, {meta['dtype']} "
                         f"(line: median time; band: p10-p90)", meta)
     ax = fig.add_subplot()
     column = "algbw_GBps" if one else "busbw_GBps"
@@ -110,7 +110,7 @@ def sweep_busbw(df, meta: dict) -> Figure:
     _size_axis(ax)
     ax.set_yscale("log")
     ax.set_ylabel(f"{what} bandwidth (GB/s, GB = 1e9 B)")
-    ax.legend(fontsize=8)
+    fig.legend(loc="outside right upper", fontsize=8)  # beside the axes: many series stay readable
     return fig
 
 
@@ -120,7 +120,7 @@ def sweep_ratio(df, meta: dict, baseline: str):
     others = df[df["backend"] != baseline]
     if base.empty or others.empty:
         return None
-    fig = _figure(8, 5, f"{meta['collective']} time relative to {baseline}, {meta['dtype']}", meta)
+    fig = _figure(9.5, 5, f"{meta['collective']} time relative to {baseline}, {meta['dtype']}", meta)
     ax = fig.add_subplot()
     ref = base.groupby(["place", "bytes"])["time_median_s"].median()
     keys = _sweep_keys(others)
@@ -134,7 +134,7 @@ def sweep_ratio(df, meta: dict, baseline: str):
     ax.set_yscale("log", base=2)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
     ax.set_ylabel(f"median time / {baseline} median time (> 1: slower)")
-    ax.legend(fontsize=8)
+    fig.legend(loc="outside right upper", fontsize=8)  # beside the axes: many series stay readable
     return fig
 
 

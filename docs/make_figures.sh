@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 ranks=${1:-2}
 dumps=build/figures
 mkdir -p "$dumps"
-./mpi_run.sh -n "$ranks" python benchmarks/allreduce.py --backends mpi,ring,naive -b 1K -e 64M -f 4 \
+./mpi_run.sh -n "$ranks" python benchmarks/allreduce.py -b 1K -e 64M -f 4 \
   --out "$dumps/allreduce.h5"
 ./mpi_run.sh -n "$ranks" python benchmarks/ddp.py --no-comm --syncs per_param,bucketed,overlap --bucket-mb 25 \
   --steps 10 --warmup 3 --out "$dumps/ddp.h5"

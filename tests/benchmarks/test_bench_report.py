@@ -110,9 +110,10 @@ def test_every_kind_prints_its_table_and_writes_its_plots(dumps, tmp_path, capsy
 
 # ----------------------------------------------------------------------------- plots
 
-def _legend(ax):
-    """Texts of an axes' legend."""
-    return [t.get_text() for t in ax.get_legend().get_texts()]
+def _legend(owner):
+    """Texts of an axes' legend, or of a figure's (first) legend."""
+    legend = owner.legends[0] if hasattr(owner, "legends") else owner.get_legend()
+    return [t.get_text() for t in legend.get_texts()]
 
 
 def _says_where_and_when(fig, meta, what):
@@ -132,13 +133,13 @@ def test_sweep_plots_label_their_axes_series_and_bands(tmp_path):
     _says_where_and_when(fig, meta, "allreduce bus bandwidth vs size")
     assert ax.get_xlabel() == "message size (bytes)" and ax.get_ylabel().startswith("bus bandwidth (GB/s")
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
-    assert _legend(ax) == ["mpi out-of-place", "mpi in-place", "ring out-of-place", "ring in-place"]
+    assert _legend(fig) == ["mpi out-of-place", "mpi in-place", "ring out-of-place", "ring in-place"]
     assert len(ax.collections) == 4  # one p10-p90 band per series
     fig = plots.sweep_ratio(df, meta, "mpi")
     ax = fig.axes[0]
     _says_where_and_when(fig, meta, "allreduce time relative to mpi")
     assert ax.get_ylabel() == "median time / mpi median time (> 1: slower)"
-    assert _legend(ax) == ["ring out-of-place", "ring in-place", "mpi (1.0)"]
+    assert _legend(fig) == ["ring out-of-place", "ring in-place", "mpi (1.0)"]
     assert plots.sweep_ratio(df, meta, "naive") is None  # no baseline in the data: no ratio plot
 
 
