@@ -20,7 +20,7 @@ ALGORITHMS = {
 #: Backends built on a transport's point-to-point messages: name -> (module, communicator class).
 _P2P_COMMUNICATORS = {"naive": ("naive", "NaiveCommunicator")}
 #: Every backend ``npddp.comm.create`` accepts.
-BACKENDS = ("mpi", *ALGORITHMS)
+BACKENDS = ("mpi", *ALGORITHMS, "auto")
 
 
 def _load(module: str, name: str):
