@@ -372,6 +372,11 @@ class TCPTransport:
         """Post a receive of the next frame from ``source`` with ``tag`` into ``buf``."""
         return self._peers[source].irecv(_bytes(buf), (self.context, tag))
 
+    def split(self, colors) -> TCPTransport:
+        """The transport among the ranks whose color matches this rank's (call on every rank, same list)."""
+        mine = colors[self.rank]
+        return self.world.transport([self.ranks[r] for r in range(self.size) if colors[r] == mine])
+
 
 _WORLDS: dict = {}  # LaunchEnv -> TCPWorld: this process's connections, made once (like MPI_COMM_WORLD)
 
