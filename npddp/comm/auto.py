@@ -123,6 +123,7 @@ class AutoCommunicator(P2PCommunicator):
         super().__init__(transport, None, "auto", timeout)
         self.algorithms = {name: algorithm(name)(self) for name in ALGORITHMS}
         self.source, self.table = self._load(tuning if tuning is not None else os.environ.get("NPDDP_TUNING"))
+        self._setup_done()
         self._picks: dict = {}
 
     def _load(self, path) -> tuple[str, dict]:

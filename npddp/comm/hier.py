@@ -37,6 +37,7 @@ class HierCommunicator(ShmCommunicator):
         index = [sum(1 for q in range(r) if nodes[q] == nodes[r]) for r in range(self._size)]  # local index
         from .registry import build
         self.inter = build(inter, transport.split(index), timeout) if self.nodes > 1 else None
+        self._setup_done()
 
     def _allreduce_work(self, call, src, dst, ufunc, result):
         inter = None
