@@ -155,13 +155,15 @@ class AutoCommunicator(P2PCommunicator):
         """Rank 0's file bytes (or its error text) on every rank."""
         head = np.array([len(raw), len(problem.encode())], dtype=np.int64)
         self.broadcast(head, root=0)
-        body = np.zeros(int(head.sum()), dtype=np.uint8)
+        total = int(head.sum())
+        body = np.zeros(-(-total // 8), dtype=np.int64)  # the bytes, in whole words
         if self._rank == 0:
-            body[:] = np.frombuffer(raw + problem.encode(), dtype=np.uint8)
+            body.view(np.uint8)[:total] = np.frombuffer(raw + problem.encode(), dtype=np.uint8)
         self.broadcast(body, root=0)
+        data = body.view(np.uint8)[:total].tobytes()
         if head[1]:
-            return bytes(body[head[0]:]).decode(errors="replace")
-        return bytes(body)
+            return data[head[0]:].decode(errors="replace")
+        return data
 
     def algorithm_for(self, nbytes: int, dtype) -> str:
         """The algorithm ``auto`` uses for an all-reduce of ``nbytes`` bytes of ``dtype``."""
