@@ -85,13 +85,16 @@ class Call:
         what = f"collective #{self.number}, " if self.number is not None else ""
         return f"{self.owner.name} {self.operation} ({what}tag {self.tag})"
 
-    def timeout_error(self, recv_from: Sequence[int], send_to: Sequence[int]) -> TimeoutError:
-        """The error of this call, still waiting on messages from and to the given ranks."""
+    def timeout_error(self, recv_from: Sequence[int], send_to: Sequence[int] = (),
+                      arrive: Sequence[int] = ()) -> TimeoutError:
+        """The error of this call, still waiting on messages from and to the given ranks (or for them to arrive)."""
         waits = []
         if recv_from:
             waits.append("to receive from " + _ranks(recv_from))
         if send_to:
             waits.append("to send to " + _ranks(send_to))
+        if arrive:
+            waits.append("for " + _ranks(arrive) + " to arrive")
         return TimeoutError(
             f"[rank {self.owner.rank}] {self.describe()} timed out after {self.owner.timeout:g} s waiting "
             f"{' and '.join(waits) or 'for its peers'}: a peer crashed, hangs, or called a different "

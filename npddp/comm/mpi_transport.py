@@ -2,7 +2,8 @@
 
 Only point-to-point methods of the wrapped communicator are called (``Isend``, ``Irecv``, and
 ``Test``/``Cancel``/``Free`` on their requests), never a collective, so an algorithm over this
-transport is a hand-written schedule, not MPI's.
+transport is a hand-written schedule, not MPI's. The one exception is :meth:`MPITransport.split`
+(``MPI_Comm_split``), which ``hier`` calls once, at setup, to make its group of ranks across nodes.
 """
 
 from __future__ import annotations
@@ -57,3 +58,7 @@ class MPITransport:
     def irecv(self, buf: np.ndarray, source: int, tag: int) -> MPIRequest:
         """MPI_Irecv into ``buf``."""
         return MPIRequest(self.comm.Irecv(buf, source, tag), True)
+
+    def split(self, colors) -> "MPITransport":
+        """The transport among the ranks whose color matches this rank's (collective: every rank, same list)."""
+        return MPITransport(self.comm.Split(int(colors[self.rank]), self.rank))

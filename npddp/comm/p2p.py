@@ -78,6 +78,10 @@ class P2PCommunicator:
         tag = self._tags.next()
         return Call(self, operation, self._tags.count, tag)
 
+    def _setup_done(self) -> None:
+        """Number the user's collectives from 1, whatever the constructor exchanged before them."""
+        self._tags.count = 0
+
     def unusable(self) -> RuntimeError:
         """The error of any call after a failure."""
         return RuntimeError(f"this {self.name} communicator is unusable after an earlier failure: {self._failure}")

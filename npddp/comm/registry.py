@@ -20,7 +20,7 @@ ALGORITHMS = {
 #: Backends built on a transport's point-to-point messages: name -> (module, communicator class).
 _P2P_COMMUNICATORS = {"naive": ("naive", "NaiveCommunicator")}
 #: Every backend ``npddp.comm.create`` accepts.
-BACKENDS = ("mpi", *ALGORITHMS)
+BACKENDS = ("mpi", *ALGORITHMS, "auto", "shm", "hier")
 
 
 def _load(module: str, name: str):
@@ -41,6 +41,9 @@ def build(name: str, transport, timeout: float, tuning=None):
     if name == "auto":
         from .auto import AutoCommunicator
         return AutoCommunicator(transport, timeout, tuning)
+    if name in ("shm", "hier"):
+        module, cls = {"shm": ("shm", "ShmCommunicator"), "hier": ("hier", "HierCommunicator")}[name]
+        return _load(module, cls)(transport, timeout)
     from .p2p import P2PCommunicator
     cls = _load(*_P2P_COMMUNICATORS[name]) if name in _P2P_COMMUNICATORS else P2PCommunicator
     return cls(transport, algorithm(name), name, timeout)

@@ -26,6 +26,7 @@ from collections import deque
 import numpy as np
 
 HEADER = struct.Struct("<IIQ")  # context, tag, payload bytes
+_SPARE_BUFFERS = 8               # early-frame buffers kept per peer for reuse
 _EMPTY = memoryview(b"")
 
 
@@ -85,6 +86,7 @@ class Peer:
         self.posted: dict[tuple, deque] = {}      # (context, tag) -> receives in posting order
         self.nposted = 0
         self.early: dict[tuple, deque] = {}       # (context, tag) -> frames read before their receive
+        self.spare: list[bytearray] = []          # buffers early frames were read into, for reuse
         self.header = bytearray(HEADER.size)
         self.header_got = 0
         self.pending = None                       # (key, nbytes) of a parsed header waiting for a receive
@@ -92,6 +94,7 @@ class Peer:
         self.target_got = 0
         self.target_req: TCPRequest | None = None  # None: into an early-frame buffer
         self.target_key = None
+        self.claim: TCPRequest | None = None      # a receive posted while its frame was being read aside
         self.error: ConnectionError | None = None
 
     @property
@@ -141,9 +144,13 @@ class Peer:
             if not frames:
                 del self.early[key]
             _deliver(req, frame, self.rank)
+            self._recycle(frame)
             return req
         if self.error is not None:
             req.error = self.error
+            return req
+        if self.target is not None and self.target_req is None and self.target_key == key and self.claim is None:
+            self.claim = req  # its frame is being read aside right now: it gets that frame, in order
             return req
         queue = self.posted.get(key)
         if queue is None:
@@ -167,15 +174,35 @@ class Peer:
                 return True
             self.target, self.target_req = req.view[:nbytes], req
         elif self.nposted:  # a receive for another tag waits behind this frame: read it aside
-            self.target, self.target_req = memoryview(bytearray(nbytes)), None
             if not nbytes:
-                self.early.setdefault(key, deque()).append(bytearray())
-                self.target = None
+                self.early.setdefault(key, deque()).append(_EMPTY)
                 return True
+            self.target, self.target_req = memoryview(self._spare(nbytes))[:nbytes], None
         else:
             return False
         self.target_got, self.target_key = 0, key
         return True
+
+    def _recycle(self, frame: memoryview) -> None:
+        """Keep the buffer of a delivered early frame for the next one (the largest ones, when full)."""
+        buf, spare = frame.obj, self.spare
+        if not len(frame):
+            return
+        if len(spare) < _SPARE_BUFFERS:
+            spare.append(buf)
+        else:
+            smallest = min(range(len(spare)), key=lambda i: len(spare[i]))
+            if len(spare[smallest]) < len(buf):
+                spare[smallest] = buf
+
+    def _spare(self, nbytes: int) -> bytearray:
+        """A buffer of at least ``nbytes`` for an early frame: the smallest spare one that fits, else a new one."""
+        fits = [b for b in self.spare if len(b) >= nbytes]
+        if fits:
+            buf = min(fits, key=len)
+            self.spare.remove(buf)
+            return buf
+        return bytearray(nbytes)
 
     def pull(self) -> None:
         """Read frames until the socket would block or nothing more is wanted from this peer."""
@@ -207,8 +234,12 @@ class Peer:
                     req = self.target_req
                     if req is not None:
                         req.done = True
+                    elif self.claim is not None:
+                        _deliver(self.claim, target, self.rank)
+                        self._recycle(target)
+                        self.claim = None
                     elif self.target_key is not None:  # None: the bytes of a cancelled receive
-                        self.early.setdefault(self.target_key, deque()).append(target.obj)
+                        self.early.setdefault(self.target_key, deque()).append(target)
                     self.target = self.target_req = None
                     if not self.nposted:
                         return
@@ -224,6 +255,9 @@ class Peer:
         if queue is not None and req in queue:
             queue.remove(req)
             self.nposted -= 1
+        elif req is self.claim:
+            self.claim = None
+            self.target_key = None  # its frame, once read, is dropped
         elif req is self.target_req:  # keep the stream in step: read the rest of its bytes into a sink
             self.target = memoryview(bytearray(len(self.target)))
             self.target_req = self.target_key = None
@@ -239,12 +273,13 @@ class Peer:
         for queue in self.posted.values():
             for req in queue:
                 req.error = self.error
-        if self.target_req is not None:
-            self.target_req.error = self.error
+        for req in (self.target_req, self.claim):
+            if req is not None:
+                req.error = self.error
         self.sends.clear()
         self.posted.clear()
         self.nposted = 0
-        self.target = self.target_req = None
+        self.target = self.target_req = self.claim = None
 
 
 class SelfPeer:
@@ -264,7 +299,7 @@ class SelfPeer:
             recv = queue.popleft()
             _deliver(recv, view, self.rank)
         else:
-            self.early.setdefault(key, deque()).append(bytearray(view))
+            self.early.setdefault(key, deque()).append(memoryview(bytearray(view)))
         req.done = True
         return req
 
@@ -336,6 +371,11 @@ class TCPTransport:
     def irecv(self, buf: np.ndarray, source: int, tag: int) -> TCPRequest:
         """Post a receive of the next frame from ``source`` with ``tag`` into ``buf``."""
         return self._peers[source].irecv(_bytes(buf), (self.context, tag))
+
+    def split(self, colors) -> TCPTransport:
+        """The transport among the ranks whose color matches this rank's (call on every rank, same list)."""
+        mine = colors[self.rank]
+        return self.world.transport([self.ranks[r] for r in range(self.size) if colors[r] == mine])
 
 
 _WORLDS: dict = {}  # LaunchEnv -> TCPWorld: this process's connections, made once (like MPI_COMM_WORLD)
