@@ -75,19 +75,23 @@ def _colours(df, keys) -> dict:
 
 
 def _style(label: str, colours: dict) -> dict:
-    """Line colour from the series without its place; dashed out of place."""
+    """Line colour from the series without its place (or what it ran); dashed out of place."""
+    label = label.split(" (ran ")[0]
     base = label.replace(" out-of-place", "").replace(" in-place", "")
     return {"color": colours.get(base), "ls": "--" if label.endswith("out-of-place") else "-"}
 
 
 def _sweep_keys(df) -> list:
-    """Series keys of a sweep: backend, transport where it varies, algorithm where it differs, place."""
-    keys = ["backend"]
-    if df["transport"].nunique() > 1:
-        keys.append("transport")
-    if (df["algorithm"] != df["backend"]).any():
-        keys.append("algorithm")
+    """Series keys of a sweep: backend, transport where it varies, place."""
+    keys = ["backend"] + (["transport"] if df["transport"].nunique() > 1 else [])
     return keys + (["place"] if df["place"].nunique() > 1 else [])
+
+
+def _sweep_series(df):
+    """(label, rows) per series; a backend that picks its algorithm per call names what it ran."""
+    for label, part in _series(df, _sweep_keys(df)):
+        ran = list(dict.fromkeys(part["algorithm"]))
+        yield label + (f" (ran {', '.join(ran)})" if ran != list(dict.fromkeys(part["backend"])) else ""), part
 
 
 def sweep_busbw(df, meta: dict) -> Figure:
@@ -98,9 +102,8 @@ def sweep_busbw(df, meta: dict) -> Figure:
                         f"(line: median time; band: p10-p90)", meta)
     ax = fig.add_subplot()
     column = "algbw_GBps" if one else "busbw_GBps"
-    keys = _sweep_keys(df)
-    colours = _colours(df, keys)
-    for label, part in _series(df, keys):
+    colours = _colours(df, _sweep_keys(df))
+    for label, part in _sweep_series(df):
         part = part.sort_values("bytes")
         bw = part[column].to_numpy()
         median = part["time_median_s"].to_numpy()
@@ -123,9 +126,8 @@ def sweep_ratio(df, meta: dict, baseline: str):
     fig = _figure(9.5, 5, f"{meta['collective']} time relative to {baseline}, {meta['dtype']}", meta)
     ax = fig.add_subplot()
     ref = base.groupby(["place", "bytes"])["time_median_s"].median()
-    keys = _sweep_keys(others)
-    colours = _colours(others, keys)
-    for label, part in _series(others, keys):
+    colours = _colours(others, _sweep_keys(others))
+    for label, part in _sweep_series(others):
         part = part.sort_values("bytes")
         ratio = part["time_median_s"].to_numpy() / ref.reindex(list(zip(part["place"], part["bytes"]))).to_numpy()
         ax.plot(part["bytes"], ratio, marker="o", ms=3, label=label, **_style(label, colours))

@@ -63,9 +63,9 @@ EXIT_BAD = 2
 # ----------------------------------------------------------------------------- tables
 
 def _label(row) -> str:
-    """A sweep series name: backend[/transport][:algorithm] place."""
+    """A sweep series name: backend[/transport] place."""
     name = row["backend"] + ("" if row["transport"] == bc.DEFAULT_TRANSPORT else "/" + row["transport"])
-    return name + ("" if row["algorithm"] == row["backend"] else ":" + row["algorithm"]) + " " + row["place"]
+    return f"{name} {row['place']}"
 
 
 def _with_series(df):
@@ -98,6 +98,11 @@ def sweep_tables(df, meta: dict, baseline: str) -> str:
         parts += [f"median time / {baseline}'s (> 1: slower):",
                   table.reindex(index=sizes, columns=list(dict.fromkeys(others["series"]))).to_string(
                       float_format="{:.2f}".format)]
+    picking = df[df["algorithm"] != df["backend"]]
+    if len(picking):
+        parts += ["algorithm each backend that picks per call ran:",
+                  picking.pivot_table(index="size", columns="series", values="algorithm", aggfunc="first",
+                                      sort=False).reindex(index=sizes).to_string()]
     parts.append(f"#wrong total: {int(df['wrong'].sum())}")
     return "\n".join(parts)
 

@@ -43,6 +43,27 @@ def synthetic_sweep(path, n=4):
     return path
 
 
+def test_a_backend_that_picks_per_call_says_what_it_ran(tmp_path, capsys):
+    cfg = ar.parse_config(["--backends", "mpi,auto", "-b", "8", "-e", "64K", "-f", "8"], verbose=False)
+    rows = []
+    for count in ar.sizes(cfg, 2):
+        for g in ar.groups(cfg):
+            algorithm = g.backend if g.backend == "mpi" else ("rd" if count * 4 < 4096 else "ring")
+            rows.append(ar.row(cfg, g, algorithm, 2, int(count), np.array([1e-5, 2e-5, 3e-5]) * count ** 0.5, 0))
+    path = tmp_path / "auto.h5"
+    results.write_dump(path, "allreduce_sweep", rows, world_size=2,
+                       attrs={"collective": "allreduce", "dtype": "float32", "op": "sum"})
+    df, meta = results.read_table(path), results.read_meta(path)
+    assert _legend(plots.sweep_busbw(df, meta)) == ["mpi out-of-place", "mpi in-place",
+                                                    "auto out-of-place (ran rd, ring)", "auto in-place (ran rd, ring)"]
+    assert report.main([str(path), "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    table = out.split("algorithm each backend that picks per call ran:\n")[1].split("#wrong")[0].splitlines()
+    assert table[0].split()[1:] == ["auto", "outofplace", "auto", "inplace"]
+    assert [line.split()[1:] for line in table[2:]] == [["rd", "rd"]] * 3 + [["ring", "ring"]] * 2  # 8..512 B, 4K, 32K
+    assert re.search(r"^ +rd serial +ring serial +rd overlap +ring overlap$", out, re.MULTILINE)  # what auto ran
+
+
 def _written(directory):
     """Names of the files in ``directory``, after checking each PNG and SVG is one."""
     found = sorted(p.name for p in directory.iterdir())

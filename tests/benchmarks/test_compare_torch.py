@@ -117,6 +117,7 @@ def test_one_rank_run_with_torch(tmp_path, capsys):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.needs_mpi  # the benchmarks time over mpi4py communicators
 def test_every_rank_runs_the_comparison(assert_all_ranks, agreed_tmpdir):
     pytest.importorskip("torch")
     comm = MPI.COMM_WORLD

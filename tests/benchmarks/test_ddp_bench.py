@@ -256,6 +256,7 @@ def test_script_bad_arguments_exit_2_on_every_rank_without_hanging():
 # ----------------------------------------------------------------------------- MPI
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.needs_mpi  # the benchmarks time over mpi4py communicators
 def test_records_reduce_to_the_max_and_the_mean_over_ranks(assert_ranks_agree):
     comm = MPI.COMM_WORLD
     n, rank = comm.Get_size(), comm.Get_rank()
@@ -266,6 +267,7 @@ def test_records_reduce_to_the_max_and_the_mean_over_ranks(assert_ranks_agree):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.needs_mpi  # the benchmarks time over mpi4py communicators
 def test_breakdown_sweep_dump_matches_the_combinations(assert_all_ranks, agreed_tmpdir):
     comm = MPI.COMM_WORLD
     directory = agreed_tmpdir
@@ -281,6 +283,7 @@ def test_breakdown_sweep_dump_matches_the_combinations(assert_all_ranks, agreed_
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.needs_mpi  # the benchmarks time over mpi4py communicators
 def test_weak_scaling_runs_each_size_and_repeat(assert_all_ranks, agreed_tmpdir):
     comm = MPI.COMM_WORLD
     n = comm.Get_size()
