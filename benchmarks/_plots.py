@@ -94,11 +94,19 @@ def _sweep_series(df):
         yield label + (f" (ran {', '.join(ran)})" if ran != list(dict.fromkeys(part["backend"])) else ""), part
 
 
+def _legend_below(fig, ax) -> None:
+    """The axes' series in a figure legend under the plot, in as many columns as keep it short."""
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(4, max(1, (len(labels) + 2) // 3)),
+               fontsize=8)
+    fig.set_figheight(fig.get_figheight() + 0.17 * -(-len(labels) // 4))
+
+
 def sweep_busbw(df, meta: dict) -> Figure:
     """Bus bandwidth (algorithm bandwidth on one rank) vs size per series, p10-p90 bands from the time spread."""
     one = int(meta["world_size"]) == 1
     what = "algorithm" if one else "bus"
-    fig = _figure(9.5, 5, f"{meta['collective']} {what} bandwidth vs size, {meta['dtype']} "
+    fig = _figure(9, 5, f"{meta['collective']} {what} bandwidth vs size, {meta['dtype']} "
                         f"(line: median time; band: p10-p90)", meta)
     ax = fig.add_subplot()
     column = "algbw_GBps" if one else "busbw_GBps"
@@ -109,11 +117,11 @@ def sweep_busbw(df, meta: dict) -> Figure:
         median = part["time_median_s"].to_numpy()
         line, = ax.plot(part["bytes"], bw, marker="o", ms=3, label=label, **_style(label, colours))
         ax.fill_between(part["bytes"], bw * median / part["time_p90_s"].to_numpy(),
-                        bw * median / part["time_p10_s"].to_numpy(), color=line.get_color(), alpha=0.15, lw=0)
+                        bw * median / part["time_p10_s"].to_numpy(), color=line.get_color(), alpha=0.12, lw=0)
     _size_axis(ax)
     ax.set_yscale("log")
     ax.set_ylabel(f"{what} bandwidth (GB/s, GB = 1e9 B)")
-    fig.legend(loc="outside right upper", fontsize=8)  # beside the axes: many series stay readable
+    _legend_below(fig, ax)
     return fig
 
 
@@ -123,7 +131,7 @@ def sweep_ratio(df, meta: dict, baseline: str):
     others = df[df["backend"] != baseline]
     if base.empty or others.empty:
         return None
-    fig = _figure(9.5, 5, f"{meta['collective']} time relative to {baseline}, {meta['dtype']}", meta)
+    fig = _figure(9, 5, f"{meta['collective']} time relative to {baseline}, {meta['dtype']}", meta)
     ax = fig.add_subplot()
     ref = base.groupby(["place", "bytes"])["time_median_s"].median()
     colours = _colours(others, _sweep_keys(others))
@@ -136,7 +144,7 @@ def sweep_ratio(df, meta: dict, baseline: str):
     ax.set_yscale("log", base=2)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
     ax.set_ylabel(f"median time / {baseline} median time (> 1: slower)")
-    fig.legend(loc="outside right upper", fontsize=8)  # beside the axes: many series stay readable
+    _legend_below(fig, ax)
     return fig
 
 
