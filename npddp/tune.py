@@ -25,6 +25,7 @@ import numpy as np
 
 from .comm import DTYPES, create
 from .comm.auto import CANDIDATES, FORMAT, VERSION, check_table
+from .comm.registry import node_group
 from .comm.transport import resolve_transport
 from .launch import abort_on_exception
 
@@ -114,6 +115,8 @@ def main(argv=None) -> int:
     transport = resolve_transport(args.transport)
     timer = create("rd", transport=transport)
     comms = {name: create(name, transport=transport) for name in CANDIDATES}
+    if node_group(timer, timer._begin("setup")) is not None:  # one node: shared memory competes too
+        comms["shm"] = create("shm", transport=transport)
     rank, size = timer.rank, timer.size
     sizes, winners = [], []
     nbytes = args.min_bytes
@@ -131,7 +134,7 @@ def main(argv=None) -> int:
     table = {"*": steps_from(sizes, winners)}
     data = {"format": FORMAT, "version": VERSION, "transport": transport, "world_size": size,
             "dtype_measured": args.dtype, "sizes": sizes, "winners": winners, "table": table}
-    check_table(data, transport, size)
+    check_table(data, transport, size, "shm" in comms)
     if rank == 0:
         tmp = f"{args.out}.tmp{os.getpid()}"
         with open(tmp, "w") as f:

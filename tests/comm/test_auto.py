@@ -71,7 +71,7 @@ def test_a_tuning_file_sets_the_choice_per_size_and_dtype(tmp_path, monkeypatch)
     ({"table": {"float32": [[None, "rd"]]}}, "no '*' entry"),
     ({"table": {"*": [[10, "rd"]]}}, "ending with [null, algorithm]"),
     ({"table": {"*": [[10, "rd"], [5, "ring"], [None, "rd"]]}}, "max_bytes must be increasing"),
-    ({"table": {"*": [[None, "fast"]]}}, "unknown algorithms ['fast']"),
+    ({"table": {"*": [[None, "fast"]]}}, "algorithms ['fast'] this job cannot run"),
     ({"table": {"complex": [[None, "rd"]], "*": [[None, "rd"]]}}, "unknown dtype 'complex'"),
 ])
 def test_a_bad_tuning_file_falls_back_to_the_model_with_one_warning(tmp_path, change, text):
@@ -110,7 +110,8 @@ def test_the_tuner_merges_winners_into_steps_that_end_between_sizes():
 @pytest.mark.mpi(min_size=2)
 def test_every_rank_makes_the_same_choice(world, tmp_path, assert_ranks_agree, assert_all_ranks):
     comm = create("auto", world.raw)
-    picks = np.array([ALGORITHMS.index(comm.algorithm_for(1 << k, np.float32)) for k in range(0, 30, 3)])
+    names = [*ALGORITHMS, "shm"]
+    picks = np.array([names.index(comm.algorithm_for(1 << k, np.float32)) for k in range(0, 30, 3)])
     assert_ranks_agree(picks, world)
     assert_all_ranks(comm.source == "model", comm.source, world)
 
@@ -123,4 +124,5 @@ def test_the_tuner_writes_a_table_auto_loads(tmp_path):
     assert done.returncode == 0, done.stderr
     data = json.loads(out.read_text())
     assert data["transport"] == "tcp" and data["world_size"] == 2 and data["sizes"] == [1024, 4096, 16384]
-    assert check_table(data, "tcp", 2) == data["table"] and "best" in done.stdout
+    assert check_table(data, "tcp", 2, node=True) == data["table"] and "best" in done.stdout
+    assert "shm" in done.stdout.splitlines()[1]  # both ranks on this machine: shared memory competes too
