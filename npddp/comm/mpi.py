@@ -17,6 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _common as c
+from .engine import NAP_S, SPIN_ROUNDS
 
 _MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
 _CLOCK_EVERY = 64
@@ -89,6 +90,8 @@ class MPICommunicator(c.RankedComm):
             polls += 1
             if not polls % _CLOCK_EVERY:
                 now = time.monotonic()
+                if polls > _CLOCK_EVERY * SPIN_ROUNDS:
+                    time.sleep(NAP_S)
                 if not expires:
                     expires = now + self._timeout
                 elif now > expires:

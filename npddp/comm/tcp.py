@@ -327,6 +327,14 @@ class TCPWorld:
         self._remote = [p for p in self.peers if isinstance(p, Peer)]
         self._contexts = 0
 
+    def held_bytes(self) -> int:
+        """Bytes of the buffers kept for frames that arrive before their receive (in use and spare)."""
+        total = 0
+        for peer in self._remote:
+            total += sum(len(b) for b in peer.spare)
+            total += sum(len(f) for frames in peer.early.values() for f in frames)
+        return total
+
     def progress(self) -> None:
         """Move every peer's pending frames as far as the sockets allow, without blocking."""
         for peer in self._remote:
