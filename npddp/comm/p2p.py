@@ -26,7 +26,7 @@ from . import _common as c
 from .engine import Call, DoneWork, Overdue, P2PWork, ScratchPool, TagSequence
 
 
-class P2PCommunicator:
+class P2PCommunicator(c.Backend):
     """Collectives built from a transport's point-to-point messages; all-reduce by ``algorithm``."""
 
     #: Ring steps and chain broadcasts are cut into segments of at most this many bytes.
@@ -48,25 +48,6 @@ class P2PCommunicator:
         self._stranded: list = []           # buffers and handles abandoned requests may still touch
         self._empty = np.empty(0, dtype=np.uint8)
         self.algorithm = algorithm(self) if algorithm is not None else None
-
-    @property
-    def rank(self) -> int:
-        """This process's rank."""
-        return self._rank
-
-    @property
-    def size(self) -> int:
-        """Number of ranks."""
-        return self._size
-
-    @property
-    def timeout(self) -> float:
-        """Seconds a blocking call (or ``Work.wait``) may wait for its peers before TimeoutError."""
-        return self._timeout
-
-    @timeout.setter
-    def timeout(self, value) -> None:
-        self._timeout = c.check_timeout(value)
 
     # --- calls, waits and giving up --------------------------------------------------
     def _begin(self, operation: str, user_tag: int | None = None) -> Call:
