@@ -5,6 +5,7 @@ Run it with MPI (the defaults sweep all-reduce from 8 B to 256 MiB on every back
     mpirun -n 2 python benchmarks/allreduce.py
     mpirun -n 4 python -m benchmarks.allreduce --backends mpi,ring -b 1K -e 64M -f 4 --out ar.h5 --csv ar.csv
     mpirun -n 4 python benchmarks/allreduce.py --collective allgather --dtype float64
+    mpirun -n 2 python benchmarks/allreduce.py --backends mpi,ring --transports mpi,tcp   # ring over both
 
 Method. For each size, then each backend, then each place (out of place, in place):
 warm-up iterations, then timed iterations, each started by a barrier and timed on every
@@ -119,6 +120,9 @@ def build_parser(verbose: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=npcomm.DTYPES)
     p.add_argument("--op", default=None, choices=tuple(npcomm.OPS),
                    help="reduction for allreduce and reduce_scatter (default sum)")
+    p.add_argument("--transports", default=bc.DEFAULT_TRANSPORT,
+                   help="comma-separated transports of the hand-written backends: mpi, tcp (default: "
+                        "%(default)s); backend mpi (MPI's own collectives) runs over mpi only")
     p.add_argument("--out", default="", help="write the HDF5 dump here (rank 0)")
     p.add_argument("--csv", default="", help="write the dump's rows as CSV here (rank 0)")
     return p
@@ -146,8 +150,12 @@ def parse_config(argv, verbose: bool = True) -> SweepConfig:
     if a.op is not None and a.collective not in REDUCING:
         parser.error(f"--op applies to {' and '.join(REDUCING)} only, not {a.collective}")
     op = (a.op or "sum") if a.collective in REDUCING else "none"
+    transports = tuple(t.strip() for t in a.transports.split(","))
+    bad = [t for t in transports if t not in npcomm.TRANSPORTS]
+    if bad or len(set(transports)) != len(transports):
+        parser.error(f"--transports {a.transports!r}: valid transports are {', '.join(npcomm.TRANSPORTS)}, each once")
     return SweepConfig(backends, a.collective, a.dtype, op, a.minbytes, a.maxbytes, a.factor,
-                       a.iters, a.warmup, float(a.budget), a.out, a.csv)
+                       a.iters, a.warmup, float(a.budget), a.out, a.csv, transports)
 
 
 def sizes(cfg: SweepConfig, n: int) -> np.ndarray:
@@ -199,7 +207,8 @@ class Group:
 
 def groups(cfg: SweepConfig) -> list[Group]:
     """Every backend x transport x place, in measuring order."""
-    return [Group(b, t, p) for b in cfg.backends for t in cfg.transports for p in PLACES[cfg.collective]]
+    return [Group(b, t, p) for b in cfg.backends for t in cfg.transports for p in PLACES[cfg.collective]
+            if not (b == "mpi" and t != "mpi")]  # MPI's own collectives have one transport: MPI
 
 
 def row(cfg: SweepConfig, g: Group, algorithm: str, n: int, count: int, times: np.ndarray, wrong: int) -> dict:
@@ -228,7 +237,8 @@ def run_sweep(cfg: SweepConfig, harness, on_size=None) -> tuple[list[dict], np.n
     subcomms = {pair: harness.Dup() for pair in pairs}
     rows, raw = [], []
     try:
-        comms = {pair: bc.create_comm(pair[0], sub, pair[1]) for pair, sub in subcomms.items()}
+        world = bc.tcp_world(harness) if "tcp" in cfg.transports else None
+        comms = {pair: bc.create_comm(pair[0], sub, pair[1], world) for pair, sub in subcomms.items()}
         for count in sizes(cfg, n):
             times = np.full((len(todo), cfg.iters), np.nan)  # (groups, iters)
             wrong = np.zeros(len(todo), dtype=np.int64)       # (groups,)
