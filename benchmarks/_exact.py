@@ -4,6 +4,8 @@ Rank r holds ``f((i + r) % m)`` at index i, for small integers f and a period m 
 every partial result is exact in the dtype (float16 sums: up to 1024 ranks); the reduced
 vector is then known exactly, whatever order a backend adds in. :func:`kernel` returns a
 timed call on reused buffers and a checked call on fresh data that counts wrong elements.
+All-reduce buffers come from ``comm.empty`` when the backend offers it (``shm``, ``hier``,
+``auto`` on one node): shared memory, the way DDP allocates its gradient buckets.
 """
 
 from __future__ import annotations
@@ -59,6 +61,16 @@ def _mismatches(got: np.ndarray, expected: np.ndarray) -> int:
     return int(np.count_nonzero(got != expected))
 
 
+def _buffer(comm, data: np.ndarray) -> np.ndarray:
+    """``data`` in an all-reduce buffer: from ``comm.empty`` (shared memory) when the backend offers it, as DDP does."""
+    empty = getattr(comm, "empty", None)
+    if empty is None:
+        return data
+    buf = empty(data.shape, data.dtype)
+    buf[...] = data
+    return buf
+
+
 def kernel(comm, collective: str, place: str, count: int, dtype: str, op: str):
     """(run, check): ``run()`` does one call on reused buffers; ``check()`` one on fresh data -> #wrong."""
     n, rank = comm.size, comm.rank
@@ -88,14 +100,14 @@ def kernel(comm, collective: str, place: str, count: int, dtype: str, op: str):
         lo, hi = block(count, n, rank)
         return (lambda: comm.reduce_scatter(src, op),
                 lambda: _mismatches(comm.reduce_scatter(own(count), op), periodic(total, lo, hi - lo, dtype)))
-    buf = own(count)
+    buf = _buffer(comm, own(count))
     if place == "inplace":
         def check():
             buf[...] = own(count)
             comm.allreduce(buf, op)
             return _mismatches(buf, periodic(total, 0, count, dtype))
         return (lambda: comm.allreduce(buf, op)), check
-    out = np.empty_like(buf)
+    out = _buffer(comm, np.empty_like(buf))
 
     def check():
         buf[...] = own(count)

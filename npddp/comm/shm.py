@@ -56,6 +56,7 @@ class NodeGroup:
         self.arrays: list[int] = []  # indices of the segments made by empty()
         self.slots: dict[int, int] = {}  # staging segment index -> bytes per rank
         self._views: dict = {}
+        self._bounds: dict = {}
         self.staging_index, self.big = -1, 0
         self._make_staging(call, 0)
         self.seq = 0             # node barriers reserved so far: the same count on every rank of the node
@@ -95,11 +96,23 @@ class NodeGroup:
 
     def locate(self, buf: np.ndarray) -> tuple[int, int]:
         """``(segment index, byte offset)`` of ``buf`` in an array from :meth:`empty`, or ``(-1, -1)``."""
-        for index in self.arrays:
-            offset = self.segments[index].contains(buf)
-            if offset >= 0:
-                return index, offset
+        if self.arrays:
+            start = buf.__array_interface__["data"][0]
+            for index in self.arrays:
+                segment = self.segments[index]
+                offset = start - segment.address
+                if 0 <= offset and offset + buf.nbytes <= segment.nbytes:
+                    return index, offset
         return -1, -1
+
+    def bounds(self, n: int) -> list[int]:
+        """Block offsets of ``n`` elements among the node's ranks (cached)."""
+        bounds = self._bounds.get(n)
+        if bounds is None:
+            if len(self._bounds) >= 256:
+                self._bounds.clear()
+            bounds = self._bounds[n] = c.block_bounds(n, self.n).tolist()
+        return bounds
 
     def view(self, index: int, offset: int, dtype, count: int) -> np.ndarray:
         """``count`` elements of ``dtype`` at ``offset`` of segment ``index``."""
@@ -171,7 +184,7 @@ class ShmWork(P2PWork):
         if self._small:
             self._parity = node.small_calls % 2
             node.small_calls += 1
-        self._bounds = c.block_bounds(src.size, node.n).tolist()
+        self._bounds = node.bounds(src.size)
         self._state = 0
         self._start()
 
@@ -222,9 +235,11 @@ class ShmWork(P2PWork):
             np.copyto(node.view(staging, node.small_slot(staging, node.li, self._parity), src.dtype, src.size), src)
             return
         inp = node.locate(src)
-        if inp[0] < 0:
+        if inp[0] < 0:  # stage what the peers read: every block but this rank's own, which it reads from src
             inp = (staging, node.big_slot(staging, node.li))
-            np.copyto(node.view(*inp, src.dtype, src.size), src)
+            view, lo, hi = node.view(*inp, src.dtype, src.size), *self._bounds[node.li:node.li + 2]
+            np.copyto(view[:lo], src[:lo])
+            np.copyto(view[hi:], src[hi:])
         res = node.locate(dst)
         self._res_is_dst = res[0] >= 0
         if not self._res_is_dst:
@@ -250,7 +265,7 @@ class ShmWork(P2PWork):
         node, ufunc, n = self._node, self._ufunc, self._src.size
         lo, hi = self._bounds[node.li], self._bounds[node.li + 1]
         out = node.view(*self._res, self._src.dtype, n)[lo:hi]
-        own = self._peer(node.li, (1, 2), n)[lo:hi]
+        own = self._src[lo:hi]
         others = [self._peer(i, (1, 2), n)[lo:hi] for i in range(node.n) if i != node.li]
         if others:
             ufunc(own, others[0], out=out)

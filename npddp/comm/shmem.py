@@ -81,11 +81,6 @@ class Segment:
         self.address = self.array.ctypes.data
         self.nbytes = nbytes
 
-    def contains(self, buf: np.ndarray) -> int:
-        """Byte offset of ``buf`` in this segment, or -1 when it lies elsewhere."""
-        start = buf.ctypes.data - self.address
-        return start if 0 <= start and start + buf.nbytes <= self.nbytes else -1
-
 
 def create_segment(comm, local: list[int], nbytes: int, call) -> Segment:
     """Make a segment of ``nbytes`` mapped by every rank of ``local`` (ranks of ``comm`` on this node).
