@@ -1,12 +1,14 @@
 """DistributedSampler: which dataset rows each rank reads in an epoch.
 
-Same semantics as PyTorch's ``DistributedSampler``, with plain ints for ``num_replicas`` and
-``rank`` so it is tested without MPI:
+PyTorch's ``DistributedSampler`` exactly -- the same indices for every rank and epoch,
+shuffle order included -- with plain ints for ``num_replicas`` and ``rank`` so it is tested
+without MPI (and without torch):
 
 * ``num_samples`` = ``ceil((len - N) / N)`` when ``drop_last`` and ``len % N != 0``, else
   ``ceil(len / N)``; ``total_size = num_samples * N``.
-* The epoch's order is ``np.random.default_rng(seed + epoch).permutation(len)`` when
-  shuffling, ``range(len)`` otherwise, the same on every rank.
+* The epoch's order is ``torch.randperm(len)`` from a generator seeded with ``seed + epoch``
+  when shuffling (reproduced in NumPy by :func:`npddp.data.randperm.torch_randperm`; checked
+  against torch for lengths below 214,748,364), ``range(len)`` otherwise, the same on every rank.
 * Without ``drop_last`` the order is padded to ``total_size`` by repeating it from its start
   (several times over when ``total_size - len > len``); with ``drop_last`` it is cut to
   ``total_size``.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._checks import as_int, check_seed
+from .randperm import torch_randperm
 
 
 class DistributedSampler:
@@ -57,7 +60,7 @@ class DistributedSampler:
     def order(self) -> np.ndarray:
         """The whole epoch's order before padding or truncation, identical on all ranks."""
         if self.shuffle:
-            return np.random.default_rng(self.seed + self.epoch).permutation(self.dataset_len)
+            return torch_randperm(self.dataset_len, self.seed + self.epoch)
         return np.arange(self.dataset_len, dtype=np.int64)
 
     def indices(self) -> np.ndarray:
