@@ -14,8 +14,8 @@ Models: MLPs on 784 inputs with 10 outputs, ReLU between layers, float32 by defa
 ``tiny`` 784-1024-256-10 (1,068,810 parameters, 6 tensors), ``small`` 784-1024x5-10
 (5,012,490, 12 tensors), ``medium`` 784-2048x5-10 (18,413,578, 12 tensors). They train with
 SGD (lr 0.01, momentum 0.9) and cross-entropy on one random batch per rank (``--batch`` rows
-per rank, random labels), reused every step. BLAS runs one thread per rank unless
-OMP_NUM_THREADS / OPENBLAS_NUM_THREADS / MKL_NUM_THREADS are set (set before NumPy loads).
+per rank, random labels), reused every step. BLAS threads per rank: npddp.threads' auto rule
+(the CPUs a rank may use / the ranks on its node; 1 for 2 ranks on 2 cores).
 
 Breakdown (default). Every model x sync x backend is timed, and for ``bucketed`` and
 ``overlap`` every ``--bucket-mb`` (``per_param`` and ``flat`` do not depend on it and run
@@ -59,9 +59,6 @@ from __future__ import annotations
 
 import os
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")  # one BLAS thread per rank unless the caller chose otherwise
-
 import argparse  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
@@ -80,6 +77,7 @@ from npddp import comm as npcomm  # noqa: E402
 from npddp import runinfo  # noqa: E402
 from npddp.ddp import SYNCS, DistributedDataParallel  # noqa: E402
 from npddp.launch import abort_on_exception  # noqa: E402
+from npddp.threads import set_threads  # noqa: E402
 from npddp.nn import CrossEntropyLoss, mlp  # noqa: E402
 from npddp.optim import SGD  # noqa: E402
 
@@ -449,6 +447,7 @@ def main(argv=None, mpi_comm=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     rank, n = world.Get_rank(), world.Get_size()
     cfg = parse_config(argv, verbose=rank == 0)
+    set_threads("auto")
     if cfg.out:
         check_out(cfg.out, world, verbose=rank == 0)
     kind = "weak_scaling" if cfg.weak_scaling else "ddp_breakdown"
