@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from npddp import shm
-from test_train import _env
+from tests.test_train import _env
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from npddp import checkpoint
-from test_train import TINY, _env, _mpirun, epoch_lines, ok, train
+from tests.test_train import TINY, _env, _mpirun, epoch_lines, ok, train
 
 
 def _error_line(proc) -> str:
