@@ -107,7 +107,7 @@ class Trainer:
 
     def check_gradients(self) -> None:
         """After backward: the averaged gradients (identical on every rank) must be finite."""
-        if self.ddp.local_sgd:
+        if self.ddp.local_sgd and self.comm.size > 1:
             return                                   # replicas differ: checked at averaging and flushes
         buckets = self.ddp.buckets
         i = _nonfinite([b.buffer for b in buckets])

@@ -248,8 +248,9 @@ def bad_inputs(tmp_path_factory):
         f["train/images"] = np.zeros((20, 3))
         f["train/labels"] = np.zeros(20, int)
     data = bytearray((d / "keep.h5").read_bytes())
-    middle = len(data) // 2
-    data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
+    with h5py.File(d / "keep.h5", "r") as f:
+        offset = f["params/0.weight"].id.get_offset()           # one byte inside a parameter's values
+    data[offset + 3] ^= 0xFF
     (d / "flipped.h5").write_bytes(bytes(data))
     far = checkpoint.read(d / "keep.h5")
     far.batches_done, far.step = 10**6, 10**6 + 12
@@ -279,7 +280,8 @@ BAD = [
     pytest.param(2, ["--dataset", "renamed.npz"], "its name says .npz but it is a .npy file", id="npy-as-npz"),
     pytest.param(2, ["--dataset", "nested.h5", "--x-key", "train/images"], "has no array named 'y'; available: "
                  "'train/images', 'train/labels' (choose them with --x-key/--y-key", id="missing-key"),
-    pytest.param(2, ["--checkpoint", "flipped.h5", "--resume"], "'flipped.h5' is damaged", id="resume-damaged"),
+    pytest.param(2, ["--checkpoint", "flipped.h5", "--resume"], "'flipped.h5' is damaged: checksum mismatch in "
+                 "/params/0.weight", id="resume-damaged"),
     pytest.param(2, ["--checkpoint", "far.h5", "--resume"], "says 1000000 batches of the epoch are done, but an "
                  "epoch of this data has 12 steps on 2 ranks; valid: 0..11", id="resume-position"),
     pytest.param(2, ["--checkpoint", "foreign.h5"], "--checkpoint 'foreign.h5' exists and is not an npddp "
