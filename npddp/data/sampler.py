@@ -45,6 +45,7 @@ class DistributedSampler:
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
         self.epoch = 0
+        self._shuffled: tuple[int, np.ndarray] | None = None       # (seed + epoch, its permutation)
         n, reps = self.dataset_len, self.num_replicas
         # ceil((n - N) / N) == n // N when N does not divide n; ceil(n / N) == -(-n // N).
         self.num_samples = n // reps if self.drop_last else -(-n // reps)
@@ -58,10 +59,13 @@ class DistributedSampler:
         self.epoch = epoch
 
     def order(self) -> np.ndarray:
-        """The whole epoch's order before padding or truncation, identical on all ranks."""
-        if self.shuffle:
-            return torch_randperm(self.dataset_len, self.seed + self.epoch)
-        return np.arange(self.dataset_len, dtype=np.int64)
+        """The whole epoch's order before padding or truncation, identical on all ranks (a fresh array)."""
+        if not self.shuffle:
+            return np.arange(self.dataset_len, dtype=np.int64)
+        key = self.seed + self.epoch
+        if self._shuffled is None or self._shuffled[0] != key:      # computed once per epoch
+            self._shuffled = (key, torch_randperm(self.dataset_len, key))
+        return self._shuffled[1].copy()
 
     def indices(self) -> np.ndarray:
         """This rank's indices for the current epoch as a fresh int64 array of ``num_samples``."""

@@ -1,6 +1,7 @@
 """DistributedSampler: hand-worked index lists, a reference built from the spec, PyTorch's own
 sampler as an oracle (when torch is installed), and errors."""
 
+import functools
 import math
 
 import numpy as np
@@ -15,6 +16,11 @@ def rank_lists(n, reps, **kw):
     return [DistributedSampler(n, reps, r, **kw).indices().tolist() for r in range(reps)]
 
 
+@functools.lru_cache(maxsize=None)
+def _permutation(n, seed):
+    return tuple(torch_randperm(n, seed).tolist())
+
+
 def reference(n, reps, rank, shuffle, seed, epoch, drop_last):
     """The spec written out with Python lists: pad by repeating from the start, or cut."""
     if drop_last and n % reps != 0:
@@ -22,7 +28,7 @@ def reference(n, reps, rank, shuffle, seed, epoch, drop_last):
     else:
         num_samples = math.ceil(n / reps)
     total = num_samples * reps
-    order = torch_randperm(n, seed + epoch).tolist() if shuffle else list(range(n))
+    order = list(_permutation(n, seed + epoch)) if shuffle else list(range(n))
     if not drop_last:
         pad = total - len(order)
         if pad <= len(order):
