@@ -46,6 +46,10 @@ class HierCommunicator(ShmCommunicator):
             inter = lambda block: self.inter.iallreduce(block, op)  # noqa: E731
         return ShmWork(call, self.node, src, dst, ufunc, result, inter)
 
+    def _blocking_path(self, src):
+        """Only a single node may take the one-barrier path (across nodes every block crosses the network)."""
+        return super()._blocking_path(src) if self.inter is None else None
+
     def barrier(self) -> None:
         """Dissemination barrier over the transport."""
         for work in tuple(self._active):

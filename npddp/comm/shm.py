@@ -55,6 +55,7 @@ class NodeGroup:
         self.segments = [ctrl]   # every segment, by the index published in control lines; never reordered
         self.arrays: list[int] = []  # indices of the segments made by empty()
         self.slots: dict[int, int] = {}  # staging segment index -> bytes per rank
+        self._views: dict = {}
         self.staging_index, self.big = -1, 0
         self._make_staging(call, 0)
         self.seq = 0             # node barriers reserved so far: the same count on every rank of the node
@@ -103,6 +104,44 @@ class NodeGroup:
     def view(self, index: int, offset: int, dtype, count: int) -> np.ndarray:
         """``count`` elements of ``dtype`` at ``offset`` of segment ``index``."""
         return self.segments[index].array[offset:offset + count * dtype.itemsize].view(dtype)
+
+    def small_views(self, staging: int, parity: int, dtype, count: int) -> list[np.ndarray]:
+        """Every local rank's small slot ``parity`` as ``count`` elements of ``dtype`` (cached)."""
+        key = (staging, parity, dtype, count)
+        views = self._views.get(key)
+        if views is None:
+            if len(self._views) >= 64:
+                self._views.clear()
+            views = self._views[key] = [self.view(staging, self.small_slot(staging, i, parity), dtype, count)
+                                        for i in range(self.n)]
+        return views
+
+    def wait(self, call, seq: int) -> None:
+        """Wait for node barrier ``seq``; the communicator's TimeoutError (naming who is late) or ConnectionError."""
+        try:
+            self.sync.wait(seq, call)
+        except Overdue:
+            raise self.comm.give_up(call, [], []) from None
+        except ConnectionError as exc:
+            raise self.comm.fail(call, exc) from None
+
+    def late(self, active) -> list[int]:
+        """Ranks that have not reached the barrier the oldest call in ``active`` waits for."""
+        works = [w for w in active if isinstance(w, ShmWork)]
+        return self.sync.late(works[0].target() if works else self.seq)
+
+    def small_allreduce(self, call, src, dst, ufunc) -> None:
+        """The one-barrier path, run to completion (a blocking call's short path; see ShmWork for the rules)."""
+        parity = self.small_calls % 2
+        self.small_calls += 1
+        seq = self.reserve(1)
+        views = self.small_views(self.staging_index, parity, src.dtype, src.size)
+        np.copyto(views[self.li], src)
+        self.sync.arrive(seq)
+        self.wait(call, seq)
+        ufunc(views[0], views[1], out=dst)
+        for v in views[2:]:
+            ufunc(dst, v, out=dst)
 
     def small_slot(self, staging: int, local: int, parity: int) -> int:
         """Byte offset of small slot ``parity`` of local rank ``local`` in staging segment ``staging``."""
@@ -196,8 +235,7 @@ class ShmWork(P2PWork):
     def _reduce_all(self) -> None:
         """Small path: reduce every rank's staged input into ``dst``, in rank order (the same on every rank)."""
         node, dst, ufunc = self._node, self._dst, self._ufunc
-        views = [node.view(self._staging, node.small_slot(self._staging, i, self._parity), dst.dtype, dst.size)
-                 for i in range(node.n)]
+        views = node.small_views(self._staging, self._parity, dst.dtype, dst.size)
         ufunc(views[0], views[1], out=dst)
         for v in views[2:]:
             ufunc(dst, v, out=dst)
@@ -239,6 +277,24 @@ class ShmWork(P2PWork):
         return self._seq + {3: 1, 4: 2}.get(self._state, 0)
 
 
+class Shm:
+    """The shared-memory all-reduce as an algorithm of a communicator that has a node group (``auto``)."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def start(self, call, src, dst, ufunc, result):
+        return ShmWork(call, self.comm.node, src, dst, ufunc, result)
+
+    def run(self, call, src, dst, ufunc) -> None:
+        """Blocking: the one-barrier path for small vectors, else the three-barrier one."""
+        node = self.comm.node
+        if src.nbytes <= node.small_bytes:
+            node.small_allreduce(call, src, dst, ufunc)
+        else:
+            ShmWork(call, node, src, dst, ufunc, dst).wait()
+
+
 class ShmCommunicator(P2PCommunicator):
     """All-reduce and barrier through shared memory among ranks that all share one node."""
 
@@ -259,6 +315,10 @@ class ShmCommunicator(P2PCommunicator):
     def _allreduce_work(self, call, src, dst, ufunc, result):
         return ShmWork(call, self.node, src, dst, ufunc, result)
 
+    def _blocking_path(self, src):
+        """The one-barrier path for small vectors."""
+        return self.node.small_allreduce if src.nbytes <= self.node.small_bytes else None
+
     def barrier(self) -> None:
         """Every rank announces its arrival in its control line, then waits for all the others'."""
         for work in tuple(self._active):  # node barriers count up in call order: finish earlier calls first
@@ -266,25 +326,4 @@ class ShmCommunicator(P2PCommunicator):
         call = self._begin("barrier")
         seq = self.node.reserve(1)
         self.node.sync.arrive(seq)
-        self.wait_node(call, seq)
-
-    def wait_node(self, call, seq: int) -> None:
-        """Wait for node barrier ``seq``; TimeoutError naming the ranks that never arrived."""
-        try:
-            self.node.sync.wait(seq, call)
-        except Overdue:
-            error = call.timeout_error((), (), self.node.sync.late(seq))
-            self._abandon_all(str(error), [], None)
-            raise error from None
-        except ConnectionError as exc:
-            raise self.fail(call, exc) from None
-
-    def give_up(self, call, recvs, sends, keep=None):
-        """After a timeout: name the ranks of the node that have not arrived where the oldest call waits."""
-        if recvs or sends:  # a call over the transport (broadcast, send, ...)
-            return super().give_up(call, recvs, sends, keep)
-        active = [w for w in self._active if isinstance(w, ShmWork)]
-        late = self.node.sync.late(active[0].target()) if active else []
-        error = call.timeout_error((), (), late)
-        self._abandon_all(str(error), recvs + sends, keep)
-        return error
+        self.node.wait(call, seq)

@@ -174,3 +174,16 @@ def test_ranks_with_different_world_sizes_are_refused():
     for t in threads:
         t.join()
     assert len(errors) == 2 and all("rank 1 has WORLD_SIZE=3 but rank 0 has WORLD_SIZE=2" in e for e in errors)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.needs_mpi
+def test_a_tcp_world_inside_an_mpi_job_agrees_bit_for_bit_with_the_mpi_transport(values, assert_all_ranks):
+    """Under mpirun without RANK/MASTER_*, MPI carries rank 0's address; the same ring adds in the same order."""
+    from npddp.comm import create
+    over_tcp, over_mpi = create("ring", transport="tcp"), create("ring", transport="mpi")
+    rng = np.random.default_rng(over_tcp.rank)
+    x = rng.standard_normal(300_001).astype(np.float32)     # float sums: the order of additions shows in the bits
+    a, b = over_tcp.allreduce(x, out=np.empty_like(x)), over_mpi.allreduce(x, out=np.empty_like(x))
+    ok = over_tcp.transport.name == "tcp" and over_tcp.size == over_mpi.size and a.tobytes() == b.tobytes()
+    assert_all_ranks(ok, "ring over tcp and over mpi differ")
