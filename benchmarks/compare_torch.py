@@ -12,7 +12,8 @@ backend (``bucket_cap_mb`` = ``--bucket-mb``, ``gradient_as_bucket_view=True``, 
 optimizer's default ``zero_grad``); its process group takes rank and size from mpi4py and
 rendezvouses at ``tcp://--master-addr:PORT``, PORT a free port chosen by rank 0 and
 broadcast as an int64 array. npddp: :class:`npddp.ddp.DistributedDataParallel` with sync
-``--sync`` (default overlap) on each of ``--backends`` (default mpi,ring).
+``--sync`` (default overlap) on each of ``--backends`` (default mpi,ring,ring/tcp: the ring over MPI's
+point-to-point layer and over TCP, like gloo).
 
 Method: every side takes ``--warmup`` untimed steps; then the parameters of each npddp side
 are compared with PyTorch's (same steps on the same data, so they differ by rounding only:
@@ -26,11 +27,9 @@ median to PyTorch's (> 1: faster than PyTorch).
 Exit status: 0 done; 2 bad arguments (before PyTorch is looked for); 3 PyTorch is not
 installed (``pip install torch``; npddp itself never imports it).
 
-HDF5 (``--out``; rank 0, atomically): root attributes kind = "torch_compare", argv, config,
-torch_version and the run environment of npddp.runinfo; ``/rows`` with one 1-D dataset per
-column (framework, backend, sync, model_size, params, world_size, batch, steps, reps,
-samples_per_s, samples_per_s_min, samples_per_s_max, step_ms, ratio_to_torch,
-max_param_diff; strings as fixed-length bytes); ``/raw/samples_per_s`` (reps, sides).
+HDF5 (``--out``; rank 0, atomically): a dump of kind ``torch_compare`` (one row per side,
+PyTorch first; columns in npddp/columns.py, read with ``npddp.results.read_table``), root
+attributes torch_version and sides, and ``/raw/samples_per_s`` (reps, sides).
 """
 
 from __future__ import annotations
@@ -42,26 +41,28 @@ import socket  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks import _common as bc  # noqa: E402
-from benchmarks import ddp as bench  # noqa: E402
 from npddp import comm as npcomm  # noqa: E402
-from npddp import runinfo  # noqa: E402
+from npddp import results  # noqa: E402
 from npddp.ddp import SYNCS, DistributedDataParallel  # noqa: E402
 from npddp.launch import abort_on_exception  # noqa: E402
 from npddp.threads import set_threads  # noqa: E402
 from npddp.nn import CrossEntropyLoss, mlp  # noqa: E402
 from npddp.optim import SGD  # noqa: E402
 
+if __package__:
+    from . import _common as bc
+    from ._gloo import EXIT_NO_TORCH, import_torch, init_gloo
+else:  # run by path: this directory is sys.path[0]
+    import _common as bc
+    from _gloo import EXIT_NO_TORCH, import_torch, init_gloo
+
 KIND = "torch_compare"
-EXIT_NO_TORCH = 3
+#: npddp sides: a backend name, or NAME/tcp for a hand-written backend over the TCP transport.
+SIDES = (*npcomm.BACKENDS, *(f"{b}/tcp" for b in npcomm.BACKENDS if b != "mpi"))
 NO_TORCH = ("compare_torch.py: PyTorch is not installed (or lacks torch.distributed), so there is nothing "
             "to compare against; install it with `pip install torch` and run again")
 
@@ -87,18 +88,19 @@ def build_parser(verbose: bool = True) -> argparse.ArgumentParser:
     """The command-line parser; only a ``verbose`` one prints."""
     p = bc.RankParser(prog="compare_torch.py", verbose=verbose,
                          description="Throughput of npddp and torch DistributedDataParallel on the same MLP.")
-    p.add_argument("--model", choices=tuple(bench.MODELS), default="small", help="model size (default small)")
-    p.add_argument("--backends", type=bench.names(npcomm.BACKENDS), default=("mpi", "ring"),
-                   help=f"npddp backends (default mpi,ring; valid: {', '.join(npcomm.BACKENDS)})")
+    p.add_argument("--model", choices=tuple(bc.MODELS), default="small", help="model size (default small)")
+    p.add_argument("--backends", type=bc.names(SIDES), default=("mpi", "ring", "ring/tcp"),
+                   help=f"npddp backends, NAME/tcp over the TCP transport (default mpi,ring,ring/tcp; valid: "
+                        f"{', '.join(npcomm.BACKENDS)}, and NAME/tcp for all but mpi)")
     p.add_argument("--sync", choices=SYNCS, default="overlap", help="npddp sync strategy (default overlap)")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="bucket cap in MiB, both sides (default 25)")
-    p.add_argument("--batch", type=bench.int_at_least(1), default=64, help="samples per rank per step (default 64)")
-    p.add_argument("--steps", type=bench.int_at_least(1), default=10, help="steps per timed block (default 10)")
-    p.add_argument("--reps", type=bench.int_at_least(1), default=5, help="timed blocks per side (default 5)")
-    p.add_argument("--warmup", type=bench.int_at_least(0), default=3, help="untimed steps per side (default 3)")
+    p.add_argument("--batch", type=bc.int_at_least(1), default=64, help="samples per rank per step (default 64)")
+    p.add_argument("--steps", type=bc.int_at_least(1), default=10, help="steps per timed block (default 10)")
+    p.add_argument("--reps", type=bc.int_at_least(1), default=5, help="timed blocks per side (default 5)")
+    p.add_argument("--warmup", type=bc.int_at_least(0), default=3, help="untimed steps per side (default 3)")
     p.add_argument("--master-addr", default="127.0.0.1",
                    help="address of rank 0 for the gloo rendezvous (default 127.0.0.1: one host)")
-    p.add_argument("--timeout", type=bench.int_at_least(1), default=120,
+    p.add_argument("--timeout", type=bc.int_at_least(1), default=120,
                    help="seconds the gloo rendezvous and collectives may take (default 120)")
     p.add_argument("--out", default="", help="write an HDF5 dump here (rank 0)")
     return p
@@ -114,33 +116,19 @@ def parse_config(argv, verbose: bool = True) -> Config:
                   a.master_addr, a.timeout, a.out)
 
 
-def import_torch():
-    """The torch module with torch.distributed available, or None."""
-    try:
-        import torch
-        import torch.distributed as dist
-    except ImportError:
-        return None
-    return torch if dist.is_available() else None
-
-
 # ----------------------------------------------------------------------------- the two sides
-
-def widths(model: str) -> tuple:
-    """Layer widths of a named model, input to output."""
-    return (bench.IN_FEATURES, *bench.MODELS[model], bench.OUT_FEATURES)
-
 
 class NpddpSide:
     """npddp DDP on one backend (over its own duplicate of ``mpi_comm``)."""
 
-    def __init__(self, cfg: Config, backend: str, mpi_comm, x, y):
+    def __init__(self, cfg: Config, backend: str, mpi_comm, x, y, tcp_world=None):
         self.label, self.framework, self.backend, self.sync = f"npddp {backend}", "npddp", backend, cfg.sync
         self._sub = mpi_comm.Dup()
-        model = mlp(bench.IN_FEATURES, bench.MODELS[cfg.model], bench.OUT_FEATURES, dtype=np.float32, seed=0)
-        self.ddp = DistributedDataParallel(model, npcomm.create(backend, self._sub), sync=cfg.sync,
-                                           bucket_cap_mb=cfg.bucket_mb)
-        self.opt = SGD(self.ddp.parameters(), lr=bench.LR, momentum=bench.MOMENTUM)
+        name, _, transport = backend.partition("/")
+        model = mlp(bc.IN_FEATURES, bc.MODELS[cfg.model], bc.OUT_FEATURES, dtype=np.float32, seed=0)
+        comm = bc.create_comm(name, self._sub, transport or bc.DEFAULT_TRANSPORT, tcp_world)
+        self.ddp = DistributedDataParallel(model, comm, sync=cfg.sync, bucket_cap_mb=cfg.bucket_mb)
+        self.opt = SGD(self.ddp.parameters(), lr=bc.LR, momentum=bc.MOMENTUM)
         self.lossfn = CrossEntropyLoss()
         self.x, self.y = x, y
 
@@ -166,7 +154,7 @@ class TorchSide:
     def __init__(self, torch, cfg: Config, initial: list, x, y):
         self.label, self.framework, self.backend, self.sync = "torch gloo", "torch", "gloo", "ddp"
         nn = torch.nn
-        w = widths(cfg.model)
+        w = bc.widths(cfg.model)
         layers = []
         for i in range(len(w) - 1):
             layers += [nn.Linear(w[i], w[i + 1])] + ([nn.ReLU()] if i < len(w) - 2 else [])
@@ -176,7 +164,7 @@ class TorchSide:
                 p.copy_(torch.from_numpy(value))
         self.ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cfg.bucket_mb,
                                                        gradient_as_bucket_view=True)
-        self.opt = torch.optim.SGD(self.ddp.parameters(), lr=bench.LR, momentum=bench.MOMENTUM)
+        self.opt = torch.optim.SGD(self.ddp.parameters(), lr=bc.LR, momentum=bc.MOMENTUM)
         self.lossfn = nn.CrossEntropyLoss()
         self.x, self.y = torch.from_numpy(x), torch.from_numpy(y)  # (B, 784) float32, (B,) int64
 
@@ -192,24 +180,6 @@ class TorchSide:
 
     def close(self) -> None:
         """Nothing to free (the process group is destroyed by :func:`main`)."""
-
-
-def free_port(addr: str) -> int:
-    """A TCP port that was free on ``addr`` a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((addr, 0))
-        return s.getsockname()[1]
-
-
-def init_gloo(dist, world, cfg: Config) -> None:
-    """Start torch.distributed (gloo) with mpi4py's rank and size; rank 0 picks the port."""
-    port = np.zeros(1, dtype=np.int64)
-    if world.Get_rank() == 0:
-        port[0] = free_port(cfg.master_addr)
-    world.Bcast(port, root=0)
-    dist.init_process_group("gloo", init_method=f"tcp://{cfg.master_addr}:{int(port[0])}",
-                            rank=world.Get_rank(), world_size=world.Get_size(),
-                            timeout=datetime.timedelta(seconds=cfg.timeout_s))
 
 
 def max_diff(a: list, b: list) -> float:
@@ -244,8 +214,8 @@ def measure(sides: list, cfg: Config, harness) -> tuple[np.ndarray, list]:
 def result_rows(sides: list, sps: np.ndarray, diffs: list, cfg: Config, n: int) -> list[dict]:
     """One row per side (the first is PyTorch) from the (reps, sides) samples/s."""
     median = np.median(sps, axis=0)  # (sides,)
-    return [{"framework": s.framework, "backend": s.backend, "sync": s.sync, "model_size": cfg.model,
-             "params": bench.param_count(cfg.model), "world_size": n, "batch": cfg.batch, "steps": cfg.steps,
+    return [{"framework": s.framework, "backend": s.backend, "sync": s.sync, "model": cfg.model,
+             "params": bc.param_count(cfg.model), "world_size": n, "batch": cfg.batch, "steps": cfg.steps,
              "reps": cfg.reps, "samples_per_s": float(median[k]), "samples_per_s_min": float(sps[:, k].min()),
              "samples_per_s_max": float(sps[:, k].max()), "step_ms": n * cfg.batch / float(median[k]) * 1e3,
              "ratio_to_torch": float(median[k] / median[0]), "max_param_diff": diffs[k]}
@@ -270,25 +240,25 @@ def main(argv=None, mpi_comm=None) -> int:
         if rank == 0:
             print(NO_TORCH, file=sys.stderr, flush=True)
         return EXIT_NO_TORCH
-    if cfg.out:
-        bench.check_out(cfg.out, world, verbose=rank == 0)
+    bc.check_out({"--out": cfg.out}, world, build_parser(rank == 0))
     import torch.distributed as dist
     torch.set_num_threads(1)
     rng = np.random.default_rng(1000 + rank)
-    x = rng.standard_normal((cfg.batch, bench.IN_FEATURES)).astype(np.float32)  # (B, 784)
-    y = rng.integers(0, bench.OUT_FEATURES, size=cfg.batch).astype(np.int64)     # (B,)
+    x = rng.standard_normal((cfg.batch, bc.IN_FEATURES)).astype(np.float32)  # (B, 784)
+    y = rng.integers(0, bc.OUT_FEATURES, size=cfg.batch).astype(np.int64)     # (B,)
     if rank == 0:
         print(f"# npddp vs torch {torch.__version__} DDP: {n} ranks, model {cfg.model} "
-              f"({bench.param_count(cfg.model):,} parameters), batch {cfg.batch} per rank, float32, "
+              f"({bc.param_count(cfg.model):,} parameters), batch {cfg.batch} per rank, float32, "
               f"{cfg.warmup} warm-up steps, {cfg.reps} x {cfg.steps} timed steps per side", flush=True)
     harness = world.Dup()
-    init_gloo(dist, world, cfg)
+    init_gloo(dist, world, cfg.master_addr, cfg.timeout_s)
     sides = []
     try:
-        sides.append(NpddpSide(cfg, cfg.backends[0], world, x, y))
+        tcp = bc.tcp_world(world) if any(b.endswith("/tcp") for b in cfg.backends) else None
+        sides.append(NpddpSide(cfg, cfg.backends[0], world, x, y, tcp))
         initial = [w.copy() for w in sides[0].weights()]
         sides.insert(0, TorchSide(torch, cfg, initial, x, y))
-        sides += [NpddpSide(cfg, b, world, x, y) for b in cfg.backends[1:]]
+        sides += [NpddpSide(cfg, b, world, x, y, tcp) for b in cfg.backends[1:]]
         sps, diffs = measure(sides, cfg, harness)
     finally:
         for side in sides:
@@ -299,16 +269,12 @@ def main(argv=None, mpi_comm=None) -> int:
     if rank == 0:
         print("# samples/s: median over repetitions (min, max) of global samples/s; block time = max over ranks; "
               "vs torch: median / torch median; max|dparam|: after the warm-up, vs torch")
-        print(bench.format_table(rows, TABLE))
+        print(bc.format_table(rows, TABLE))
         if cfg.out:
-            with runinfo.atomic_h5(cfg.out) as f:
-                runinfo.write_attrs(f, runinfo.environment(world_size=n, backend=cfg.backends))
-                runinfo.write_attrs(f, {"kind": KIND, "argv": json.dumps(argv), "config": asdict(cfg),
-                                        "torch_version": str(torch.__version__), "lr": bench.LR,
-                                        "momentum": bench.MOMENTUM})
-                bench.write_rows(f.create_group("rows"), rows)
-                raw = f.create_group("raw").create_dataset("samples_per_s", data=sps)
-                runinfo.write_attrs(raw, {"sides": [s.label for s in sides]})
+            attrs = {"argv": json.dumps(argv), "config": asdict(cfg), "sides": [s.label for s in sides],
+                     "torch_version": str(torch.__version__), "lr": bc.LR, "momentum": bc.MOMENTUM}
+            results.write_dump(cfg.out, KIND, rows, world_size=n, backends=cfg.backends, raw={"samples_per_s": sps},
+                               attrs=attrs)
             print(f"# wrote {cfg.out}")
         sys.stdout.flush()
     return 0

@@ -29,7 +29,8 @@ import numpy as np
 
 from .atomicfile import atomic_h5  # noqa: F401  (re-exported: the writer every HDF5 output uses)
 
-#: Version of the attribute and dataset layout of every HDF5 file npddp writes.
+#: Version of the attribute and dataset layout of the metrics and checkpoint files (benchmark dumps
+#: have their own: npddp.results.SCHEMA_VERSION).
 SCHEMA_VERSION = 1
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
