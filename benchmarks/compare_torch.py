@@ -6,8 +6,8 @@
 Both sides train the same model of benchmarks/ddp.py (``--model``, default ``small``:
 784-1024x5-10, 5.0M parameters) from the same initial weights on the same random batch
 (``--batch`` rows per rank), float32, SGD (lr 0.01, momentum 0.9), cross-entropy, one thread
-per rank (``torch.set_num_threads(1)``; OMP/OPENBLAS/MKL_NUM_THREADS are set to 1 before
-NumPy is imported). PyTorch: ``torch.nn.parallel.DistributedDataParallel`` on the gloo
+per rank (``torch.set_num_threads(1)``; NumPy's BLAS through ``npddp.threads.set_threads(1)``).
+PyTorch: ``torch.nn.parallel.DistributedDataParallel`` on the gloo
 backend (``bucket_cap_mb`` = ``--bucket-mb``, ``gradient_as_bucket_view=True``, the
 optimizer's default ``zero_grad``); its process group takes rank and size from mpi4py and
 rendezvouses at ``tcp://--master-addr:PORT``, PORT a free port chosen by rank 0 and
@@ -34,11 +34,6 @@ attributes torch_version and sides, and ``/raw/samples_per_s`` (reps, sides).
 
 from __future__ import annotations
 
-import os
-
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[_var] = "1"
-
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
@@ -54,6 +49,7 @@ from npddp import comm as npcomm  # noqa: E402
 from npddp import results  # noqa: E402
 from npddp.ddp import SYNCS, DistributedDataParallel  # noqa: E402
 from npddp.launch import abort_on_exception  # noqa: E402
+from npddp.threads import set_threads  # noqa: E402
 from npddp.nn import CrossEntropyLoss, mlp  # noqa: E402
 from npddp.optim import SGD  # noqa: E402
 
@@ -238,6 +234,7 @@ def main(argv=None, mpi_comm=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     rank, n = world.Get_rank(), world.Get_size()
     cfg = parse_config(argv, verbose=rank == 0)
+    set_threads(1)
     torch = import_torch()
     if torch is None:
         if rank == 0:

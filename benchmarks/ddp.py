@@ -9,8 +9,8 @@ Models (benchmarks/_common.py): MLPs on 784 inputs, 10 outputs, ReLU between lay
 by default: ``tiny`` 784-1024-256-10 (1,068,810 parameters, 6 tensors), ``small``
 784-1024x5-10 (5,012,490, 12 tensors), ``medium`` 784-2048x5-10 (18,413,578, 12 tensors),
 trained with SGD (lr 0.01, momentum 0.9) and cross-entropy on one random batch per rank
-(``--batch`` rows, random labels) reused every step. BLAS runs one thread per rank unless
-OMP_NUM_THREADS / OPENBLAS_NUM_THREADS / MKL_NUM_THREADS are set (set before NumPy loads).
+(``--batch`` rows, random labels) reused every step. BLAS threads per rank: npddp.threads'
+auto rule (the CPUs a rank may use / the ranks on its node; 1 for 2 ranks on 2 cores).
 
 Breakdown (default): every model x sync x backend, and for ``bucketed`` and ``overlap`` every
 ``--bucket-mb`` (``per_param`` and ``flat`` run once, ``bucket_mb`` 0); backends interleaved
@@ -35,10 +35,6 @@ columns in npddp/columns.py; read with ``npddp.results.read_table``); ``--csv`` 
 
 from __future__ import annotations
 
-import os
-
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")  # one BLAS thread per rank unless the caller chose otherwise
 
 import json  # noqa: E402
 import sys  # noqa: E402
@@ -53,6 +49,7 @@ from npddp import results  # noqa: E402
 from npddp.columns import NO_COMM  # noqa: E402
 from npddp.ddp import SYNCS, DistributedDataParallel  # noqa: E402
 from npddp.launch import abort_on_exception  # noqa: E402
+from npddp.threads import set_threads  # noqa: E402
 from npddp.nn import CrossEntropyLoss, mlp  # noqa: E402
 from npddp.optim import SGD  # noqa: E402
 
@@ -388,6 +385,7 @@ def main(argv=None, mpi_comm=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     rank, n = world.Get_rank(), world.Get_size()
     cfg = parse_config(argv, verbose=rank == 0)
+    set_threads("auto")
     bc.check_out({"--out": cfg.out, "--csv": cfg.csv}, world, build_parser(rank == 0))
     kind = "weak_scaling" if cfg.weak_scaling else "ddp_breakdown"
     if rank == 0:

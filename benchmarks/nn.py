@@ -8,8 +8,8 @@ in_shape (1, 28, 28), channels (32, 64), hidden (128,), 10 classes (batch 64).  
 step is zero_grad, forward, cross-entropy, backward into the gradient buffers; the first layer
 computes no input gradient in either version.  The bare version reads the same weights and
 accumulates into its own gradient arrays with ``+=``, as the library's contract requires.
-Both run on one BLAS thread: this file sets OMP/OPENBLAS/MKL_NUM_THREADS=1 before NumPy is
-imported.  After a warm-up the two are timed alternately, ``--repeats`` times each; the
+Both run on one BLAS thread (``npddp.threads.set_threads(1)``).  After a warm-up the two are
+timed alternately, ``--repeats`` times each; the
 median wall time, its interquartile range and minimum, the median CPU time of the process
 (steadier on a shared machine) and the ratios npddp/bare of the medians are printed.
 """
@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import os
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[_var] = "1"
-
 import argparse  # noqa: E402
 import time  # noqa: E402
 
@@ -28,6 +25,7 @@ import numpy as np  # noqa: E402
 from numpy.lib.stride_tricks import sliding_window_view  # noqa: E402
 
 from npddp.nn import CrossEntropyLoss, cnn, mlp  # noqa: E402
+from npddp.threads import set_threads  # noqa: E402
 
 
 # --- bare NumPy -----------------------------------------------------------------------
@@ -226,6 +224,7 @@ def bench(name, batch, repeats, warmup, dtype):
 
 
 def main(argv=None) -> None:
+    set_threads(1)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])

@@ -1,11 +1,12 @@
-"""Training checkpoints: gathered over the communicator, written atomically by rank 0, restored exactly.
+"""Training checkpoints: written atomically by rank 0 with checksums, verified and validated on read.
 
-File layout (HDF5, written through ``runinfo.atomic_h5``)::
+File layout (HDF5, written through :func:`npddp.atomicfile.atomic_h5`)::
 
     /                 attrs: format="npddp-checkpoint", schema_version, epochs_done (complete
                       epochs), batches_done (batches of the epoch in progress), step (optimizer
                       steps in all), world_size, backend, per_rank, optimizer, sampler_seed,
-                      config (JSON) and config.<field>, the environment (mpi_library, host, ...)
+                      input_shape and num_classes (what the model takes), config (JSON) and
+                      config.<field>, the environment (mpi_library, host, ...), attrs_crc32
     /params/<name>    each parameter, in named_parameters() order (group attr ``order``);
                       shape (world_size, *shape) when per_rank (local SGD: replicas differ)
     /optimizer/<key>  the optimizer's state_dict(): step, lr, hyperparameters as scalars,
@@ -15,27 +16,38 @@ File layout (HDF5, written through ``runinfo.atomic_h5``)::
     /ddp/residual.<i> (world_size, n): each rank's top-k error feedback of bucket i (top-k only)
     /progress/totals  running sums of the epoch in progress (attr ``columns``)
 
-The data order needs no state: the sampler shuffles with ``sampler_seed + epoch``.
-Per-rank arrays travel as int64 or float buffers through the communicator's gather and
-scatter; nothing is pickled. Only rank 0 touches the file.
+Integrity: the file starts with a 512-byte user block ``npddp-checkpoint crc32=XXXXXXXX
+size=N`` holding the CRC-32 and length of everything after it (HDF5 skips the block); every
+dataset also carries ``crc32`` (of its dtype, shape and bytes) and the root ``attrs_crc32``
+covers every other attribute, so a damaged dataset is named. :func:`read` verifies all of
+them and refuses a file that fails, lacks them, or holds a position or counter out of range
+(:class:`CheckpointError`, one line naming the file and what is wrong).
+
+The data order needs no state: the sampler shuffles with ``sampler_seed + epoch``. Gathering and
+restoring state over the communicator lives in :mod:`npddp.state`; :func:`load_model`
+rebuilds the trained model for use after training.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .runinfo import SCHEMA_VERSION, atomic_h5, read_attrs, write_attrs
+from .atomicfile import atomic_h5
+from .runinfo import SCHEMA_VERSION, read_attrs, write_attrs
 
 FORMAT = "npddp-checkpoint"
-_POSITION = ("epochs_done", "batches_done", "step", "world_size")
+_CRC, _ATTRS_CRC = "crc32", "attrs_crc32"
+_BLOCK = 512                                   # user block: the whole-file checksum
+_HEADER = b"npddp-checkpoint crc32="
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that is missing, unreadable, foreign, or does not fit this run."""
+    """A checkpoint that is missing, unreadable, damaged, foreign, or does not fit this run."""
 
 
 @dataclass
@@ -57,20 +69,112 @@ class Checkpoint:
     totals: np.ndarray = field(default_factory=lambda: np.zeros(0))
     totals_columns: tuple = ()
     attrs: dict = field(default_factory=dict)      # environment, written as attributes
+    input_shape: tuple = ()                        # one input row, as the model takes it
+    num_classes: int = 0
+
+
+# ----------------------------------------------------------------------------- checksums
+
+def _crc_of(array: np.ndarray) -> int:
+    """CRC-32 of an array's dtype, shape and bytes."""
+    a = np.ascontiguousarray(array)
+    head = f"{a.dtype.str}{a.shape}".encode()
+    return zlib.crc32(memoryview(a).cast("B"), zlib.crc32(head)) if a.size else zlib.crc32(head)
+
+
+def _attrs_text(f) -> bytes:
+    """Every attribute in the file but the checksums, as canonical JSON."""
+    import h5py
+
+    table = {"/": {k: v for k, v in read_attrs(f).items() if k not in (_CRC, _ATTRS_CRC)}}
+
+    def visit(name, obj):
+        attrs = {k: v for k, v in read_attrs(obj).items() if k != _CRC}
+        kind = "dataset" if isinstance(obj, h5py.Dataset) else "group"
+        table[f"{kind}:{name}"] = attrs
+    f.visititems(visit)
+    return json.dumps(table, sort_keys=True, default=str).encode()
+
+
+def _seal(f) -> None:
+    """Add the checksums to a file that is otherwise complete."""
+    import h5py
+
+    def visit(_, obj):
+        if isinstance(obj, h5py.Dataset):
+            obj.attrs[_CRC] = np.int64(_crc_of(obj[()]))
+    f.visititems(visit)
+    f.attrs[_ATTRS_CRC] = np.int64(zlib.crc32(_attrs_text(f)))
+
+
+def _with_header(image: bytes) -> bytes:
+    """The file: a user block naming the CRC-32 and size of ``image``, then ``image``."""
+    head = _HEADER + f"{zlib.crc32(image):08x} size={len(image)}\n".encode()
+    return head.ljust(_BLOCK, b"\0") + image
+
+
+def _file_checksum(path: str) -> str | None:
+    """None when the file matches its user block's checksum, else what is wrong."""
+    with open(path, "rb") as f:
+        head = f.read(_BLOCK)
+        if not head.startswith(_HEADER):
+            return "carries no checksums (written by an older npddp?), so it cannot be verified"
+        try:
+            fields = dict(part.split("=") for part in head[len(b"npddp-checkpoint "):].split(b"\n")[0]
+                          .decode().split())
+            want, size = int(fields["crc32"], 16), int(fields["size"])
+        except (ValueError, KeyError, UnicodeDecodeError):
+            return "is damaged: its checksum block is unreadable"
+        crc, n = 0, 0
+        while chunk := f.read(1 << 24):
+            crc, n = zlib.crc32(chunk, crc), n + len(chunk)
+    if n != size:
+        return f"is damaged or truncated: {n} bytes of data where {size} were written"
+    if crc != want:
+        return "is damaged: the file's checksum does not match its contents"
+    return None
+
+
+def _verify(f, path: str) -> None:
+    """CheckpointError unless every dataset and the attributes match their checksums."""
+    import h5py
+
+    if _ATTRS_CRC not in f.attrs:
+        raise CheckpointError(f"checkpoint {path!r} carries no checksums (written by an older npddp?), "
+                              "so it cannot be verified")
+    bad: list[str] = []
+
+    def visit(name, obj):
+        if isinstance(obj, h5py.Dataset):
+            want = obj.attrs.get(_CRC)
+            if want is None or int(want) != _crc_of(obj[()]):
+                bad.append("/" + name)
+    f.visititems(visit)
+    if bad:
+        raise CheckpointError(f"checkpoint {path!r} is damaged: checksum mismatch in {', '.join(bad[:5])}"
+                              + (f" and {len(bad) - 5} more" if len(bad) > 5 else ""))
+    if int(f.attrs[_ATTRS_CRC]) != zlib.crc32(_attrs_text(f)):
+        raise CheckpointError(f"checkpoint {path!r} is damaged: its attributes (position, config) "
+                              "do not match their checksum")
 
 
 # ----------------------------------------------------------------------------- file I/O (rank 0)
 
 def write(path, ckpt: Checkpoint) -> None:
-    """Write ``ckpt`` to ``path`` atomically: a crash leaves the previous file or this one."""
-    with atomic_h5(path) as f:
+    """Write ``ckpt`` to ``path`` atomically, with checksums: a crash leaves the previous file or this one.
+
+    OSError (disk full, I/O error) leaves the previous file untouched and no temporary file.
+    """
+    with atomic_h5(path, finish=_with_header, userblock_size=_BLOCK) as f:
         write_attrs(f, ckpt.attrs)
         write_attrs(f, {"config": ckpt.config})
         f.attrs.update({"format": FORMAT, "schema_version": SCHEMA_VERSION,
                         "epochs_done": ckpt.epochs_done, "batches_done": ckpt.batches_done,
                         "step": ckpt.step, "world_size": ckpt.world_size, "backend": ckpt.backend,
                         "per_rank": ckpt.per_rank, "optimizer": ckpt.optimizer_name,
-                        "sampler_seed": int(ckpt.config.get("seed", 0))})
+                        "sampler_seed": int(ckpt.config.get("seed", 0)),
+                        "input_shape": np.array(ckpt.input_shape, dtype=np.int64),
+                        "num_classes": int(ckpt.num_classes)})
         g = f.create_group("params")
         g.attrs["order"] = json.dumps(list(ckpt.params))
         for name, value in ckpt.params.items():
@@ -87,22 +191,33 @@ def write(path, ckpt: Checkpoint) -> None:
         g = f.create_group("progress")
         g.create_dataset("totals", data=np.asarray(ckpt.totals, dtype=np.float64))
         g["totals"].attrs["columns"] = json.dumps(list(ckpt.totals_columns))
+        _seal(f)
 
 
 def read(path) -> Checkpoint:
-    """Load a checkpoint file; CheckpointError (naming the file) when it is missing, foreign or damaged."""
+    """Load a checkpoint file, verified and validated; CheckpointError (naming the file) when it is not usable."""
     import h5py
 
+    from .data.arrays import DataFileError, check_regular_file
+
     path = os.fspath(path)
-    if not os.path.exists(path):
-        raise CheckpointError(f"checkpoint {path!r} does not exist")
     try:
+        check_regular_file(path, "checkpoint")
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path!r} does not exist") from None
+    except DataFileError as exc:
+        raise CheckpointError(str(exc)) from None
+    try:
+        whole = _file_checksum(path)
         f = h5py.File(path, "r")
     except OSError as exc:
         raise CheckpointError(f"cannot read checkpoint {path!r}: not an HDF5 file, or damaged ({exc})") \
             from None
     with f:
-        attrs = read_attrs(f)
+        try:
+            attrs = read_attrs(f)
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint {path!r} is damaged: {exc}") from None
         if attrs.get("format") != FORMAT:
             found = f"format {attrs['format']!r}" if "format" in attrs else "no 'format' attribute"
             raise CheckpointError(f"{path!r} is not an npddp checkpoint ({found}; expected {FORMAT!r})")
@@ -110,9 +225,18 @@ def read(path) -> Checkpoint:
             raise CheckpointError(f"checkpoint {path!r} has schema version {attrs.get('schema_version')!r}; "
                                   f"this npddp reads version {SCHEMA_VERSION}")
         try:
-            return _from_file(f, attrs)
-        except (KeyError, ValueError, TypeError, OSError) as exc:
+            _verify(f, path)
+            if whole:
+                raise CheckpointError(f"checkpoint {path!r} {whole}")
+            ckpt = _from_file(f, attrs)
+        except CheckpointError:
+            raise
+        except (KeyError, ValueError, TypeError, OSError, RuntimeError) as exc:
             raise CheckpointError(f"checkpoint {path!r} is damaged or incomplete: {exc}") from None
+    problem = validate(ckpt)
+    if problem:
+        raise CheckpointError(f"checkpoint {path!r}: {problem}")
+    return ckpt
 
 
 def _from_file(f, attrs: dict) -> Checkpoint:
@@ -127,185 +251,78 @@ def _from_file(f, attrs: dict) -> Checkpoint:
     residuals = [f["ddp"][f"residual.{i}"][()] for i in range(len(f["ddp"]))]
     totals = f["progress"]["totals"]
     env = {k: v for k, v in attrs.items() if not k.startswith("config")}
-    return Checkpoint(epochs_done=int(attrs["epochs_done"]), batches_done=int(attrs["batches_done"]),
-                      step=int(attrs["step"]), world_size=int(attrs["world_size"]),
+    return Checkpoint(epochs_done=attrs["epochs_done"], batches_done=attrs["batches_done"],
+                      step=attrs["step"], world_size=attrs["world_size"],
                       backend=str(attrs["backend"]), config=json.loads(attrs["config"]),
                       params=params, optimizer=optimizer, optimizer_name=str(attrs["optimizer"]),
-                      per_rank=bool(attrs["per_rank"]), dropout_rng=dropout, residuals=residuals,
+                      per_rank=attrs["per_rank"], dropout_rng=dropout, residuals=residuals,
                       totals=totals[()], totals_columns=tuple(json.loads(totals.attrs["columns"])),
-                      attrs=env)
+                      attrs=env, input_shape=tuple(attrs.get("input_shape") or ()),
+                      num_classes=attrs.get("num_classes", 0))
 
 
-# ----------------------------------------------------------------------------- gather (collective)
-
-def _gathered(comm, array: np.ndarray, per_rank: bool):
-    """Root: ``(size, *shape)`` stack of every rank's ``array`` (per_rank) or a copy of its own."""
-    if per_rank:
-        return comm.gather(np.ascontiguousarray(array), root=0)
-    return np.array(array, copy=True) if comm.rank == 0 else None
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
-def collect(comm, *, named_params, optimizer, ddp, dropouts, position: tuple[int, int, int],
-            totals: np.ndarray, totals_columns, config: dict, backend: str,
-            optimizer_name: str, attrs: dict) -> Checkpoint | None:
-    """Gather this step's training state; the Checkpoint on rank 0, None elsewhere.
-
-    Collective: every rank calls it at the same step. Parameters and optimizer buffers are
-    stored once, or per rank with local SGD (``ddp.local_sgd``) where replicas differ.
-    """
-    per_rank = bool(ddp.local_sgd) and comm.size > 1
-    params = {name: _gathered(comm, p.data, per_rank) for name, p in named_params}
-    state = optimizer.state_dict()
-    opt = {k: _gathered(comm, v, per_rank) if isinstance(v, np.ndarray) and v.ndim else v
-           for k, v in state.items()}
-    dropout = None
-    if dropouts:
-        words = np.stack([d.get_rng_state() for d in dropouts])               # (n_dropout, 6) uint64
-        dropout = comm.gather(words.view(np.int64), root=0)                   # (size, n_dropout, 6)
-    residuals = []
-    if ddp.compression == "topk":
-        for bucket in ddp.buckets:
-            res = bucket.residual if bucket.residual is not None else np.zeros_like(bucket.buffer)
-            residuals.append(comm.gather(res, root=0))                        # (size, n)
-    if comm.rank != 0:
-        return None
-    epochs_done, batches_done, step = position
-    return Checkpoint(epochs_done=epochs_done, batches_done=batches_done, step=step,
-                      world_size=comm.size, backend=backend, config=config, params=params,
-                      optimizer=opt, optimizer_name=optimizer_name, per_rank=per_rank,
-                      dropout_rng=None if dropout is None else dropout.view(np.uint64),
-                      residuals=residuals, totals=np.array(totals, dtype=np.float64),
-                      totals_columns=tuple(totals_columns), attrs=attrs)
-
-
-# ----------------------------------------------------------------------------- compatibility (rank 0)
-
-def _describe(a) -> str:
-    a = np.asarray(a)
-    return f"{tuple(a.shape)} {a.dtype.name}"
-
-
-def incompatibility(ckpt: Checkpoint, path, *, config: dict, fixed: tuple, flags: dict, world_size: int,
-                    allow_world_size_change: bool, named_params, optimizer, ddp,
-                    optimizer_name: str) -> str | None:
-    """Why ``ckpt`` cannot continue this run (a message naming both values), or None.
-
-    ``config`` is this run's config with resolved values, ``fixed`` the fields that must
-    match, ``flags`` maps field names to their command-line flags.
-    """
-    where = f"--resume: checkpoint {os.fspath(path)!r}"
-    if ckpt.world_size != world_size and not allow_world_size_change:
-        return (f"{where} was written by {ckpt.world_size} ranks, this run has {world_size}; "
-                f"resume with {ckpt.world_size} ranks, or pass --allow-world-size-change "
-                "(the result will no longer be bit-identical)")
-    differ = [(flags[name], ckpt.config.get(name, "<missing>"), config[name]) for name in fixed
-              if ckpt.config.get(name, "<missing>") != config[name]
-              and not (name == "momentum" and config.get("optimizer") != "sgd")]
-    if differ:
-        saved = " ".join(f"{f} {_show(a)}" for f, a, _ in differ)
-        now = " ".join(f"{f} {_show(b)}" for f, _, b in differ)
-        return (f"{where} was written with {saved}, this run has {now}; "
-                "flags marked [fixed on resume] must repeat the saved values")
-    mine = [(name, p.data) for name, p in named_params]
-    if list(ckpt.params) != [name for name, _ in mine]:
-        return (f"{where} holds a different model: parameters {list(ckpt.params)} there, "
-                f"{[name for name, _ in mine]} here")
-    lead = (ckpt.world_size,) if ckpt.per_rank else ()
-    for name, data in mine:
-        saved = ckpt.params[name]
-        if saved.shape != lead + data.shape or saved.dtype != data.dtype:
-            return (f"{where} holds a different model: parameter {name!r} is {_describe(saved)} there, "
-                    f"{_describe(np.empty(lead + data.shape, data.dtype))} here")
-    if ckpt.optimizer_name != optimizer_name:
-        return f"{where} holds {ckpt.optimizer_name} state, this run uses {optimizer_name}"
-    template = optimizer.state_dict()
-    if set(template) != set(ckpt.optimizer):
-        return (f"{where} holds optimizer state {sorted(ckpt.optimizer)}, this run's optimizer "
-                f"needs {sorted(template)}")
-    for key, value in template.items():
-        if isinstance(value, np.ndarray) and value.ndim:
-            saved = np.asarray(ckpt.optimizer[key])
-            if saved.shape != lead + value.shape or saved.dtype != value.dtype:
-                return f"{where}: optimizer state {key!r} is {_describe(saved)} there, {_describe(value)} here"
-    if ckpt.world_size == world_size and ddp.compression == "topk" and ckpt.residuals:
-        have = [int(r.shape[1]) for r in ckpt.residuals]
-        want = [int(b.buffer.size) for b in ddp.buckets]
-        if have != want:
-            return (f"{where} holds top-k residuals for buckets of {have} elements, this run's buckets "
-                    f"have {want}; resume with the saved --sync and --bucket-mb "
-                    f"({_show(ckpt.config.get('sync'))}, {_show(ckpt.config.get('bucket_mb'))})")
+def validate(ckpt: Checkpoint) -> str | None:
+    """What is out of range in ``ckpt`` (positions, counters, shapes), or None."""
+    for name, low in (("epochs_done", 0), ("batches_done", 0), ("step", 0), ("world_size", 1),
+                      ("num_classes", 0)):
+        value = getattr(ckpt, name)
+        if not _is_int(value) or value < low:
+            return f"{name} is {value!r}; valid: an integer >= {low}"
+    if ckpt.step < ckpt.epochs_done + ckpt.batches_done:
+        return (f"step {ckpt.step} is smaller than epochs_done + batches_done = "
+                f"{ckpt.epochs_done + ckpt.batches_done}; every batch is one step")
+    if not isinstance(ckpt.per_rank, (bool, np.bool_)):
+        return f"per_rank is {ckpt.per_rank!r}; valid: true or false"
+    if not isinstance(ckpt.config, dict):
+        return f"config is {type(ckpt.config).__name__}, not a mapping of settings"
+    opt_step = ckpt.optimizer.get("step")
+    if opt_step is None or np.ndim(opt_step) != 0 or not _is_int(np.asarray(opt_step)[()]) \
+            or int(opt_step) != ckpt.step:
+        shown = np.asarray(opt_step).tolist() if opt_step is not None else None
+        return f"optimizer step is {shown!r}; valid: the integer {ckpt.step} (one per training step)"
+    if not all(_is_int(v) and v >= 1 for v in ckpt.input_shape):
+        return f"input_shape is {ckpt.input_shape!r}; valid: positive integers"
+    world = ckpt.world_size
+    if ckpt.per_rank and any(np.ndim(p) == 0 or np.shape(p)[0] != world for p in ckpt.params.values()):
+        return f"per-rank parameters must have a leading axis of world_size {world}"
+    if ckpt.dropout_rng is not None and (ckpt.dropout_rng.ndim != 3 or ckpt.dropout_rng.shape[0] != world
+                                         or ckpt.dropout_rng.shape[2] != 6):
+        return f"rng/dropout has shape {ckpt.dropout_rng.shape}; valid: ({world}, layers, 6)"
+    for i, res in enumerate(ckpt.residuals):
+        if res.ndim != 2 or res.shape[0] != world:
+            return f"ddp/residual.{i} has shape {res.shape}; valid: ({world}, n)"
+    if np.ndim(ckpt.totals) != 1 or len(ckpt.totals) != len(ckpt.totals_columns):
+        return f"progress/totals has shape {np.shape(ckpt.totals)}; valid: ({len(ckpt.totals_columns)},)"
     return None
 
 
-def _show(value) -> str:
-    """A config value as typed on the command line."""
-    if isinstance(value, list):
-        return " ".join(str(v) for v in value)
-    return "none" if value is None else str(value)
+# ----------------------------------------------------------------------------- using a trained model
 
+def load_model(path, rank: int = 0):
+    """The model a checkpoint describes, with its trained parameters, in eval mode.
 
-# ----------------------------------------------------------------------------- restore (collective)
-
-def restore(comm, ckpt: Checkpoint | None, *, named_params, optimizer, ddp, dropouts) -> dict:
-    """Load rank 0's ``ckpt`` into every rank's model, optimizer, DDP and dropout streams.
-
-    Collective; ``ckpt`` is only read on rank 0 (and must have passed :func:`incompatibility`).
-    Returns the position (epochs_done, batches_done, step), the checkpoint's world_size, the
-    epoch totals, and ``fresh``: the per-rank state that could not be restored (another world size).
+    Built from the settings stored in the file (``--model``, ``--hidden``, ...) and its
+    ``input_shape`` and ``num_classes``. With local SGD, where replicas differ, rank
+    ``rank``'s replica is loaded. ``model.forward(x)`` then gives logits for rows of
+    ``input_shape`` (flattened for an MLP: see :func:`npddp.models.shape_rows`).
     """
-    root = comm.rank == 0
-    head = np.zeros(7, dtype=np.int64)
-    if root:
-        head[:] = [ckpt.epochs_done, ckpt.batches_done, ckpt.step, ckpt.world_size, ckpt.per_rank,
-                   ckpt.dropout_rng is not None, len(ckpt.residuals)]
-    comm.broadcast(head, root=0)
-    epochs_done, batches_done, step, saved_size, per_rank, has_dropout, n_res = (int(v) for v in head)
-    same = saved_size == comm.size
+    from .models import build_model
 
-    def place(saved, target: np.ndarray, stacked: bool) -> None:
-        """Copy a saved array into ``target`` on every rank (its own row when ``stacked``)."""
-        if stacked and same:
-            stack = np.asarray(saved) if root else np.empty((comm.size,) + target.shape, target.dtype)
-            np.copyto(target, comm.scatter(np.ascontiguousarray(stack, dtype=target.dtype), root=0))
-            return
-        if root:
-            np.copyto(target, np.asarray(saved)[0] if stacked else saved)
-        comm.broadcast(target, root=0)
-
-    for name, p in named_params:
-        place(ckpt.params[name] if root else None, p.data, bool(per_rank))
-    state = optimizer.state_dict()
-    for key in sorted(state):
-        value = state[key]
-        if isinstance(value, np.ndarray) and value.ndim:
-            place(ckpt.optimizer[key] if root else None, value, bool(per_rank))
-            continue
-        kind = np.int64 if key == "step" or isinstance(value, (bool, np.bool_)) else np.float64
-        box = np.array([ckpt.optimizer[key] if root else 0], dtype=kind)
-        comm.broadcast(box, root=0)
-        state[key] = np.int64(box[0]) if key == "step" else type(value)(box[0].item())
-    optimizer.load_state_dict(state)
-    fresh = []
-    if has_dropout and same:
-        words = np.stack([d.get_rng_state() for d in dropouts]).view(np.int64)       # (n_dropout, 6)
-        stack = ckpt.dropout_rng.view(np.int64) if root else np.empty((comm.size,) + words.shape, np.int64)
-        mine = comm.scatter(np.ascontiguousarray(stack), root=0).view(np.uint64)
-        for d, w in zip(dropouts, mine):
-            d.set_rng_state(w)
-    elif dropouts:
-        fresh.append("dropout streams")
-    if n_res and same and ddp.compression == "topk":
-        for i, bucket in enumerate(ddp.buckets):
-            res = np.empty((comm.size, bucket.buffer.size), bucket.buffer.dtype)
-            src = np.ascontiguousarray(ckpt.residuals[i], dtype=res.dtype) if root else res
-            bucket.residual = comm.scatter(src, root=0)                       # (n,)
-    elif ddp.compression == "topk":
-        fresh.append("top-k residuals")
-    ddp.steps = step
-    totals = np.array(ckpt.totals if root else np.zeros(0), dtype=np.float64)
-    size = np.array([totals.size], dtype=np.int64)
-    comm.broadcast(size, root=0)
-    totals = totals if root else np.zeros(int(size[0]))
-    comm.broadcast(totals, root=0)
-    return {"epochs_done": epochs_done, "batches_done": batches_done, "step": step,
-            "world_size": saved_size, "totals": totals, "fresh": fresh}
+    ckpt = read(path)
+    if not ckpt.input_shape or not ckpt.num_classes:
+        raise CheckpointError(f"checkpoint {os.fspath(path)!r} does not record the model's input shape "
+                              "and classes (written before npddp stored them)")
+    model, _, _ = build_model(ckpt.config, ckpt.input_shape, ckpt.num_classes)
+    if ckpt.per_rank and not 0 <= rank < ckpt.world_size:
+        raise ValueError(f"rank {rank} is out of range; the checkpoint holds replicas 0..{ckpt.world_size - 1}")
+    state = {k: (v[rank] if ckpt.per_rank else v) for k, v in ckpt.params.items()}
+    try:
+        model.load_state_dict(state)
+    except ValueError as exc:
+        raise CheckpointError(f"checkpoint {os.fspath(path)!r} does not fit the model it describes: {exc}") \
+            from None
+    return model.eval()

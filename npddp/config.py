@@ -20,26 +20,38 @@ import typing
 from dataclasses import dataclass, field
 
 from .comm import BACKENDS, DEFAULT_TIMEOUT
+from .data import DATASET_NAMES, NORMALIZE_MODES
 from .data.arrays import ARRAY_SUFFIXES
 from .ddp import COMPRESSIONS, SYNCS
+from .models import DTYPES, MODELS
+from .optim import OPTIMIZERS
 from .progress import PROGRESS_MODES
+from .threads import parse_threads
 
-MODELS = ("mlp", "cnn")
-OPTIMIZERS = ("sgd", "adamw")
-DTYPES = ("float32", "float64")
-DATASETS = ("synthetic", "synthetic-image", "digits", "mnist")
+#: Data set names the CLI trains on: the classification sets among the loaders' names.
+DATASETS = tuple(n for n in DATASET_NAMES if n != "regression")
 DATA_SUFFIXES = ARRAY_SUFFIXES
 H5_SUFFIXES = (".h5", ".hdf5")
 PROG = "python -m npddp.train"
+#: How a field behaves on --resume: must repeat the saved value / taken from the checkpoint
+#: unless given (may change) / this run's own.
+RESUME_KINDS = ("match", "inherit", "")
 
 
 class ConfigError(ValueError):
     """Bad command-line input: printed once as ``error: <message>``, exit code 2."""
 
 
-def _opt(default, help: str, *, choices=None, metavar=None, resume: str = "", shown=None):
-    """A dataclass field carrying its command-line help; ``resume="match"``: fixed for a resumed run."""
-    meta = {"help": help, "choices": choices, "metavar": metavar, "resume": resume, "shown": shown}
+def _opt(default, help: str, *, choices=None, metavar=None, resume: str = "", shown=None, parse=None):
+    """A dataclass field carrying its command-line help.
+
+    ``resume``: "match" (fixed: taken from the checkpoint, and a different value given again is
+    an error), "inherit" (taken from the checkpoint unless given; may change) or "" (this
+    run's own). ``parse`` converts the command-line string (default: the field's type).
+    """
+    assert resume in RESUME_KINDS, resume
+    meta = {"help": help, "choices": choices, "metavar": metavar, "resume": resume, "shown": shown,
+            "parse": parse}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -52,17 +64,18 @@ class Config:
     # --- communication
     backend: str = _opt("mpi", "all-reduce implementation: MPI's own collectives (mpi), the "
                         "hand-written ring over point-to-point calls (ring), or gather-reduce-"
-                        "broadcast at rank 0 (naive)", choices=BACKENDS)
+                        "broadcast at rank 0 (naive); may change on --resume", choices=BACKENDS,
+                        resume="inherit")
     sync: str = _opt("overlap", "gradient sync strategy: one all-reduce per tensor (per_param), one "
                      "flat buffer (flat), buckets after backward (bucketed), or buckets reduced "
-                     "while backward runs (overlap)", choices=SYNCS)
+                     "while backward runs (overlap)", choices=SYNCS, resume="inherit")
     bucket_mb: float = _opt(0.25, "bucket size cap in MiB for bucketed/overlap (small, so the small "
-                            "default model still gets several buckets)", metavar="MB")
+                            "default model still gets several buckets)", metavar="MB", resume="inherit")
     compression: str = _opt("none", "gradient compression: none, fp16 (half-precision all-reduce) or "
                             "topk (largest --topk-ratio of each bucket, with error feedback)",
-                            choices=COMPRESSIONS)
+                            choices=COMPRESSIONS, resume="inherit")
     topk_ratio: float = _opt(0.01, "fraction of each bucket sent by --compression topk, in (0, 1]",
-                             metavar="R")
+                             metavar="R", resume="inherit")
     local_sgd: int = _opt(0, "average parameters every K steps instead of gradients every step "
                           "(0: plain data parallelism)", metavar="K", resume="match")
     timeout: typing.Optional[float] = _opt(
@@ -84,22 +97,33 @@ class Config:
     # --- data
     dataset: typing.Optional[str] = _opt(
         None, "synthetic, synthetic-image, digits (needs scikit-learn), mnist (IDX files in "
-        "--data-dir), or a path to a .npz/.h5/.hdf5 file holding arrays X and y (integer labels)",
+        "--data-dir), a .npz/.h5/.hdf5 file, or a directory (a path with a '/') of two .npy "
+        "files; the arrays are --x-key (inputs) and --y-key (integer labels)",
         metavar="NAME|PATH", resume="match", shown="synthetic; synthetic-image with --model cnn")
+    x_key: str = _opt("X", "array of inputs in an array file: an .npz name, an HDF5 path such as "
+                      "train/images, or <KEY>.npy in a directory", metavar="KEY", resume="match")
+    y_key: str = _opt("y", "array of integer class labels, named like --x-key", metavar="KEY",
+                      resume="match")
+    normalize: str = _opt("none", "rescale inputs on load with training-set statistics: standard "
+                          "(per feature: subtract the mean, divide by the standard deviation), unit "
+                          "(min-max to [0, 1]) or none; inputs that look unscaled (integers, or "
+                          "values beyond +-10) get a warning", choices=NORMALIZE_MODES,
+                          resume="match")
     data_dir: typing.Optional[str] = _opt(None, "directory holding the MNIST files (and relative "
-                                          "array-file paths)", metavar="DIR", shown="none")
+                                          "array-file paths)", metavar="DIR", shown="none",
+                                          resume="inherit")
     train_samples: int = _opt(0, "use this many training rows (synthetic sets generate exactly that "
                               "many; 0: 32768 for synthetic, 8192 for synthetic-image, all rows "
                               "otherwise)", metavar="N",
                               resume="match")
     val_samples: int = _opt(0, "use this many validation rows (0: 1024 for synthetic sets, all "
-                            "rows otherwise)", metavar="N")
+                            "rows otherwise)", metavar="N", resume="inherit")
     # --- optimisation
-    epochs: int = _opt(5, "passes over the training set", metavar="N")
+    epochs: int = _opt(5, "passes over the training set", metavar="N", resume="inherit")
     batch_size: int = _opt(96, "GLOBAL batch size, split evenly across ranks: it must be a multiple "
                            "of the world size (96 suits 1, 2, 3, 4, 6, 8, ... ranks)", metavar="B",
                            resume="match")
-    lr: float = _opt(0.05, "learning rate", metavar="LR")
+    lr: float = _opt(0.05, "learning rate", metavar="LR", resume="inherit")
     optimizer: str = _opt("sgd", "sgd (with --momentum) or adamw", choices=OPTIMIZERS, resume="match")
     momentum: float = _opt(0.9, "SGD momentum in [0, 1) (ignored by adamw)", metavar="M",
                            resume="match")
@@ -112,36 +136,35 @@ class Config:
     # --- files
     checkpoint: typing.Optional[str] = _opt(
         None, "HDF5 checkpoint written atomically by rank 0 at the end of every epoch and of the "
-        "run (and every --checkpoint-every steps); it may replace an npddp checkpoint, never "
-        "another file",
-        metavar="PATH.h5", shown="none")
+        "run (and every --checkpoint-every steps), with a checksum per dataset; it may replace "
+        "an npddp checkpoint, never another file", metavar="PATH.h5", shown="none")
     checkpoint_every: int = _opt(0, "also write the checkpoint every N optimizer steps (0: only "
-                                 "at epoch ends and at the end)", metavar="N")
-    resume: bool = _opt(False, "continue the run saved in --checkpoint; flags marked [fixed on "
-                        "resume] must repeat the saved values")
-    allow_world_size_change: bool = _opt(
-        False, "let --resume continue on a different number of ranks: parameters, optimizer "
-        "state and the position in the epoch are kept, per-rank state (dropout streams, top-k "
-        "residuals) starts afresh, and the result is no longer bit-identical to an "
-        "uninterrupted run")
+                                 "at epoch ends and at the end)", metavar="N", resume="inherit")
+    resume: bool = _opt(False, "continue the run saved in --checkpoint, with its settings: flags "
+                        "marked [fixed on resume] are taken from it (given again, they must "
+                        "repeat the saved value), those marked [from the checkpoint] too unless "
+                        "given; the backend and the world size may change")
     metrics: typing.Optional[str] = _opt(
         None, "HDF5 file of per-step and per-epoch metrics (groups /steps and /epochs of 1-D "
         "columns), rewritten atomically by rank 0 at every epoch end and checkpoint; it may "
         "replace an npddp metrics file, never another file",
-        metavar="PATH.h5", shown="none")
+        metavar="PATH.h5", shown="none", resume="inherit")
     # --- process
-    threads: int = _opt(0, "BLAS threads per rank, applied with threadpoolctl when it is installed; "
-                        "without it only the environment counts (set OMP_NUM_THREADS / "
-                        "OPENBLAS_NUM_THREADS before launching, as ./mpi_run.sh does) and a "
-                        "warning says so; 0: leave as is", metavar="N")
+    threads: typing.Union[int, str] = _opt(
+        "auto", "BLAS threads per rank, applied with threadpoolctl before any NumPy work: auto "
+        "(the CPUs this process may use divided by the ranks on this node, at least 1) or N",
+        metavar="auto|N", parse=parse_threads)
     quiet: bool = _opt(False, "print only the final summary (and errors and warnings)")
-    progress: str = _opt("auto", "per-epoch progress bar on rank 0's stderr: auto (only when stderr "
-                         "is a terminal; under mpirun it is usually a pipe), always, or never",
+    progress: str = _opt("auto", "progress within an epoch: bar (a tqdm bar on stderr), log (a "
+                         "line every --log-every seconds on stdout, as under mpirun or in a log "
+                         "file), auto (bar when stderr is a terminal, else log), or none",
                          choices=PROGRESS_MODES)
+    log_every: float = _opt(10.0, "seconds between progress lines (--progress log)", metavar="SECONDS")
     inject_fault: typing.Optional[str] = _opt(
-        None, "testing aid: raise an exception on rank RANK at the start of optimizer step STEP "
-        "(counted from 1, as in the metrics), to check that a failure on one rank ends the whole "
-        "job", metavar="RANK:STEP", shown="none")
+        None, "testing aid: on rank RANK at the start of optimizer step STEP (counted from 1, as "
+        "in the metrics) raise an exception (KIND raise, the default), call sys.exit(3) (exit), "
+        "or make the loss NaN (nan), to check that a failure on one rank ends the whole job",
+        metavar="RANK:STEP[:KIND]", shown="none")
 
     def dataset_name(self) -> str:
         """--dataset, or the default for --model."""
@@ -164,8 +187,13 @@ def flag(name: str) -> str:
 
 
 def fixed_on_resume() -> tuple[str, ...]:
-    """Names of the fields a resumed run must repeat."""
+    """Names of the fields a resumed run takes from the checkpoint and may not change."""
     return tuple(f.name for f in dataclasses.fields(Config) if f.metadata["resume"] == "match")
+
+
+def inherited_on_resume() -> tuple[str, ...]:
+    """Names of the fields a resumed run takes from the checkpoint unless they are given again."""
+    return tuple(f.name for f in dataclasses.fields(Config) if f.metadata["resume"] == "inherit")
 
 
 def _show(value) -> str:
@@ -194,19 +222,25 @@ class _Parser(argparse.ArgumentParser):
 _EPILOG = """\
 batch size: --batch-size is the global batch; each rank takes batch_size / world_size rows
   per step, so it must be a multiple of the world size (an error names the nearest valid one).
-resume: --resume --checkpoint run.h5 continues where run.h5 stopped (epoch, batch, optimizer
-  and every random state); with the same flags, world size and backend the final parameters
-  are bit-identical to a run that never stopped. A different world size is an error unless
-  --allow-world-size-change is given.
-exit codes: 0 done; 2 bad input (one 'error: ...' line from rank 0, nothing overwritten);
-  1 an unhandled exception on any rank (the whole job is aborted).
-failures: an exception, a Ctrl-C or a --timeout on any rank aborts every rank; a killed rank
-  ends the job through mpirun; the last checkpoint stays loadable. NPDDP_DEBUG=1 checks before
-  every collective that all ranks make the same call (a mismatch is an error, not a hang).
+resume: --checkpoint run.h5 --resume continues where run.h5 stopped (epoch, batch, optimizer
+  and every random state) with the settings saved in it; with the same world size and backend
+  the final parameters are bit-identical to a run that never stopped. The backend and the
+  world size may change (the header says what changed and that bit-identity is given up).
+threads: --threads auto gives each rank (CPUs it may use) / (ranks on this node) BLAS threads.
+data: inputs that look unscaled (integers, values beyond +-10) get a warning; --normalize
+  standard rescales them on load.
+exit codes: 0 done; 1 an unhandled exception on any rank (the whole job is aborted); 2 bad
+  input found before training (one 'error: ...' line from rank 0, nothing overwritten);
+  3 a non-finite loss, gradient or parameter stopped training (the last checkpoint is kept);
+  4 a checkpoint or metrics file could not be written (disk full; the previous file is kept).
+failures: an exception, a sys.exit(N), a Ctrl-C or a --timeout on any rank ends every rank; a
+  killed rank ends the job through mpirun; the last checkpoint stays loadable. NPDDP_DEBUG=1
+  checks before every collective that all ranks make the same call.
 examples:
   mpirun -n 2 python -m npddp.train
   mpirun -n 4 python -m npddp.train --backend ring --model cnn --epochs 5 --checkpoint run.h5
-  mpirun -n 4 python -m npddp.train --checkpoint run.h5 --resume --metrics m.h5
+  mpirun -n 4 python -m npddp.train --checkpoint run.h5 --resume
+  python -m npddp.evaluate run.h5
 """
 
 
@@ -232,12 +266,16 @@ def build_parser(help_file=None) -> argparse.ArgumentParser:
         text = meta["help"] + f" (default: {shown})"
         if meta["resume"] == "match":
             text += " [fixed on resume]"
+        elif meta["resume"] == "inherit":
+            text += " [from the checkpoint]"
         kwargs: dict = {"dest": f.name, "default": argparse.SUPPRESS, "help": text}
         kind = hints[f.name]
         if kind is bool:
             kwargs["action"] = "store_true"
         else:
-            if kind is list:
+            if meta["parse"] is not None:
+                kwargs["type"] = _checked(meta["parse"])
+            elif kind is list:
                 kwargs.update(type=int, nargs="+")
             else:
                 kwargs["type"] = next(a for a in typing.get_args(kind) if a is not type(None)) \
@@ -251,13 +289,27 @@ def build_parser(help_file=None) -> argparse.ArgumentParser:
     return parser
 
 
-def parse_config(argv=None, help_file=None) -> Config:
-    """A Config from ``argv`` (default ``sys.argv[1:]``); ConfigError on a bad or unknown flag.
+def _checked(parse):
+    """``parse`` as an argparse type: its ValueError becomes argparse's one-line error."""
+    def convert(text):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return convert
+
+
+def parse_args(argv=None, help_file=None) -> dict:
+    """The flags given in ``argv`` (default ``sys.argv[1:]``) as {field: value}; ConfigError when bad.
 
     ``--help`` prints to ``help_file`` (stdout when None) and raises SystemExit(0).
     """
-    values = vars(build_parser(help_file).parse_args(argv))
-    return Config(**values)
+    return vars(build_parser(help_file).parse_args(argv))
+
+
+def parse_config(argv=None, help_file=None) -> Config:
+    """A Config from ``argv``: the flags given, defaults for the rest; ConfigError on a bad or unknown flag."""
+    return Config(**parse_args(argv, help_file))
 
 
 # ----------------------------------------------------------------------------- validation
@@ -277,11 +329,17 @@ def check_config(cfg: Config, world_size: int) -> None:
     Looks at nothing but ``cfg`` and ``world_size`` (no files, no messages), so every rank
     reaches the same verdict.
     """
-    for name in ("epochs", "batch_size", "lr", "bucket_mb"):
+    for name in ("epochs", "batch_size", "lr", "bucket_mb", "log_every"):
         _positive(cfg, name)
-    for name in ("local_sgd", "seed", "max_steps", "checkpoint_every", "threads", "train_samples",
-                 "val_samples"):
+    for name in ("local_sgd", "seed", "max_steps", "checkpoint_every", "train_samples", "val_samples"):
         _positive(cfg, name, allow_zero=True)
+    try:
+        parse_threads(cfg.threads)
+    except ValueError:
+        raise ConfigError(f"--threads must be auto or a positive integer, got {cfg.threads!r}") from None
+    for name in ("x_key", "y_key"):
+        if not getattr(cfg, name).strip():
+            raise ConfigError(f"{flag(name)} must name an array, got an empty string")
     if not (0.0 <= cfg.momentum < 1.0):
         raise ConfigError(f"--momentum must be in [0, 1), got {cfg.momentum}")
     if not (0.0 <= cfg.weight_decay < math.inf):
@@ -313,27 +371,38 @@ def check_config(cfg: Config, world_size: int) -> None:
     _check_files(cfg)
 
 
-def parse_fault(text: str, world_size: int) -> tuple[int, int]:
-    """``--inject-fault RANK:STEP`` as ``(rank, step)``; ConfigError naming the valid ranges otherwise."""
+#: What ``--inject-fault RANK:STEP:KIND`` does on that rank and step.
+FAULT_KINDS = ("raise", "exit", "nan")
+
+
+def parse_fault(text: str, world_size: int) -> tuple[int, int, str]:
+    """``--inject-fault RANK:STEP[:KIND]`` as ``(rank, step, kind)``; ConfigError naming the valid ranges otherwise."""
     head = f"--inject-fault {text!r}"
-    rank, _, step = text.partition(":")
+    parts = text.split(":")
+    if len(parts) not in (2, 3):
+        raise ConfigError(f"{head} must be RANK:STEP or RANK:STEP:KIND, e.g. 1:5 or 1:5:exit")
+    kind = parts[2] if len(parts) == 3 else "raise"
     try:
-        rank, step = int(rank), int(step)
+        rank, step = int(parts[0]), int(parts[1])
     except ValueError:
         raise ConfigError(f"{head} must be RANK:STEP with two integers, e.g. 1:5") from None
     if not 0 <= rank < world_size:
         raise ConfigError(f"{head}: rank {rank} is out of range; valid ranks: 0..{world_size - 1}")
     if step < 1:
         raise ConfigError(f"{head}: step {step} is out of range; valid steps: 1 and up")
-    return rank, step
+    if kind not in FAULT_KINDS:
+        raise ConfigError(f"{head}: kind {kind!r} is not one of {', '.join(FAULT_KINDS)}")
+    return rank, step, kind
 
 
 def _check_dataset(cfg: Config) -> None:
-    """A known dataset name or a path with a data-file suffix; mnist needs --data-dir."""
+    """A known dataset name, a path with a data-file suffix, or a directory path; mnist needs --data-dir."""
     name = cfg.dataset_name()
-    if name not in DATASETS and not name.lower().endswith(DATA_SUFFIXES):
-        raise ConfigError(f"unknown --dataset {name!r}; valid: {', '.join(DATASETS)}, or a path "
-                          f"ending in {', '.join(DATA_SUFFIXES)}")
+    if name not in DATASETS and not name.lower().endswith(DATA_SUFFIXES) and "/" not in name \
+            and os.sep not in name:
+        raise ConfigError(f"unknown --dataset {name!r}; valid: {', '.join(DATASETS)}, a path "
+                          f"ending in {', '.join(DATA_SUFFIXES)}, or a directory path (with a '/') "
+                          f"holding {cfg.x_key}.npy and {cfg.y_key}.npy")
     if name == "mnist" and not cfg.data_dir:
         raise ConfigError("--dataset mnist needs --data-dir DIR: the directory holding "
                           "train-images-idx3-ubyte and the other three IDX files")
@@ -350,5 +419,3 @@ def _check_files(cfg: Config) -> None:
     for name in ("resume", "checkpoint_every"):
         if getattr(cfg, name) and cfg.checkpoint is None:
             raise ConfigError(f"{flag(name)} needs --checkpoint PATH.h5")
-    if cfg.allow_world_size_change and not cfg.resume:
-        raise ConfigError("--allow-world-size-change only applies with --resume")

@@ -1,10 +1,19 @@
-"""Process-level glue for entry points: abort the whole MPI job when any rank fails.
+"""Process-level glue for entry points: exit codes, and ending the whole job when one rank fails.
 
-Without it, a rank that dies of an exception leaves the others blocked in their next
-collective until someone kills the job. With :func:`abort_on_exception`, an unhandled
-exception on any rank, ``KeyboardInterrupt`` included, prints that rank's traceback and calls
-``MPI_Abort`` on ``COMM_WORLD``, and the launcher ends every rank (exit code ``exit_code``).
-A single process (no MPI, or a world of one rank) keeps Python's default behaviour.
+Without it, a rank that dies of an exception or exits early leaves the others blocked in
+their next collective until someone kills the job. :func:`abort_on_exception` makes these
+end the whole job promptly:
+
+* an unhandled exception (``KeyboardInterrupt`` included) prints that rank's traceback and
+  calls ``MPI_Abort`` with ``exit_code`` (1);
+* ``sys.exit(n)`` with ``n`` non-zero on one rank prints one line and calls ``MPI_Abort(n)``,
+  so the job's exit status is ``n``.
+
+:func:`run_main` wraps an entry point's ``main``: a ``SystemExit`` raised inside it (however it
+was raised) with a non-zero code ends the job the same way. A :class:`JobError` is a failure
+every rank agrees on: the entry point prints it once (rank 0) and exits with its code.
+A single process (no MPI loaded, or a world of one rank) keeps Python's default behaviour;
+without MPI the launcher (``python -m npddp.run``) ends the other ranks when one exits non-zero.
 """
 
 from __future__ import annotations
@@ -14,27 +23,53 @@ import sys
 import time
 import traceback
 
-#: Environment variables that say this process is one of several ranks (MPICH/Hydra, Open MPI, PMIx, Slurm).
-_WORLD_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS")
+#: Exit statuses of the entry points (``python -m npddp.train``, ``npddp.evaluate``).
+EXIT_OK = 0
+EXIT_FAILED = 1      # an unhandled exception on some rank: the whole job was aborted
+EXIT_USAGE = 2       # bad input found before training: flags, data files, checkpoint, paths, MPI missing
+EXIT_DIVERGED = 3    # a non-finite loss, gradient or parameter stopped training
+EXIT_WRITE = 4       # a checkpoint or metrics file could not be written (disk full, I/O error)
+
+#: Environment variables of MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm) saying this is one of several ranks.
+_MPI_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS")
+#: The same, plus those of launchers without MPI (``python -m npddp.run``, torchrun).
+_WORLD_SIZE_VARS = _MPI_SIZE_VARS + ("WORLD_SIZE",)
+_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "RANK")
 #: Seconds between printing the report and MPI_Abort, so the launcher can still forward it.
 _GRACE_S = 0.2
 
 
-def launched_size(environ=None) -> int:
-    """The world size the launcher announced in the environment (1 when there is none)."""
-    environ = os.environ if environ is None else environ
-    for name in _WORLD_SIZE_VARS:
+class JobError(Exception):
+    """A failure every rank has agreed on: rank 0 prints ``error: <message>``; every rank exits ``code``."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE):
+        super().__init__(message)
+        self.code = code
+
+
+def _from_env(names, environ, default: int) -> int:
+    for name in names:
         try:
-            return max(1, int(environ[name]))
+            return int(environ[name])
         except (KeyError, ValueError):
             continue
-    return 1
+    return default
+
+
+def launched_size(environ=None) -> int:
+    """The world size the launcher announced in the environment (1 when there is none)."""
+    return max(1, _from_env(_WORLD_SIZE_VARS, os.environ if environ is None else environ, 1))
+
+
+def launched_rank(environ=None) -> int:
+    """This process's rank as the launcher announced it (0 when there is none); MPI is not touched."""
+    return max(0, _from_env(_RANK_VARS, os.environ if environ is None else environ, 0))
 
 
 def _world():
     """``MPI.COMM_WORLD`` if MPI is (or, under a launcher of several ranks, can be) initialized; else None."""
-    if "mpi4py.MPI" not in sys.modules and launched_size() == 1:
-        return None
+    if "mpi4py.MPI" not in sys.modules and _from_env(_MPI_SIZE_VARS, os.environ, 1) <= 1:
+        return None  # no MPI here (or a launcher without MPI, which ends the job itself)
     try:
         from mpi4py import MPI  # a rank that failed before importing MPI still aborts the job
 
@@ -45,23 +80,95 @@ def _world():
         return None
 
 
-def abort_on_exception(exit_code: int = 1) -> None:
-    """Make an unhandled exception on this rank print its traceback and MPI_Abort the job."""
+def end_job(code: int, report: str) -> None:
+    """Print ``report`` and end every rank with ``code`` (MPI_Abort); returns only when this is the whole job."""
+    world = _world()
+    if world is None or world.Get_size() == 1:
+        return
+    sys.stdout.flush()
+    sys.stderr.write(f"[rank {world.Get_rank()}] {report.format(size=world.Get_size())}")   # one write
+    sys.stderr.flush()
+    time.sleep(_GRACE_S)  # let the launcher forward the report before it tears the job down
+    world.Abort(code)
+    os._exit(code)
+
+
+def exit_status(code) -> int:
+    """The process exit status Python gives ``SystemExit(code)``: None -> 0, an int as is, anything else 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return int(code) & 0xFF
+    return 1
+
+
+def abort_on_exception(exit_code: int = EXIT_FAILED) -> None:
+    """Make an unhandled exception, or ``sys.exit(n != 0)``, on this rank end the whole job."""
     previous = sys.excepthook
+    if not getattr(sys.exit, "_npddp_wrapped", False):
+        original_exit = sys.exit
+
+        def exit_all(status=None):
+            code = exit_status(status)
+            if code:
+                message = f" ({status})" if not isinstance(status, int) and status is not None else ""
+                end_job(code, f"exit status {code}{message}, ending all {{size}} ranks\n")
+            original_exit(status)
+
+        exit_all._npddp_wrapped = True
+        sys.exit = exit_all
 
     def hook(exc_type, exc, tb):
-        world = _world()
-        if world is None or world.Get_size() == 1:
+        if _world() is None:
             previous(exc_type, exc, tb)
             return
-        rank, size = world.Get_rank(), world.Get_size()
         what = "interrupted" if issubclass(exc_type, KeyboardInterrupt) else "unhandled exception"
-        report = "".join(traceback.format_exception(exc_type, exc, tb))
-        sys.stdout.flush()
-        sys.stderr.write(f"[rank {rank}] {what}, aborting all {size} ranks:\n{report}")  # one write
-        sys.stderr.flush()
-        time.sleep(_GRACE_S)  # let the launcher forward the report before it tears the job down
-        world.Abort(exit_code)
-        os._exit(exit_code)
+        report = "".join(traceback.format_exception(exc_type, exc, tb)).replace("{", "{{").replace("}", "}}")
+        end_job(exit_code, f"{what}, aborting all {{size}} ranks:\n{report}")
+        previous(exc_type, exc, tb)
 
     sys.excepthook = hook
+
+
+#: How to get an MPI library when mpi4py cannot load one.
+MPI_FIXES = ('install one: pip install "npddp[mpich]" (the MPICH wheel), or a system MPI (e.g. apt '
+             'install mpich, then pip install --force-reinstall --no-binary mpi4py mpi4py); or run '
+             'without MPI: python -m npddp.run --nproc N -m npddp.train --transport tcp')
+
+
+def open_communicator(backend: str, timeout=None, **kwargs):
+    """``npddp.comm.create(backend, ...)``, with a one-line JobError (exit 2) when MPI cannot be loaded.
+
+    Also turns a malformed ``NPDDP_DEBUG``/``NPDDP_TIMEOUT`` into a JobError.
+    """
+    from .comm import create
+
+    try:
+        return create(backend, timeout=timeout, **kwargs)
+    except ImportError as exc:
+        raise JobError(f"mpi4py cannot be imported ({exc}), so there is no MPI to run on; {MPI_FIXES}",
+                       EXIT_USAGE) from None
+    except RuntimeError as exc:
+        if "MPI library" not in str(exc):
+            raise
+        detail = "; ".join(line for line in str(exc).splitlines()[1:] if line.strip())[:300]
+        raise JobError(f"cannot load the MPI library ({detail or 'libmpi not found'}); {MPI_FIXES}",
+                       EXIT_USAGE) from None
+    except ValueError as exc:
+        raise JobError(str(exc), EXIT_USAGE) from None
+
+
+def run_main(main, argv=None) -> int:
+    """Run an entry point's ``main(argv)`` and return its exit status, ending the job on a one-rank exit.
+
+    A ``SystemExit`` with a non-zero code escaping ``main`` on this rank ends every rank with
+    that code (``sys.exit(0)``, e.g. after ``--help``, exits normally).
+    """
+    abort_on_exception()
+    try:
+        return int(main(argv))
+    except SystemExit as exc:
+        code = exit_status(exc.code)
+        if code:
+            end_job(code, f"exit status {code} (SystemExit), ending all {{size}} ranks\n")
+        raise

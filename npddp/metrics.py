@@ -104,12 +104,18 @@ class StepRecorder:
         return {k: v.astype(STEP_COLUMNS[k][0]) for k, v in cols.items()}
 
 
+def _running(total: float, values: np.ndarray) -> float:
+    """``total`` plus ``values`` added one at a time, left to right, so how steps are grouped into
+    flushes (checkpoints) never changes the bits of the sum."""
+    return float(np.add.accumulate(np.concatenate([[total], np.asarray(values, dtype=np.float64)]))[-1])
+
+
 def add_to_totals(totals: np.ndarray, cols: dict[str, np.ndarray]) -> None:
     """Add flushed step columns into the epoch's running sums (a TOTALS-long float64 array)."""
-    totals[0] += float(np.sum(cols["loss"] * cols["samples"]))
-    totals[1] += float(np.sum(cols["samples"]))
+    totals[0] = _running(totals[0], cols["loss"] * cols["samples"])
+    totals[1] = _running(totals[1], cols["samples"])
     for i, name in enumerate(_TIMES + _COUNTS):
-        totals[2 + i] += float(np.sum(cols[name]))
+        totals[2 + i] = _running(totals[2 + i], cols[name])
 
 
 def epoch_row(epoch: int, step: int, totals: np.ndarray, val: np.ndarray, val_s: float) -> dict:

@@ -244,3 +244,17 @@ class AdamW(Optimizer):
             np.multiply(s, step_size, out=s)
             np.subtract(w, s, out=w)                              # p -= step_size * m / denom
         self.step_count = t
+
+
+#: The optimizers the training CLI offers by name (``--optimizer``).
+OPTIMIZERS = ("sgd", "adamw")
+
+
+def make_optimizer(name: str, params, *, lr: float, momentum: float = 0.0,
+                   weight_decay: float = 0.0) -> Optimizer:
+    """``SGD`` (with momentum and L2 weight decay) or ``AdamW`` (decoupled decay) by name."""
+    if name == "sgd":
+        return SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if name == "adamw":
+        return AdamW(params, lr=lr, weight_decay=weight_decay)
+    raise ValueError(f"unknown optimizer {name!r}; valid: {', '.join(OPTIMIZERS)}")

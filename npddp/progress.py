@@ -1,9 +1,18 @@
-"""What the training CLI prints: rank-0-only messages, a per-epoch progress bar, and line formats.
+"""What the training CLI prints: rank-0-only messages, progress within an epoch, and line formats.
 
-Only rank 0 prints. Messages go to stdout; warnings, errors and the progress bar to stderr.
-The bar is drawn when stderr is a terminal (``progress="auto"``) or when asked for
-(``"always"``), and redrawn at most ten times a second, so a run logged to a file gets no
-per-step output by default.
+Only rank 0 prints. Messages and progress lines go to stdout; warnings, errors and the
+progress bar to stderr. Progress (``--progress``):
+
+* ``bar``: a tqdm bar per epoch on stderr (samples done, elapsed, samples/s, ETA, the loss);
+* ``log``: one line every ``--log-every`` seconds on stdout, so a log file or a job under
+  ``mpirun`` shows progress within an epoch::
+
+      step 1200/1710  epoch 4/5 (51%)  loss 0.1234  118,000 samples/s  elapsed 0:10  ETA 0:04
+
+* ``auto`` (the default): ``bar`` when stderr is a terminal, else ``log``; ``none``: neither.
+
+``--quiet`` silences both. The loss shown is rank 0's mean over the steps since the last
+update (the epoch lines report the loss over all ranks).
 """
 
 from __future__ import annotations
@@ -11,19 +20,23 @@ from __future__ import annotations
 import sys
 import time
 
-#: When the progress bar is drawn.
-PROGRESS_MODES = ("auto", "always", "never")
+#: When and how progress within an epoch is shown.
+PROGRESS_MODES = ("auto", "bar", "log", "none")
 
 
 class Printer:
-    """Rank-0 output: ``info`` (silenced by quiet), ``summary``, ``warn`` and ``error``."""
+    """Rank-0 output: ``info`` (silenced by quiet), ``summary``, ``warn``, ``error`` and progress."""
 
-    def __init__(self, rank: int, quiet: bool = False, out=None, err=None, progress: str = "auto"):
+    def __init__(self, rank: int, quiet: bool = False, out=None, err=None, progress: str = "auto",
+                 log_every: float = 10.0):
         if progress not in PROGRESS_MODES:
             raise ValueError(f"progress must be one of {', '.join(PROGRESS_MODES)}, got {progress!r}")
+        if not log_every > 0:
+            raise ValueError(f"log_every must be a number of seconds > 0, got {log_every!r}")
         self.enabled = rank == 0
         self.quiet = quiet
-        self.progress = progress
+        self.progress_mode = progress
+        self.log_every = float(log_every)
         self.out = out if out is not None else sys.stdout
         self.err = err if err is not None else sys.stderr
 
@@ -49,11 +62,19 @@ class Printer:
         """``error: <text>`` on stderr."""
         self._write(self.err, f"error: {text}")
 
-    def bar(self, total: int, label: str) -> "ProgressBar":
-        """A progress bar over ``total`` steps, live on rank 0 as ``progress`` says (never when quiet)."""
-        wanted = self.progress == "always" or (self.progress == "auto" and _isatty(self.err))
-        live = self.enabled and not self.quiet and wanted
-        return ProgressBar(total, label, self.err if live else None)
+    def mode(self) -> str:
+        """What this rank shows: ``bar``, ``log`` or ``none``."""
+        if not self.enabled or self.quiet or self.progress_mode == "none":
+            return "none"
+        if self.progress_mode == "auto":
+            return "bar" if _isatty(self.err) else "log"
+        return self.progress_mode
+
+    def progress(self, *, epochs: int, steps_per_epoch: int, total_steps: int, step: int,
+                 batch: int) -> "Progress":
+        """Progress of a run at optimizer step ``step`` of ``total_steps``, ``batch`` rows per step."""
+        return Progress(self.mode(), self.out, self.err, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                        total_steps=total_steps, step=step, batch=batch, log_every=self.log_every)
 
 
 def _isatty(stream) -> bool:
@@ -63,43 +84,81 @@ def _isatty(stream) -> bool:
         return False
 
 
-class ProgressBar:
-    """``label [#####.....] done/total loss x.xxx ms/step`` redrawn in place; inert without a stream."""
+class Progress:
+    """Progress through a run: a bar per epoch, timed lines, or nothing (mode ``none``)."""
 
-    WIDTH = 30
-    INTERVAL_S = 0.1
+    def __init__(self, mode: str, out, err, *, epochs: int, steps_per_epoch: int, total_steps: int,
+                 step: int, batch: int, log_every: float = 10.0, clock=time.monotonic):
+        self.mode, self.out, self.err = mode, out, err
+        self.epochs, self.steps_per_epoch, self.batch = epochs, max(int(steps_per_epoch), 1), batch
+        self.total_steps, self.first_step = total_steps, step
+        self.log_every, self.clock = log_every, clock
+        self.started = self.last = clock()
+        self.step, self.epoch, self.batch_in_epoch = step, 0, 0
+        self._bar = None
+        self._loss_sum, self._steps, self._rows = 0.0, 0, 0
 
-    def __init__(self, total: int, label: str, stream=None):
-        self.total = max(int(total), 1)
-        self.label = label
-        self.stream = stream
-        self._last = 0.0
-        self._drawn = False
+    def start_epoch(self, epoch: int, done: int) -> None:
+        """Epoch ``epoch`` (from 0) begins with ``done`` of its batches already done."""
+        self.epoch, self.batch_in_epoch = epoch, done
+        if self.mode == "bar":
+            from tqdm import tqdm
 
-    def update(self, done: int, loss: float, step_s: float) -> None:
-        """Show ``done`` of ``total`` steps (throttled; the last step always draws)."""
-        if self.stream is None:
-            return
-        now = time.monotonic()
-        if done < self.total and now - self._last < self.INTERVAL_S:
-            return
-        self._last = now
-        filled = self.WIDTH * min(done, self.total) // self.total
-        bar = "#" * filled + "." * (self.WIDTH - filled)
-        self.stream.write(f"\r{self.label} [{bar}] {done}/{self.total} loss {loss:.4f} "
-                          f"{step_s * 1e3:.1f} ms/step\x1b[K")
-        self.stream.flush()
-        self._drawn = True
+            self._bar = tqdm(total=self.steps_per_epoch * self.batch, initial=done * self.batch,
+                             desc=f"epoch {epoch + 1}/{self.epochs}", unit="sample", unit_scale=True,
+                             file=self.err, leave=False, dynamic_ncols=True, mininterval=0.2,
+                             smoothing=0.1)
 
-    def close(self) -> None:
-        """Erase the bar so the next line starts clean."""
-        if self.stream is not None and self._drawn:
-            self.stream.write("\r\x1b[K")
-            self.stream.flush()
-            self._drawn = False
+    def update(self, loss: float) -> None:
+        """One optimizer step of ``batch`` rows with rank 0's loss ``loss``."""
+        self.step += 1
+        self.batch_in_epoch += 1
+        self._loss_sum += loss
+        self._steps += 1
+        self._rows += self.batch
+        if self._bar is not None:
+            self._bar.update(self.batch)
+            if self._steps >= 10 or self._bar.n >= self._bar.total:
+                self._bar.set_postfix_str(f"loss {self._loss_sum / self._steps:.4f}", refresh=False)
+                self._loss_sum, self._steps = 0.0, 0
+        elif self.mode == "log":
+            now = self.clock()
+            if now - self.last >= self.log_every:
+                self.out.write(self.line(now) + "\n")
+                self.out.flush()
+                self.last, self._loss_sum, self._steps, self._rows = now, 0.0, 0, 0
+
+    def line(self, now: float) -> str:
+        """The progress line for the steps since the last one."""
+        rate = self._rows / (now - self.last) if now > self.last else 0.0
+        elapsed = now - self.started
+        done = self.step - self.first_step
+        left = max(self.total_steps - self.step, 0)
+        eta = format_duration(elapsed / done * left) if done else "?"
+        share = 100.0 * min(self.batch_in_epoch, self.steps_per_epoch) / self.steps_per_epoch
+        loss = self._loss_sum / self._steps if self._steps else float("nan")
+        width = len(str(self.total_steps))
+        return (f"step {self.step:>{width}}/{self.total_steps}  epoch {self.epoch + 1}/{self.epochs} "
+                f"({share:.0f}%)  loss {loss:.4f}  {rate:,.0f} samples/s  elapsed "
+                f"{format_duration(elapsed)}  ETA {eta}")
+
+    def end_epoch(self) -> None:
+        """Erase the epoch's bar so the epoch line starts clean."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        self._loss_sum, self._steps = 0.0, 0
 
 
 # ----------------------------------------------------------------------------- line formats
+
+def format_duration(seconds: float) -> str:
+    """75.2 -> '1:15'; 3725 -> '1:02:05'."""
+    s = int(round(max(seconds, 0.0)))
+    h, rest = divmod(s, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
 
 def percent(part: float, whole: float) -> float:
     """100 * part / whole, 0 when whole is 0."""

@@ -5,9 +5,9 @@
   host, CPU, threads per rank, UTC time, git commit when known).
 * :func:`write_attrs` stores a mapping (or a dataclass, or an ``argparse.Namespace``) as
   attributes; :func:`read_attrs` reads them back as plain Python values.
-* :func:`atomic_h5` opens a temporary HDF5 file beside the target and moves it onto the
-  target only once it is complete and on disk, so a crash leaves the old file or the new
-  one, never half of one.
+* :func:`atomic_h5` (from :mod:`npddp.atomicfile`) builds an HDF5 file in memory and moves it
+  onto the target only once it is complete and on disk, so a crash leaves the old file or
+  the new one, never half of one.
 
 Importing this module does not import mpi4py (and so does not initialise MPI).
 """
@@ -15,20 +15,19 @@ Importing this module does not import mpi4py (and so does not initialise MPI).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime
 import json
 import os
 import platform
-import secrets
 import socket
 import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+
+from .atomicfile import atomic_h5  # noqa: F401  (re-exported: the writer every HDF5 output uses)
 
 #: Version of the attribute and dataset layout of the metrics and checkpoint files (benchmark dumps
 #: have their own: npddp.results.SCHEMA_VERSION).
@@ -230,78 +229,3 @@ def _plain(value):
     if isinstance(value, np.generic):
         return value.item()
     return value
-
-
-# ----------------------------------------------------------------------------- atomic writes
-
-@contextlib.contextmanager
-def atomic_h5(path, **h5py_kwargs):
-    """Open a new HDF5 file for writing that appears at ``path`` only once complete.
-
-    Yields an ``h5py.File`` on a temporary file in ``path``'s directory. On normal exit it
-    is flushed, closed and fsync'd, moved onto ``path`` with ``os.replace`` and the
-    directory is fsync'd. On an exception the temporary file is removed, any existing
-    file at ``path`` is left untouched, and the exception propagates.
-    """
-    import h5py
-
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-    target = Path(path)
-    if target.is_dir():
-        raise IsADirectoryError(f"{target} is a directory; expected a file path")
-    directory = target.parent
-    tmp = _create_temp(directory, target.name)
-    f = None
-    try:
-        f = h5py.File(tmp, "w", **h5py_kwargs)
-        yield f
-        f.flush()
-        f.close()
-        _fsync_path(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        if f is not None:
-            with contextlib.suppress(Exception):
-                f.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(directory)
-
-
-def _create_temp(directory: Path, name: str) -> Path:
-    """Create an empty, uniquely named hidden file in ``directory`` (permissions as for open())."""
-    for _ in range(100):
-        tmp = directory / f".{name}.{secrets.token_hex(4)}.tmp"
-        try:
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-            return tmp
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"could not create a temporary file beside {directory / name}")
-
-
-def _fsync_path(path: Path) -> None:
-    """fsync the file at ``path``."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(directory: Path) -> None:
-    """fsync a directory so a rename in it is durable (skipped where unsupported)."""
-    if sys.platform.startswith("win"):
-        return
-    try:
-        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

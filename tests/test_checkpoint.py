@@ -1,23 +1,25 @@
-"""Checkpoint files: round trip, clear errors for missing/foreign/damaged files, survival of a
-SIGKILL mid-write, compatibility messages, and (under MPI) gather and restore of every rank's state.
+"""Checkpoint files: round trip, checksums and validation that refuse damaged files, survival of a
+SIGKILL mid-write (and removal of the temporary file it leaves), a full disk, load_model, and
+(under MPI) gather and restore of every rank's state (npddp.state).
 
 Serial tests run with plain pytest; the MPI tests run under ``mpirun -n K python -m pytest --with-mpi``.
 """
 
+import errno
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
-from types import SimpleNamespace
 
 import h5py
 import numpy as np
 import pytest
 
-from npddp import checkpoint
+from npddp import atomicfile, checkpoint, state
 from npddp.checkpoint import Checkpoint, CheckpointError
 from npddp.nn import mlp
 from npddp.optim import SGD, AdamW
@@ -118,7 +120,7 @@ def _damage(path, how):
     ("foreign", "is not an npddp checkpoint (no 'format' attribute"),
     ("metrics", "is not an npddp checkpoint (format 'npddp-metrics'"),
     ("schema", f"has schema version {SCHEMA_VERSION + 1}; this npddp reads version {SCHEMA_VERSION}"),
-    ("incomplete", "is damaged or incomplete"),
+    ("incomplete", "is damaged"),
 ])
 def test_unreadable_checkpoints_give_one_clear_error_naming_the_file(tmp_path, how, text):
     path = tmp_path / "c.h5"
@@ -173,9 +175,216 @@ def test_sigkill_during_a_checkpoint_write_leaves_the_previous_checkpoint_whole(
     assert target.read_bytes() == first
     back = checkpoint.read(target)
     assert back.step == 1 and all(np.array_equal(v, np.ones(1000)) for v in back.params.values())
+    # the killed writer's temporary file is recognised as stale and removed by the next write
+    assert temp.exists() and atomicfile.stale_temps(target) == [temp]
+    checkpoint.write(target, back)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.h5"]
 
 
-# ----------------------------------------------------------------------------- compatibility
+# ----------------------------------------------------------------------------- integrity and validation
+
+def _flip(path, offset, count=1):
+    """Invert ``count`` bytes of the file at ``offset``."""
+    data = bytearray(path.read_bytes())
+    for i in range(offset, offset + count):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_every_dataset_and_the_attributes_carry_a_checksum(tmp_path):
+    checkpoint.write(tmp_path / "c.h5", record())
+    with h5py.File(tmp_path / "c.h5", "r") as f:
+        names = []
+        f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+        assert names and all("crc32" in f[n].attrs for n in names)
+        assert "attrs_crc32" in f.attrs
+
+
+def test_a_flipped_byte_inside_a_parameter_is_found_and_named(tmp_path):
+    path = tmp_path / "c.h5"
+    checkpoint.write(path, record())
+    with h5py.File(path, "r") as f:
+        offset = f["params/0.weight"].id.get_offset()
+    _flip(path, offset + 5)
+    with pytest.raises(CheckpointError, match=r"damaged: checksum mismatch in /params/0\.weight"):
+        checkpoint.read(path)
+
+
+@pytest.mark.parametrize("where", [0.3, 0.5, 0.7])
+def test_64_flipped_bytes_anywhere_in_the_middle_are_refused(tmp_path, where):
+    path = tmp_path / "c.h5"
+    checkpoint.write(path, record())
+    _flip(path, int(path.stat().st_size * where), 64)
+    with pytest.raises(CheckpointError, match="damaged|not an HDF5|not an npddp"):
+        checkpoint.read(path)
+
+
+@pytest.mark.parametrize("name, value", [("step", -5), ("batches_done", 10**6), ("epochs_done", -1),
+                                         ("world_size", 3), ("config", "{}")])
+def test_an_attribute_changed_after_writing_fails_the_checksum(tmp_path, name, value):
+    path = tmp_path / "c.h5"
+    checkpoint.write(path, record())
+    with h5py.File(path, "r+") as f:
+        f.attrs[name] = value
+    with pytest.raises(CheckpointError, match="attributes .* do not match their checksum"):
+        checkpoint.read(path)
+
+
+def test_a_file_without_checksums_is_refused(tmp_path):
+    path = tmp_path / "c.h5"
+    checkpoint.write(path, record())
+    with h5py.File(path, "r+") as f:
+        del f.attrs["attrs_crc32"]
+    with pytest.raises(CheckpointError, match="carries no checksums"):
+        checkpoint.read(path)
+
+
+BAD_POSITIONS = [
+    (dict(step=-5), "step is -5; valid: an integer >= 0"),
+    (dict(epochs_done=-1), "epochs_done is -1; valid: an integer >= 0"),
+    (dict(batches_done=-3), "batches_done is -3; valid: an integer >= 0"),
+    (dict(step=2.5), "step is 2.5; valid: an integer"),
+    (dict(world_size=0), "world_size is 0; valid: an integer >= 1"),
+    (dict(step=3), "step 3 is smaller than epochs_done + batches_done = 10"),
+    (dict(optimizer_step=2.5), "optimizer step is 2.5; valid: the integer 52"),
+    (dict(optimizer_step=51), "optimizer step is 51; valid: the integer 52"),
+]
+
+
+@pytest.mark.parametrize("change, text", BAD_POSITIONS)
+def test_positions_and_counters_out_of_range_are_refused_even_with_a_valid_checksum(tmp_path, change, text):
+    ckpt = record()
+    for name, value in change.items():
+        if name == "optimizer_step":
+            ckpt.optimizer["step"] = np.float64(value) if isinstance(value, float) else np.int64(value)
+        else:
+            setattr(ckpt, name, value)
+    path = tmp_path / "c.h5"
+    checkpoint.write(path, ckpt)                  # written (and sealed) as given
+    with pytest.raises(CheckpointError, match=re.escape(text)):
+        checkpoint.read(path)
+    assert checkpoint.validate(record()) is None
+
+
+def _read_in_child(path, timeout=30):
+    code = (f"from npddp import checkpoint\ntry:\n    checkpoint.read({str(path)!r})\n"
+            "except checkpoint.CheckpointError as e:\n    print(e)")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_fifo_is_refused_at_once_instead_of_blocking(tmp_path):
+    fifo = tmp_path / "c.h5"
+    os.mkfifo(fifo)
+    proc = _read_in_child(fifo)                   # a blocked open would hit the timeout
+    assert "is a FIFO, not a regular file" in proc.stdout
+
+
+# ----------------------------------------------------------------------------- temporary files and full disks
+
+def test_temporary_files_name_their_target_host_and_writer(tmp_path):
+    target = tmp_path / "run.h5"
+    tmp = atomicfile.temp_path(target)
+    assert tmp.parent == tmp_path and tmp.name.startswith(".run.h5.") and tmp.name.endswith(".npddp.tmp")
+    host, pid = atomicfile.temp_owner(tmp, target)
+    assert pid == os.getpid() and host
+    assert atomicfile.temp_owner(tmp_path / ".other.h5.h.1.ab.npddp.tmp", target) is None
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_only_temporary_files_of_dead_writers_on_this_host_are_stale(tmp_path):
+    import socket
+
+    target, host = tmp_path / "run.h5", socket.gethostname()
+    dead = tmp_path / f".run.h5.{host}.{_dead_pid()}.aaaa.npddp.tmp"
+    alive = tmp_path / f".run.h5.{host}.{os.getppid()}.bbbb.npddp.tmp"        # our parent still runs
+    elsewhere = tmp_path / f".run.h5.some-other-host.{_dead_pid()}.cccc.npddp.tmp"
+    other_target = tmp_path / f".old.h5.{host}.{_dead_pid()}.dddd.npddp.tmp"
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        reused = tmp_path / f".run.h5.{host}.{sleeper.pid}.eeee.npddp.tmp"     # pid now held by a newer process
+        for p in (dead, alive, elsewhere, other_target, reused):
+            p.write_bytes(b"x" * 10)
+        os.utime(reused, (time.time() - 3600, time.time() - 3600))
+        assert atomicfile.stale_temps(target) == sorted([dead, reused])
+        assert atomicfile.remove_stale_temps(target) == (2, 20)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (alive, elsewhere, other_target))
+
+
+@pytest.mark.parametrize("errno_code", [errno.ENOSPC, errno.EIO])
+def test_a_full_disk_leaves_the_previous_checkpoint_and_no_temporary_file(tmp_path, monkeypatch, errno_code):
+    path = tmp_path / "c.h5"
+    checkpoint.write(path, record(seed=1))
+    before = path.read_bytes()
+    calls = []
+
+    def failing_write(fd, data):
+        calls.append(len(data))
+        if len(calls) > 1:                        # part of the file is written, then the disk is full
+            raise OSError(errno_code, os.strerror(errno_code))
+        return os.write.__wrapped__(fd, data[:4096]) if hasattr(os.write, "__wrapped__") else real(fd, data[:4096])
+    real = os.write
+    monkeypatch.setattr(atomicfile.os, "write", failing_write)
+    with pytest.raises(OSError) as info:
+        checkpoint.write(path, record(seed=2))
+    monkeypatch.undo()
+    assert info.value.errno == errno_code and len(calls) > 1
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["c.h5"]
+    assert_same(record(seed=1), checkpoint.read(path))
+
+
+FULL_DISK = textwrap.dedent("""
+    import resource, signal, sys
+    import numpy as np
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)            # writes past the limit fail with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))
+    from npddp.metrics import STEP_COLUMNS, MetricsLog
+    log = MetricsLog()
+    log.add_steps({k: np.arange(5000) for k in STEP_COLUMNS})
+    try:
+        log.write(sys.argv[1], {"a": 1})
+    except OSError as exc:
+        print("OSError", exc.errno)
+""")
+
+
+def test_a_metrics_write_past_a_file_size_limit_is_one_oserror_and_a_clean_exit(tmp_path):
+    """A real failing write (RLIMIT_FSIZE): an OSError, no temporary file, no error from HDF5 at exit."""
+    proc = subprocess.run([sys.executable, "-c", FULL_DISK, str(tmp_path / "m.h5")], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"OSError {errno.EFBIG}", proc.stdout + proc.stderr
+    assert proc.stderr == "" and os.listdir(tmp_path) == []
+
+
+# ----------------------------------------------------------------------------- using the model
+
+def test_load_model_rebuilds_the_trained_model(tmp_path):
+    from npddp.models import build_model
+
+    settings = {"model": "mlp", "hidden": [6], "channels": [2], "dtype": "float64", "seed": 3, "dropout": 0.2}
+    model, _, _ = build_model(settings, (4,), 3)
+    for p in model.parameters():
+        p.data[...] = np.random.default_rng(1).standard_normal(p.data.shape)
+    opt = SGD(model.parameters(), lr=0.1)
+    ckpt = Checkpoint(epochs_done=1, batches_done=0, step=1, world_size=1, backend="mpi", config=settings,
+                      params=model.state_dict(), optimizer={**opt.state_dict(), "step": np.int64(1)},
+                      optimizer_name="sgd", input_shape=(4,), num_classes=3)
+    checkpoint.write(tmp_path / "c.h5", ckpt)
+    back = checkpoint.load_model(tmp_path / "c.h5")
+    x = np.random.default_rng(2).standard_normal((5, 4))
+    assert not back.training and np.array_equal(back.forward(x), model.eval().forward(x))
+    ckpt.input_shape, ckpt.num_classes = (), 0
+    checkpoint.write(tmp_path / "old.h5", ckpt)
+    with pytest.raises(CheckpointError, match="does not record the model's input shape"):
+        checkpoint.load_model(tmp_path / "old.h5")
+
 
 def _model_and_optimizer(hidden=5, kind="sgd"):
     model = mlp(4, [hidden], 3, seed=0)
@@ -188,40 +397,6 @@ def _saved(model, opt, world=2, **config):
     return Checkpoint(epochs_done=0, batches_done=1, step=1, world_size=world, backend="mpi",
                       config={**CONFIG, **config}, params={n: p.data.copy() for n, p in named},
                       optimizer=opt.state_dict(), optimizer_name="sgd" if isinstance(opt, SGD) else "adamw")
-
-
-def _why(ckpt, model, opt, world=2, allow=False, ddp=None, **config):
-    return checkpoint.incompatibility(
-        ckpt, "c.h5", config={**CONFIG, **config}, fixed=FIXED, flags=FLAGS, world_size=world,
-        allow_world_size_change=allow, named_params=model.named_parameters(), optimizer=opt,
-        ddp=ddp or SimpleNamespace(compression="none", buckets=[]),
-        optimizer_name="sgd" if isinstance(opt, SGD) else "adamw")
-
-
-def test_a_matching_checkpoint_is_compatible():
-    model, opt = _model_and_optimizer()
-    assert _why(_saved(model, opt), model, opt) is None
-
-
-def test_incompatibilities_name_both_values():
-    model, opt = _model_and_optimizer()
-    ckpt = _saved(model, opt)
-    why = _why(ckpt, model, opt, world=3)
-    assert "written by 2 ranks, this run has 3" in why and "--allow-world-size-change" in why
-    assert _why(ckpt, model, opt, world=3, allow=True) is None
-    why = _why(ckpt, model, opt, hidden=[7], batch_size=16)
-    assert "written with --hidden 5 --batch-size 8, this run has --hidden 7 --batch-size 16" in why
-    other, other_opt = _model_and_optimizer(hidden=6)
-    assert "parameter '0.weight' is (5, 4) float32 there, (6, 4) float32 here" in _why(ckpt, other, other_opt)
-    adam_model, adam = _model_and_optimizer(kind="adamw")
-    assert "holds sgd state, this run uses adamw" in _why(ckpt, adam_model, adam)
-    plain = SGD(model.parameters(), lr=0.1)      # no momentum: no momentum buffers
-    assert "optimizer state" in _why(ckpt, model, plain) and "momentum_buffer.0" in _why(ckpt, model, plain)
-    ckpt.residuals = [np.zeros((2, 9))]
-    ddp = SimpleNamespace(compression="topk", buckets=[SimpleNamespace(buffer=np.zeros(4)),
-                                                       SimpleNamespace(buffer=np.zeros(5))])
-    assert "buckets of [9] elements, this run's buckets have [4, 5]" in _why(ckpt, model, opt, ddp=ddp)
-
 
 # ----------------------------------------------------------------------------- collect and restore under MPI
 
@@ -255,7 +430,7 @@ def test_collect_then_restore_brings_back_every_ranks_state(comm_world, assert_a
         ddp.backward(loss.backward())
         ddp.step(opt)
     before = _state(model, opt, dropouts, ddp)
-    ckpt = checkpoint.collect(comm, named_params=model.named_parameters(), optimizer=opt, ddp=ddp,
+    ckpt = state.collect(comm, named_params=model.named_parameters(), optimizer=opt, ddp=ddp,
                               dropouts=dropouts, position=(1, 2, 3), totals=np.arange(4.0),
                               totals_columns=("a", "b", "c", "d"), config=dict(CONFIG), backend="mpi",
                               optimizer_name="sgd", attrs={})
@@ -272,12 +447,12 @@ def test_collect_then_restore_brings_back_every_ranks_state(comm_world, assert_a
     for b in ddp.buckets:
         if b.residual is not None:
             b.residual[...] = 5
-    state = checkpoint.restore(comm, ckpt, named_params=model.named_parameters(), optimizer=opt,
+    got = state.restore(comm, ckpt, named_params=model.named_parameters(), optimizer=opt,
                                ddp=ddp, dropouts=dropouts)
     after = _state(model, opt, dropouts, ddp)
     ok = ok and np.array_equal(before[0], after[0]) and after[1:] == (3, 3)
-    ok = ok and (state["epochs_done"], state["batches_done"], state["step"]) == (1, 2, 3)
-    ok = ok and np.array_equal(state["totals"], np.arange(4.0)) and state["fresh"] == []
+    ok = ok and (got["epochs_done"], got["batches_done"], got["step"]) == (1, 2, 3)
+    ok = ok and np.array_equal(got["totals"], np.arange(4.0)) and got["fresh"] == []
     assert_all_ranks(ok, f"rank {comm.rank}: state differs after restore")
 
 
@@ -305,8 +480,8 @@ def test_restore_from_another_world_size_takes_rank_0s_row(comm_world, assert_al
     expected = [p.data.copy() for p in model.parameters()]
     for p in model.parameters():
         p.data[...] = -1
-    state = checkpoint.restore(comm, saved, named_params=model.named_parameters(), optimizer=opt, ddp=ddp,
+    got = state.restore(comm, saved, named_params=model.named_parameters(), optimizer=opt, ddp=ddp,
                                dropouts=[])
     ok = all(np.array_equal(p.data, e) for p, e in zip(model.parameters(), expected))
-    ok = ok and state["world_size"] == rows and state["step"] == 1
+    ok = ok and got["world_size"] == rows and got["step"] == 1
     assert_all_ranks(ok, f"rank {comm.rank}: not rank 0's row")

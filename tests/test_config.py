@@ -7,8 +7,14 @@ import re
 
 import pytest
 
-from npddp.config import (BACKENDS, COMPRESSIONS, SYNCS, Config, ConfigError, build_parser,
-                          check_config, fixed_on_resume, flag, parse_config)
+from npddp.comm import BACKENDS
+from npddp.config import (Config, ConfigError, build_parser, check_config, fixed_on_resume, flag,
+                          inherited_on_resume, parse_args, parse_config)
+from npddp.data import DATASET_NAMES, NORMALIZE_MODES
+from npddp.ddp import COMPRESSIONS, SYNCS
+from npddp.models import MODELS, REGISTRY
+from npddp.optim import OPTIMIZERS
+from npddp.progress import PROGRESS_MODES
 
 
 def test_no_flags_gives_the_dataclass_defaults_and_they_are_valid_on_1_to_8_ranks():
@@ -31,13 +37,17 @@ FLAGS = [
     ("--local-sgd", ["4"], "local_sgd", 4),
     ("--timeout", ["30"], "timeout", 30.0),
     ("--inject-fault", ["1:5"], "inject_fault", "1:5"),
-    ("--progress", ["always"], "progress", "always"),
+    ("--progress", ["log"], "progress", "log"),
+    ("--log-every", ["2.5"], "log_every", 2.5),
     ("--model", ["cnn"], "model", "cnn"),
     ("--hidden", ["32", "16", "8"], "hidden", [32, 16, 8]),
     ("--channels", ["4"], "channels", [4]),
     ("--dropout", ["0.25"], "dropout", 0.25),
     ("--dtype", ["float64"], "dtype", "float64"),
     ("--dataset", ["data/x.npz"], "dataset", "data/x.npz"),
+    ("--x-key", ["train/images"], "x_key", "train/images"),
+    ("--y-key", ["labels"], "y_key", "labels"),
+    ("--normalize", ["standard"], "normalize", "standard"),
     ("--data-dir", ["/data"], "data_dir", "/data"),
     ("--train-samples", ["500"], "train_samples", 500),
     ("--val-samples", ["50"], "val_samples", 50),
@@ -52,15 +62,15 @@ FLAGS = [
     ("--checkpoint", ["run.h5"], "checkpoint", "run.h5"),
     ("--checkpoint-every", ["5"], "checkpoint_every", 5),
     ("--resume", [], "resume", True),
-    ("--allow-world-size-change", [], "allow_world_size_change", True),
     ("--metrics", ["m.h5"], "metrics", "m.h5"),
     ("--threads", ["2"], "threads", 2),
+    ("--threads", ["auto"], "threads", "auto"),
     ("--quiet", [], "quiet", True),
 ]
 
 
 def test_the_flag_table_covers_every_field():
-    assert sorted(f for _, _, f, _ in FLAGS) == sorted(f.name for f in dataclasses.fields(Config))
+    assert sorted({f for _, _, f, _ in FLAGS}) == sorted(f.name for f in dataclasses.fields(Config))
 
 
 @pytest.mark.parametrize("option, values, name, expected", FLAGS)
@@ -72,9 +82,20 @@ def test_every_flag_sets_its_field_and_only_that_one(option, values, name, expec
 
 
 def test_choices_come_from_the_implementations():
-    for option, valid in (("--backend", BACKENDS), ("--sync", SYNCS), ("--compression", COMPRESSIONS)):
+    """Each flag's choices are exactly the tuple its implementing module exports (so they cannot drift)."""
+    parser = build_parser()
+    choices = {a.dest: tuple(a.choices) for a in parser._actions if a.choices}
+    assert choices == {"backend": BACKENDS, "sync": SYNCS, "compression": COMPRESSIONS, "model": MODELS,
+                       "dtype": ("float32", "float64"), "optimizer": OPTIMIZERS, "normalize": NORMALIZE_MODES,
+                       "progress": PROGRESS_MODES}
+    assert MODELS == tuple(REGISTRY) and set(MODELS) >= {"mlp", "cnn"}
+    for option, valid in (("--backend", BACKENDS), ("--sync", SYNCS), ("--compression", COMPRESSIONS),
+                          ("--model", MODELS), ("--optimizer", OPTIMIZERS), ("--normalize", NORMALIZE_MODES)):
         for value in valid:
             assert getattr(parse_config([option, value]), option[2:]) == value
+    for name in DATASET_NAMES:
+        if name != "regression":                 # the one set with float targets: not a classifier's
+            check_config(parse_config(["--dataset", name, "--data-dir", "d"]), 1)
 
 
 # argv, world size, text the message must contain
@@ -99,7 +120,15 @@ BAD = [
     (["--local-sgd", "-1"], 1, "--local-sgd must be an integer >= 0, got -1"),
     (["--seed", "-1"], 1, "--seed must be an integer >= 0, got -1"),
     (["--max-steps", "-2"], 1, "--max-steps must be an integer >= 0, got -2"),
-    (["--threads", "-1"], 1, "--threads must be an integer >= 0, got -1"),
+    (["--threads", "-1"], 1, "argument --threads: threads must be 'auto' or a positive integer, got -1"),
+    (["--threads", "0"], 1, "argument --threads: threads must be 'auto' or a positive integer, got 0"),
+    (["--threads", "many"], 1, "argument --threads: threads must be 'auto' or a positive integer, got 'many'"),
+    (["--log-every", "0"], 1, "--log-every must be a positive number, got 0.0"),
+    (["--x-key", " "], 1, "--x-key must name an array, got an empty string"),
+    (["--normalize", "zscore"], 1, "argument --normalize: invalid choice: 'zscore'"),
+    (["--progress", "always"], 1, "argument --progress: invalid choice: 'always'"),
+    (["--inject-fault", "1:5:boom"], 2, "--inject-fault '1:5:boom': kind 'boom' is not one of raise, exit, nan"),
+    (["--inject-fault", "1"], 2, "--inject-fault '1' must be RANK:STEP or RANK:STEP:KIND"),
     (["--hidden", "8", "0"], 1, "--hidden takes positive integers, got 0"),
     (["--channels", "-4"], 1, "--channels takes positive integers, got -4"),
     (["--local-sgd", "2", "--compression", "fp16"], 1, "--local-sgd 2 averages parameters, so it cannot be combined with --compression fp16"),
@@ -108,7 +137,7 @@ BAD = [
     (["--sync", "async"], 1, "argument --sync: invalid choice: 'async'"),
     (["--optimizer", "lamb"], 1, "argument --optimizer: invalid choice: 'lamb'"),
     (["--dtype", "float16"], 1, "argument --dtype: invalid choice: 'float16'"),
-    (["--dataset", "cifar"], 1, "unknown --dataset 'cifar'; valid: synthetic, synthetic-image, digits, mnist, or a path ending in .npz, .h5, .hdf5"),
+    (["--dataset", "cifar"], 1, "unknown --dataset 'cifar'; valid: synthetic, synthetic-image, digits, mnist, a path ending in .npz, .h5, .hdf5, or a directory path (with a '/') holding X.npy and y.npy"),
     (["--dataset", "regression"], 1, "unknown --dataset 'regression'"),
     (["--dataset", "mnist"], 1, "--dataset mnist needs --data-dir DIR"),
     (["--checkpoint", "run.pt"], 1, "--checkpoint 'run.pt' must end in .h5 or .hdf5"),
@@ -116,7 +145,6 @@ BAD = [
     (["--checkpoint", "a.h5", "--metrics", "./a.h5"], 1, "--checkpoint and --metrics name the same file 'a.h5'"),
     (["--resume"], 1, "--resume needs --checkpoint PATH.h5"),
     (["--checkpoint-every", "5"], 1, "--checkpoint-every needs --checkpoint PATH.h5"),
-    (["--checkpoint", "a.h5", "--allow-world-size-change"], 1, "--allow-world-size-change only applies with --resume"),
     (["--no-such-flag"], 1, "unrecognized arguments: --no-such-flag"),
     (["--hidden"], 1, "argument --hidden: expected at least one argument"),
     (["--epoch", "3"], 1, "unrecognized arguments: --epoch 3"),   # no abbreviations
@@ -134,7 +162,8 @@ def test_bad_input_is_one_config_error_naming_the_value(argv, world, text):
 def test_the_same_flags_are_fine_where_the_world_allows_them():
     check_config(parse_config(["--batch-size", "10"]), 5)
     check_config(parse_config(["--batch-size", "3"]), 3)
-    check_config(parse_config(["--checkpoint", "a.h5", "--resume", "--allow-world-size-change"]), 2)
+    check_config(parse_config(["--checkpoint", "a.h5", "--resume"]), 2)
+    check_config(parse_config(["--dataset", "data/npy/", "--x-key", "images"]), 2)
 
 
 def test_help_explains_every_flag_with_its_default_and_goes_to_the_given_file():
@@ -149,16 +178,24 @@ def test_help_explains_every_flag_with_its_default_and_goes_to_the_given_file():
     assert flat.count("(default: ") == len(dataclasses.fields(Config))
     for needle in ("(default: mpi)", "(default: overlap)", "(default: 256 256)", "(default: 96)",
                    "GLOBAL batch size, split evenly across ranks", "threadpoolctl",
-                   "synthetic-image with --model cnn", "mpirun -n 2 python -m npddp.train"):
+                   "synthetic-image with --model cnn", "mpirun -n 2 python -m npddp.train",
+                   "(default: auto)", "--normalize standard", "3 a non-finite loss", "4 a checkpoint or metrics",
+                   "python -m npddp.evaluate run.h5"):
         assert needle in flat, needle
 
 
-def test_help_marks_exactly_the_fields_fixed_on_resume():
+def test_help_marks_exactly_the_fields_fixed_on_resume_and_those_taken_from_the_checkpoint():
     text = " ".join(build_parser().format_help().split())
-    fixed = fixed_on_resume()
+    fixed, inherited = fixed_on_resume(), inherited_on_resume()
     assert {"model", "hidden", "batch_size", "seed", "optimizer", "dataset"} <= set(fixed)
     assert not {"epochs", "lr", "backend", "max_steps", "checkpoint"} & set(fixed)
     assert len(re.findall(r"\(default: [^)]*\) \[fixed on resume\]", text)) == len(fixed)
+    assert len(re.findall(r"\(default: [^)]*\) \[from the checkpoint\]", text)) == len(inherited)
+
+
+def test_parse_args_returns_only_the_flags_given():
+    assert parse_args([]) == {}
+    assert parse_args(["--lr", "0.1", "--resume"]) == {"lr": 0.1, "resume": True}
 
 
 def test_config_is_frozen_and_its_dict_is_a_copy():

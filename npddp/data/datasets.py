@@ -1,6 +1,7 @@
 """Data sets by name: what the training CLI's ``--dataset`` accepts.
 
-``load_dataset(name)`` takes one of ``DATASET_NAMES`` or a path ending in .npz/.h5/.hdf5;
+``load_dataset(name)`` takes one of ``DATASET_NAMES``, a path ending in .npz/.h5/.hdf5, or a
+directory holding ``X.npy`` and ``y.npy``;
 extra keyword arguments go to the loader for that name.
 """
 
@@ -66,8 +67,8 @@ def load_dataset(name: str, data_dir: str | None = None, seed: int = 0, dtype=np
             raise ValueError("the 'mnist' data set needs data_dir: the directory holding "
                              "train-images-idx3-ubyte and the other three IDX files")
         return load_mnist(data_dir, dtype=dtype, **kwargs)
-    if name.lower().endswith(ARRAY_SUFFIXES):
-        path = name if data_dir is None or os.path.isabs(name) else os.path.join(data_dir, name)
+    path = name if data_dir is None or os.path.isabs(name) else os.path.join(data_dir, name)
+    if name.lower().endswith(ARRAY_SUFFIXES) or os.path.isdir(path):
         return load_array_file(path, seed=seed, dtype=dtype, **kwargs)
     raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)}, "
-                     f"or a path ending in {', '.join(ARRAY_SUFFIXES)}")
+                     f"a path ending in {', '.join(ARRAY_SUFFIXES)}, or a directory of .npy files")

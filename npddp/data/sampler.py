@@ -1,12 +1,14 @@
 """DistributedSampler: which dataset rows each rank reads in an epoch.
 
-Same semantics as PyTorch's ``DistributedSampler``, with plain ints for ``num_replicas`` and
-``rank`` so it is tested without MPI:
+PyTorch's ``DistributedSampler`` exactly -- the same indices for every rank and epoch,
+shuffle order included -- with plain ints for ``num_replicas`` and ``rank`` so it is tested
+without MPI (and without torch):
 
 * ``num_samples`` = ``ceil((len - N) / N)`` when ``drop_last`` and ``len % N != 0``, else
   ``ceil(len / N)``; ``total_size = num_samples * N``.
-* The epoch's order is ``np.random.default_rng(seed + epoch).permutation(len)`` when
-  shuffling, ``range(len)`` otherwise, the same on every rank.
+* The epoch's order is ``torch.randperm(len)`` from a generator seeded with ``seed + epoch``
+  when shuffling (reproduced in NumPy by :func:`npddp.data.randperm.torch_randperm`; checked
+  against torch for lengths below 214,748,364), ``range(len)`` otherwise, the same on every rank.
 * Without ``drop_last`` the order is padded to ``total_size`` by repeating it from its start
   (several times over when ``total_size - len > len``); with ``drop_last`` it is cut to
   ``total_size``.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._checks import as_int, check_seed
+from .randperm import torch_randperm
 
 
 class DistributedSampler:
@@ -42,6 +45,7 @@ class DistributedSampler:
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
         self.epoch = 0
+        self._shuffled: tuple[int, np.ndarray] | None = None       # (seed + epoch, its permutation)
         n, reps = self.dataset_len, self.num_replicas
         # ceil((n - N) / N) == n // N when N does not divide n; ceil(n / N) == -(-n // N).
         self.num_samples = n // reps if self.drop_last else -(-n // reps)
@@ -55,10 +59,13 @@ class DistributedSampler:
         self.epoch = epoch
 
     def order(self) -> np.ndarray:
-        """The whole epoch's order before padding or truncation, identical on all ranks."""
-        if self.shuffle:
-            return np.random.default_rng(self.seed + self.epoch).permutation(self.dataset_len)
-        return np.arange(self.dataset_len, dtype=np.int64)
+        """The whole epoch's order before padding or truncation, identical on all ranks (a fresh array)."""
+        if not self.shuffle:
+            return np.arange(self.dataset_len, dtype=np.int64)
+        key = self.seed + self.epoch
+        if self._shuffled is None or self._shuffled[0] != key:      # computed once per epoch
+            self._shuffled = (key, torch_randperm(self.dataset_len, key))
+        return self._shuffled[1].copy()
 
     def indices(self) -> np.ndarray:
         """This rank's indices for the current epoch as a fresh int64 array of ``num_samples``."""

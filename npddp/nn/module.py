@@ -83,6 +83,38 @@ class Module:
         """Bytes held by parameter values (gradients take as much again)."""
         return sum(p.data.nbytes for p in self.parameters())
 
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """A copy of every parameter's values by name, in ``named_parameters`` order."""
+        return {name: p.data.copy() for name, p in self.named_parameters()}
+
+    def load_state_dict(self, state, strict: bool = True) -> tuple[list[str], list[str]]:
+        """Copy arrays from ``state`` (name -> array) into the parameters, in place.
+
+        ``strict``: every parameter must be present and nothing else; a ValueError names the
+        missing, unexpected and mis-shaped entries, and nothing is changed. Otherwise the
+        matching entries are loaded. Returns (missing names, unexpected names).
+        """
+        named = dict(self.named_parameters())
+        missing = [n for n in named if n not in state]
+        unexpected = [n for n in state if n not in named]
+        wrong = []
+        for name, p in named.items():
+            if name in state:
+                value = np.asarray(state[name])
+                if value.shape != p.data.shape or not np.can_cast(value.dtype, p.data.dtype, "same_kind"):
+                    wrong.append(f"{name}: {tuple(value.shape)} {value.dtype} given, "
+                                 f"{tuple(p.data.shape)} {p.data.dtype} expected")
+        if wrong or (strict and (missing or unexpected)):
+            parts = [f"missing {missing}" if missing and strict else "",
+                     f"unexpected {unexpected}" if unexpected and strict else "",
+                     f"mis-shaped: {'; '.join(wrong)}" if wrong else ""]
+            raise ValueError(f"{type(self).__name__}.load_state_dict: "
+                             + ", ".join(p for p in parts if p))
+        for name, p in named.items():
+            if name in state:
+                np.copyto(p.data, np.asarray(state[name]), casting="same_kind")
+        return missing, unexpected
+
     def zero_grad(self) -> None:
         """Set every gradient to zero in place."""
         for p in self.parameters():

@@ -1,16 +1,24 @@
-"""DistributedSampler: hand-worked index lists, a reference built from the spec, and errors."""
+"""DistributedSampler: hand-worked index lists, a reference built from the spec, PyTorch's own
+sampler as an oracle (when torch is installed), and errors."""
 
+import functools
 import math
 
 import numpy as np
 import pytest
 
 from npddp.data import DistributedSampler
+from npddp.data.randperm import torch_randperm
 
 
 def rank_lists(n, reps, **kw):
     """Every rank's indices as Python lists."""
     return [DistributedSampler(n, reps, r, **kw).indices().tolist() for r in range(reps)]
+
+
+@functools.lru_cache(maxsize=None)
+def _permutation(n, seed):
+    return tuple(torch_randperm(n, seed).tolist())
 
 
 def reference(n, reps, rank, shuffle, seed, epoch, drop_last):
@@ -20,8 +28,7 @@ def reference(n, reps, rank, shuffle, seed, epoch, drop_last):
     else:
         num_samples = math.ceil(n / reps)
     total = num_samples * reps
-    order = (np.random.default_rng(seed + epoch).permutation(n).tolist() if shuffle
-             else list(range(n)))
+    order = list(_permutation(n, seed + epoch)) if shuffle else list(range(n))
     if not drop_last:
         pad = total - len(order)
         if pad <= len(order):
@@ -62,7 +69,7 @@ def test_hand_worked_unshuffled(n, reps, drop_last, expected):
 
 def test_hand_worked_shuffled():
     """len=5, N=2: rank r takes the padded permutation at positions r, r+2, r+4."""
-    perm = np.random.default_rng(3 + 2).permutation(5).tolist()
+    perm = [1, 3, 0, 4, 2]                      # torch.randperm(5) after manual_seed(3 + 2)
     padded = perm + perm[:1]
     samplers = [DistributedSampler(5, 2, r, seed=3) for r in range(2)]
     for s in samplers:
@@ -140,7 +147,9 @@ def test_order_depends_on_seed_plus_epoch():
     s3 = DistributedSampler(100, 2, 0, seed=2)
     s3.set_epoch(1)
     assert not np.array_equal(s1.indices(), s3.indices())
-    assert np.array_equal(s1.order(), np.random.default_rng(5).permutation(100))
+    assert s1.order()[:12].tolist() == [11, 22, 39, 23, 42, 30, 78, 81, 64, 20, 29, 79]   # torch, seed 5
+    s4 = DistributedSampler(10, 1, 0, seed=0)
+    assert s4.order().tolist() == [4, 1, 7, 5, 3, 9, 0, 8, 6, 2]                         # torch, seed 0
 
 
 def test_unshuffled_ignores_epoch():
@@ -215,3 +224,34 @@ def test_set_epoch_errors():
     with pytest.raises(TypeError, match=r"epoch must be an int.*1.5"):
         s.set_epoch(1.5)
     assert s.epoch == 0
+
+
+# --- PyTorch itself as the oracle -------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 7, 64, 97, 1000, 4099])
+def test_torch_randperm_is_reproduced_exactly(n):
+    torch = pytest.importorskip("torch")
+    for seed in (0, 1, 5, 2**31 - 1, 2**32 + 7, 123456789012):
+        g = torch.Generator()
+        g.manual_seed(seed)
+        assert torch_randperm(n, seed).tolist() == torch.randperm(n, generator=g).tolist(), (n, seed)
+
+
+@pytest.mark.parametrize("n, reps", [(10, 3), (97, 4), (5, 8), (64, 2), (1, 3), (0, 2)])
+@pytest.mark.parametrize("shuffle, drop_last", [(True, False), (True, True), (False, False), (False, True)])
+def test_indices_equal_torch_distributed_samplers(n, reps, shuffle, drop_last):
+    """Every rank, several epochs and seeds: the same index lists as torch.utils.data.DistributedSampler."""
+    pytest.importorskip("torch")
+    from torch.utils.data.distributed import DistributedSampler as TorchSampler
+
+    data = list(range(n))
+    for seed in (0, 3):
+        for epoch in (0, 1, 5):
+            for rank in range(reps):
+                ours = DistributedSampler(n, reps, rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+                theirs = TorchSampler(data, num_replicas=reps, rank=rank, shuffle=shuffle, seed=seed,
+                                      drop_last=drop_last)
+                ours.set_epoch(epoch)
+                theirs.set_epoch(epoch)
+                assert ours.indices().tolist() == list(theirs), (seed, epoch, rank)
+                assert len(ours) == len(theirs)

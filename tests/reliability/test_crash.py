@@ -2,8 +2,8 @@
 
 Serial tests that launch ``mpirun`` jobs: ``--inject-fault`` in the training CLI on 2 and 3
 ranks for the mpi and ring backends, and :func:`npddp.launch.abort_on_exception` on its own
-(an exception before MPI is even imported, a Ctrl-C on one rank while the others wait in a
-collective, and the single-process default it keeps).
+(an exception before MPI is even imported, a Ctrl-C or a ``sys.exit(3)`` on one rank while the
+others wait in a collective, and the single-process default it keeps).
 """
 
 import pytest
@@ -55,24 +55,38 @@ if rank == 1:
         time.sleep(60)
     if mode == "exception":
         raise ValueError("boom on rank 1")
+    if mode == "exit":
+        sys.exit(3)
+    if mode == "exit-in-main":
+        from npddp.launch import run_main
+
+        def main(argv):
+            raise SystemExit(4)
+        run_main(main)
 comm.barrier()
 print("passed the barrier", flush=True)
 """
 
-LAUNCH_CASES = [("before-mpi", "mpi", "ValueError: failed before importing MPI"),
-                ("ctrl-c", "mpi", "[rank 1] interrupted, aborting all"),
-                ("ctrl-c", "ring", "[rank 1] interrupted, aborting all"),
-                ("exception", "ring", "[rank 1] unhandled exception, aborting all")]
+LAUNCH_CASES = [("before-mpi", "mpi", "ValueError: failed before importing MPI", None),
+                ("ctrl-c", "mpi", "[rank 1] interrupted, aborting all", 1),
+                ("ctrl-c", "ring", "[rank 1] interrupted, aborting all", 1),
+                ("exception", "ring", "[rank 1] unhandled exception, aborting all", 1),
+                # sys.exit on one rank: MPI's finalize would wait for the others forever (mpi) or
+                # until the timeout (ring); the job ends at once with that exit status
+                ("exit", "mpi", "[rank 1] exit status 3, ending all 3 ranks", 3),
+                ("exit", "ring", "[rank 1] exit status 3, ending all 3 ranks", 3),
+                ("exit-in-main", "mpi", "[rank 1] exit status 4 (SystemExit), ending all 3 ranks", 4)]
 
 
-@pytest.mark.parametrize("mode, backend, text", LAUNCH_CASES)
-def test_abort_on_exception_ends_every_rank_waiting_in_a_collective(launch, tmp_path, mode, backend, text):
+@pytest.mark.parametrize("mode, backend, text, status", LAUNCH_CASES)
+def test_abort_on_exception_ends_every_rank_waiting_in_a_collective(launch, tmp_path, mode, backend, text, status):
     script = tmp_path / "snippet.py"
     script.write_text(LAUNCH_SNIPPET)
     job = launch([script, mode, backend], n=3, cwd=tmp_path)
     code = job.wait(60)
     leftovers = job.end()
     assert code is not None and code != 0, job.output
+    assert status is None or code == status, (code, job.output)
     assert text in job.output and "passed the barrier" not in job.output, job.output
     assert job.exited_at - job.lines[0][0] < EXIT_WITHIN
     assert not leftovers
