@@ -10,9 +10,11 @@ from .loader import BatchLoader, iterate_batches, num_batches
 from .mnist import MNIST_FILES, load_mnist, read_idx
 from .sampler import DistributedSampler
 from .synthetic import synthetic_classification, synthetic_regression
+from .tokens import load_text_file, load_token_file, synthetic_tokens, windows
 
 __all__ = [
     "DATASET_NAMES", "DEFAULT_IMAGE_SHAPE", "MNIST_FILES", "BatchLoader", "Dataset",
     "DistributedSampler", "iterate_batches", "load_array_file", "load_dataset", "load_digits",
     "load_mnist", "num_batches", "read_idx", "synthetic_classification", "synthetic_regression",
+    "load_token_file", "load_text_file", "synthetic_tokens", "windows",
 ]
