@@ -6,9 +6,12 @@ heads ``P v`` are laid back side by side to (B, T, d) and ``proj = Linear(d, d)`
 
 No loops over tokens or heads: every product is one ``np.matmul`` over the (B, h) batch,
 reading q, k, v as strided views of the qkv output and writing ``P v`` straight into the
-(B, T, h, d/h) layout the projection reads. Forward keeps the qkv output (with q pre-scaled)
-and ``P``; backward holds at most two (B, h, T, T) arrays (``P`` and ``dP``), overwrites
-them in place, and lets both go when it returns.
+(B, T, h, d/h) layout the projection reads. ``P = r * E`` is never normalised in place: with
+``E = exp(S - rowmax)`` and ``r = 1 / rowsum(E)``, the row scale ``r`` is applied to the
+(T, d/h) operands instead of the (T, T) ones, which saves a pass over (B, h, T, T) in each
+direction. Forward keeps the qkv output (with q pre-scaled), ``E`` and ``r``; backward holds
+at most two (B, h, T, T) arrays (``E`` and ``r dP``), overwrites them in place, and lets both
+go when it returns.
 """
 
 from __future__ import annotations
@@ -51,7 +54,8 @@ class CausalSelfAttention(Module):
                            init_std=proj_std)                                        # (d, d)
         self.scale = 1.0 / math.sqrt(self.d_model // self.num_heads)  # a Python float: no upcast
         self._qkv = None
-        self._p = None
+        self._e = None
+        self._r = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         check_last_dim(self, x, self.d_model, self.dtype)
@@ -62,42 +66,44 @@ class CausalSelfAttention(Module):
         qkv = self.qkv.forward(x)                                  # (B, T, 3d)
         q, k, v = _heads(qkv, h)                                   # (B, h, T, dh) views
         q *= self.scale                                            # in place, inside qkv
-        p = np.matmul(q, k.transpose(0, 1, 3, 2))                  # (B, h, T, T) scores
-        future = np.triu(np.ones((t, t), dtype=bool), k=1)         # (T, T) j > i
-        np.copyto(p, -np.inf, where=future)
-        p -= p.max(axis=-1, keepdims=True)                         # row max is 0: stable exp
-        np.exp(p, out=p)
-        total = p.sum(axis=-1, keepdims=True)                      # (B, h, T, 1)
-        np.divide(1.0, total, out=total)
-        p *= total                                                 # (B, h, T, T) softmax
+        e = np.matmul(q, k.transpose(0, 1, 3, 2))                  # (B, h, T, T) scores
+        np.copyto(e, -np.inf, where=np.triu(np.ones((t, t), dtype=bool), k=1))  # j > i: masked
+        e -= e.max(axis=-1, keepdims=True)                         # row max is 0: stable exp
+        np.exp(e, out=e)                                           # (B, h, T, T) E, P = r * E
+        r = e.sum(axis=-1, keepdims=True)                          # (B, h, T, 1)
+        np.divide(1.0, r, out=r)                                   # r = 1 / rowsum(E)
         y = np.empty((b, t, h, dh), dtype=x.dtype)                 # (B, T, h, dh)
-        np.matmul(p, v, out=y.transpose(0, 2, 1, 3))               # (B, h, T, dh) written in place
-        self._qkv, self._p = qkv, p
+        yh = y.transpose(0, 2, 1, 3)                               # (B, h, T, dh) view
+        np.matmul(e, v, out=yh)
+        yh *= r                                                    # P v, normalising (T, dh) not (T, T)
+        self._qkv, self._e, self._r = qkv, e, r
         return self.proj.forward(y.reshape(b, t, d))               # (B, T, d)
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
+        """With P = r * E: dv = E^T (r dy); A = (r dy) v^T = r dP; dS = E * (A - r rowsum(A * E))."""
         qkv = cached(self, self._qkv)                              # (B, T, 3d), q scaled
-        p = self._p                                                # (B, h, T, T)
+        e, r = self._e, self._r                                    # (B, h, T, T), (B, h, T, 1)
         b, t, three_d = qkv.shape
         check_dout(self, dout, (b, t, self.d_model))
         h, dh = self.num_heads, self.d_model // self.num_heads
-        self._qkv = self._p = None                                 # P is overwritten below
-        dy = self._backward_child(self.proj, dout)                 # (B, T, d)
+        self._qkv = self._e = self._r = None                       # dropped once backward is done
+        dy = self._backward_child(self.proj, dout)                 # (B, T, d), ours to scale
         dy = dy.reshape(b, t, h, dh).transpose(0, 2, 1, 3)         # (B, h, T, dh)
+        dy *= r                                                    # r dy
         q, k, v = _heads(qkv, h)                                   # (B, h, T, dh)
         dqkv = np.empty_like(qkv)                                  # (B, T, 3d)
         dq, dk, dv = _heads(dqkv, h)                               # (B, h, T, dh) views
-        np.matmul(p.transpose(0, 1, 3, 2), dy, out=dv)             # (B, h, T, dh)
-        dp = np.matmul(dy, v.transpose(0, 1, 3, 2))                # (B, h, T, T)
-        dp *= p                                                    # P * dP
-        rows = dp.sum(axis=-1, keepdims=True)                      # (B, h, T, 1)
-        p *= rows
-        dp -= p                                                    # dS = P * (dP - rowsum(P * dP))
-        del p
-        np.matmul(dp, k, out=dq)                                   # d(scaled q)
+        np.matmul(e.transpose(0, 1, 3, 2), dy, out=dv)             # P^T dy
+        a = np.matmul(dy, v.transpose(0, 1, 3, 2))                 # (B, h, T, T) r dP
+        c = np.einsum("bhij,bhij->bhi", a, e)[..., None]           # (B, h, T, 1) rowsum(r dP * E)
+        c *= r
+        a -= c
+        a *= e                                                     # dS = P * (dP - rowsum(dP * P))
+        del e
+        np.matmul(a, k, out=dq)                                    # d(scaled q)
         dq *= self.scale                                           # (B, h, T, dh)
-        np.matmul(dp.transpose(0, 1, 3, 2), q, out=dk)             # (B, h, T, dh)
-        del dp
+        np.matmul(a.transpose(0, 1, 3, 2), q, out=dk)              # (B, h, T, dh)
+        del a
         return self._backward_child(self.qkv, dqkv)                # (B, T, d)
 
     def extra_repr(self) -> str:
