@@ -7,6 +7,8 @@
     mpirun -n 2 python -m npddp.train --sync bucketed --bucket-mb 0.1 --metrics m.h5
     mpirun -n 2 python -m npddp.train --max-steps 100 --checkpoint run.h5   # stop early, resume later
     mpirun -n 2 python -m npddp.train --backend ring --timeout 60 --inject-fault 1:5   # must end, exit 1
+    mpirun -n 2 python -m npddp.train --model gpt --optimizer adamw --lr 1e-3 --epochs 2   # tiny GPT
+    mpirun -n 2 python -m npddp.train --model gpt --dataset text:README.md --context-length 128
     python -m npddp.train --help                   # every flag with its default
 
 The steps: config (argv, checked identically on every rank) -> data -> model -> DDP ->
@@ -36,14 +38,16 @@ from .ddp import DistributedDataParallel
 from .launch import abort_on_exception
 from .metrics import FORMAT as METRICS_FORMAT
 from .metrics import TOTALS, MetricsLog, StepRecorder, add_to_totals, epoch_row
-from .nn import CrossEntropyLoss, Dropout, Linear, ReLU, Sequential, cnn, mlp
+from .nn import CrossEntropyLoss, Dropout, Linear, ReLU, Sequential, cnn, gpt_preset, mlp
 from .optim import SGD, AdamW
 from .progress import Printer, epoch_line, format_bytes
 from .runinfo import environment
 
 _MESSAGE_BYTES = 2048   # longest error message shared between ranks
 _EVAL_BATCH = 1024      # validation rows per forward pass
-_SYNTHETIC_ROWS = {"synthetic": (32768, 1024), "synthetic-image": (8192, 1024)}  # default (train, val)
+_SYNTHETIC_ROWS = {"synthetic": (32768, 1024), "synthetic-image": (8192, 1024),
+                   "synthetic-tokens": (8192, 512)}  # default (train, val)
+_EVAL_ELEMENTS = 1 << 24  # GPT: validation sequences per forward pass hold at most this many logits
 
 
 def agree(comm, message: str | None) -> str | None:
@@ -91,12 +95,18 @@ def load_data(cfg: Config):
                   "n_val": cfg.val_samples or _SYNTHETIC_ROWS[name][1]}
     elif name == "digits" and cfg.model == "cnn":
         kwargs = {"as_images": True}
+    if cfg.model == "gpt":                                  # token data: windows of context_length + 1
+        kwargs["context_length"] = cfg.context_length
+        if name == "synthetic-tokens":
+            kwargs["vocab_size"] = cfg.vocab_size or 256
+        else:
+            kwargs = {"context_length": cfg.context_length, "vocab_size": cfg.vocab_size}
     try:
         ds = load_dataset(name, data_dir=cfg.data_dir, seed=0, dtype=np.dtype(cfg.dtype), **kwargs)
     except (OSError, ValueError, TypeError, KeyError, ImportError) as exc:
         text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         return None, f"--dataset {name}: {text}"
-    if ds.task != "classification":
+    if ds.task != ("language_model" if cfg.model == "gpt" else "classification"):
         return None, (f"--dataset {name} holds float targets; npddp.train trains classifiers, "
                       "so y must hold integer class labels")
     for what, count, have in (("train", cfg.train_samples, ds.n_train), ("val", cfg.val_samples, ds.n_val)):
@@ -111,6 +121,12 @@ def load_data(cfg: Config):
 def build_model(cfg: Config, ds, rank: int):
     """(model, its dropout layers, a one-line description); the same weights on every rank."""
     dtype = np.dtype(cfg.dtype)
+    if cfg.model == "gpt":
+        net = gpt_preset(cfg.model_size, ds.num_classes, cfg.context_length, dtype=dtype, seed=cfg.seed)
+        c = net.config
+        return net, [], (f"gpt {cfg.model_size} (d_model {c['d_model']}, {c['num_layers']} layers, "
+                         f"{c['num_heads']} heads, d_ff {c['d_ff']}), vocab {c['vocab_size']}, context "
+                         f"{cfg.context_length}, tied LM head")
     if cfg.model == "mlp":
         net = mlp(ds.in_features, cfg.hidden, ds.num_classes, dtype=dtype, seed=cfg.seed)
         text = "mlp " + "-".join(str(w) for w in (ds.in_features, *cfg.hidden, ds.num_classes))
@@ -190,6 +206,8 @@ class Trainer:
         self.log = MetricsLog() if comm.rank == 0 and cfg.metrics else None
         self.attrs = attrs                                  # rank 0: environment and run description
         self.totals = np.zeros(len(TOTALS))                 # running sums of the epoch in progress
+        self.eval_batch = (max(1, _EVAL_ELEMENTS // (cfg.context_length * ds.num_classes))
+                           if cfg.model == "gpt" else _EVAL_BATCH)
         self.epochs_done, self.batches_done, self.step = 0, 0, 0
         self.last_row: dict | None = None
         self.saved_at = -1
@@ -225,9 +243,10 @@ class Trainer:
         net, sums = self.model, np.zeros(3)
         idx = np.arange(self.comm.rank, len(self.X_val), self.comm.size)
         net.eval()
-        for xb, yb in iterate_batches(self.X_val, self.y_val, idx, _EVAL_BATCH):
-            logits = net.forward(xb)                                            # (b, classes)
-            sums += (self.loss_fn.forward(logits, yb) * len(yb), self.loss_fn.correct(logits, yb), len(yb))
+        for xb, yb in iterate_batches(self.X_val, self.y_val, idx, self.eval_batch):
+            logits = net.forward(xb)                                  # (b, classes) or (b, T, vocab)
+            sums += (self.loss_fn.forward(logits, yb) * len(yb), self.loss_fn.correct(logits, yb) / yb[0].size,
+                     len(yb))
         net.train()
         return self.ddp.reduce_metrics(sums)
 
@@ -270,7 +289,7 @@ class Trainer:
         val = self.evaluate()
         row = epoch_row(epoch + 1, self.step, self.totals, val, time.perf_counter() - t0)
         self.last_row = row
-        self.out.info(epoch_line(row, self.cfg.epochs))
+        self.out.info(epoch_line(row, self.cfg.epochs) + self.tokens_per_s(row))
         if self.log is not None:
             self.log.add_epoch(row)
         self.epochs_done, self.batches_done = epoch + 1, 0
@@ -278,6 +297,12 @@ class Trainer:
         if self.log is not None:
             self.log.write(self.cfg.metrics, {**self.attrs, "status": "running"})
         self.save()
+
+    def tokens_per_s(self, row: dict, sep: str = "  ") -> str:
+        """GPT: ``sep`` + ``N tokens/s`` (training throughput of the epoch); empty for other models."""
+        if self.cfg.model != "gpt":
+            return ""
+        return f"{sep}{row['samples_per_s'] * self.cfg.context_length:,.0f} tokens/s"
 
     def run(self) -> str:
         """All remaining epochs; 'complete' or 'stopped' (--max-steps)."""
@@ -333,9 +358,12 @@ def header(cfg: Config, comm, ds, model_text: str, model, ddp, trainer: Trainer,
              f"model: {model_text}; {model.num_parameters():,} parameters ({cfg.dtype}, {format_bytes(nbytes)})",
              f"sync: {cfg.sync}, {len(ddp.buckets)} bucket{'s' * (len(ddp.buckets) > 1)}, compression "
              f"{cfg.compression}" + (f", local SGD every {cfg.local_sgd} steps" if cfg.local_sgd else ""),
-             f"data: {ds.name}, {ds.n_train} train / {ds.n_val} val rows of shape {tuple(ds.input_shape)}, "
-             f"{ds.num_classes} classes; batch {cfg.batch_size} = {comm.size} x {per_rank}, "
-             f"{len(trainer.loader)} steps per epoch",
+             (f"data: {ds.name}, {ds.n_train} train / {ds.n_val} val sequences of {cfg.context_length} tokens, "
+              f"vocabulary {ds.num_classes}; batch {cfg.batch_size} = {comm.size} x {per_rank} sequences, "
+              if cfg.model == "gpt" else
+              f"data: {ds.name}, {ds.n_train} train / {ds.n_val} val rows of shape {tuple(ds.input_shape)}, "
+              f"{ds.num_classes} classes; batch {cfg.batch_size} = {comm.size} x {per_rank}, ")
+             + f"{len(trainer.loader)} steps per epoch",
              f"optimizer: {cfg.optimizer}, lr {cfg.lr}"
              + (f", momentum {cfg.momentum}" if cfg.optimizer == "sgd" else "")
              + f", weight decay {cfg.weight_decay}; {cfg.epochs} epochs, seed {cfg.seed}"]
@@ -417,6 +445,7 @@ def summary(cfg: Config, status: str, trainer: Trainer, trained: float, total: f
             f"/{cfg.epochs}, step {trainer.step}, {trained:.1f} s training, {total:.1f} s in all")
     if row is not None:
         text += f"; last val_acc {100 * row['val_acc']:.2f}%, val_loss {row['val_loss']:.4f}"
+        text += trainer.tokens_per_s(row, sep=", ")
     for name in ("checkpoint", "metrics"):
         if getattr(cfg, name):
             text += f"; {name} {getattr(cfg, name)}"

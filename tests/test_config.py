@@ -17,6 +17,9 @@ def test_no_flags_gives_the_dataclass_defaults_and_they_are_valid_on_1_to_8_rank
     assert (cfg.backend, cfg.model, cfg.sync, cfg.compression) == ("mpi", "mlp", "overlap", "none")
     assert cfg.dataset_name() == "synthetic"
     assert Config(model="cnn").dataset_name() == "synthetic-image"
+    assert Config(model="gpt").dataset_name() == "synthetic-tokens"
+    check_config(Config(model="gpt"), 2)
+    check_config(Config(model="gpt", dataset="text:README.md"), 2)
     for world in (1, 2, 3, 4, 6, 8):
         check_config(cfg, world)
 
@@ -37,6 +40,9 @@ FLAGS = [
     ("--channels", ["4"], "channels", [4]),
     ("--dropout", ["0.25"], "dropout", 0.25),
     ("--dtype", ["float64"], "dtype", "float64"),
+    ("--model-size", ["small"], "model_size", "small"),
+    ("--context-length", ["128"], "context_length", 128),
+    ("--vocab-size", ["512"], "vocab_size", 512),
     ("--dataset", ["data/x.npz"], "dataset", "data/x.npz"),
     ("--data-dir", ["/data"], "data_dir", "/data"),
     ("--train-samples", ["500"], "train_samples", 500),
@@ -108,7 +114,15 @@ BAD = [
     (["--sync", "async"], 1, "argument --sync: invalid choice: 'async'"),
     (["--optimizer", "lamb"], 1, "argument --optimizer: invalid choice: 'lamb'"),
     (["--dtype", "float16"], 1, "argument --dtype: invalid choice: 'float16'"),
-    (["--dataset", "cifar"], 1, "unknown --dataset 'cifar'; valid: synthetic, synthetic-image, digits, mnist, or a path ending in .npz, .h5, .hdf5"),
+    (["--dataset", "cifar"], 1, "unknown --dataset 'cifar'; valid: synthetic, synthetic-image, digits, mnist, "
+     "synthetic-tokens, tokens:PATH, text:PATH, or a path ending in .npz, .h5, .hdf5"),
+    (["--model", "gpt", "--dataset", "synthetic"], 1, "--model gpt needs token data: --dataset synthetic-tokens, "
+     "tokens:PATH or text:PATH, not 'synthetic'"),
+    (["--dataset", "text:a.txt"], 1, "--dataset text:a.txt holds token sequences, which only --model gpt takes"),
+    (["--model", "gpt", "--dropout", "0.1"], 1, "--dropout 0.1 applies to mlp and cnn"),
+    (["--model", "gpt", "--context-length", "0"], 1, "--context-length must be a positive integer, got 0"),
+    (["--model", "gpt", "--vocab-size", "-1"], 1, "--vocab-size must be an integer >= 0, got -1"),
+    (["--model", "gpt", "--model-size", "huge"], 1, "argument --model-size: invalid choice: 'huge'"),
     (["--dataset", "regression"], 1, "unknown --dataset 'regression'"),
     (["--dataset", "mnist"], 1, "--dataset mnist needs --data-dir DIR"),
     (["--checkpoint", "run.pt"], 1, "--checkpoint 'run.pt' must end in .h5 or .hdf5"),
