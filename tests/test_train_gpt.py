@@ -14,10 +14,10 @@ import numpy as np
 
 from npddp import checkpoint
 
-# 96 sequences of 16 tokens, a global batch of 8: 12 steps per epoch; AdamW in float64
-GPT = ["--model", "gpt", "--model-size", "tiny", "--context-length", "16", "--train-samples", "96",
-       "--val-samples", "16", "--batch-size", "8", "--epochs", "2", "--optimizer", "adamw", "--lr", "0.003",
-       "--dtype", "float64"]
+# sequences of 16 tokens, a global batch of 8; AdamW in float64
+GPT = ["--model", "gpt", "--model-size", "tiny", "--context-length", "16", "--batch-size", "8", "--epochs", "2",
+       "--optimizer", "adamw", "--lr", "0.003", "--dtype", "float64"]
+SYNTHETIC = ["--train-samples", "96", "--val-samples", "16"]      # 12 steps per epoch
 
 
 def train(cwd, *args, n=2, timeout=180) -> subprocess.CompletedProcess:
@@ -62,8 +62,8 @@ def test_gpt_on_text_prints_tokens_per_second_and_resumes_bit_identically(tmp_pa
 
 
 def test_gpt_on_one_rank_and_two_ranks_reach_the_same_parameters(tmp_path):
-    ok(train(tmp_path, *GPT, "--checkpoint", "one.h5", n=None))
-    two = ok(train(tmp_path, *GPT, "--checkpoint", "two.h5", "--sync", "overlap", "--bucket-mb", "0.01"))
+    ok(train(tmp_path, *GPT, *SYNTHETIC, "--checkpoint", "one.h5", n=None))
+    two = ok(train(tmp_path, *GPT, *SYNTHETIC, "--checkpoint", "two.h5", "--sync", "overlap", "--bucket-mb", "0.01"))
     assert "data: synthetic-tokens, 96 train / 16 val sequences" in two.stdout
     one, two = checkpoint.read(tmp_path / "one.h5"), checkpoint.read(tmp_path / "two.h5")
     for name in one.params:
