@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from npddp.nn import (GELU, PRESETS, Block, CausalSelfAttention, CrossEntropyLoss, Embedding, LayerNorm,
-                      Linear, gpt, gpt_num_parameters, gpt_preset)
+                      Linear, gpt, gpt_num_parameters, gpt_preset, summary)
 from npddp.nn.gradcheck import check_loss, check_module, numerical_grad, rel_error
 
 TOL = 1e-6
@@ -161,6 +161,10 @@ def test_tied_head_shares_one_parameter_and_sums_both_gradients():
     assert "head.weight" not in names and names.count("tok_emb.weight") == 1
     assert len(tied.parameters()) == len(untied.parameters()) - 1
     assert tied.num_parameters() == untied.num_parameters() - 11 * 8
+    table = summary(tied).splitlines()
+    head = next(line for line in table if line.startswith("head "))
+    assert "(11, 8) shared with tok_emb" in head and head.split()[-1] == "0"
+    assert sum(int(line.split()[-1]) for line in table[2:-1]) == tied.num_parameters()
     # same weights in both (head of the untied one set to the embedding): the tied gradient is the sum
     untied.head.weight.data[...] = untied.tok_emb.weight.data
     for name, p in tied.named_parameters():
