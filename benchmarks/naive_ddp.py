@@ -250,6 +250,8 @@ def measure(size: str, cfg: Config, comm, harness) -> dict:
                 record[i - cfg.num_warmup] = (total, s.comm_issue_s + s.comm_exposed_s, s.comm_calls)
         records[sync] = record
         del ddp, opt
+        if rank == 0:
+            print(f"#   {size} {sync}: median step {np.median(record[:, 0]) * 1e3:.0f} ms on rank 0", flush=True)
     return records
 
 
