@@ -19,7 +19,7 @@ import os
 import typing
 from dataclasses import dataclass, field
 
-from .comm import BACKENDS, DEFAULT_TIMEOUT, TIMEOUT_BACKENDS
+from .comm import BACKENDS, DEFAULT_TIMEOUT
 from .data.arrays import ARRAY_SUFFIXES
 from .data.datasets import TOKEN_PREFIXES
 from .ddp import COMPRESSIONS, SYNCS
@@ -68,9 +68,8 @@ class Config:
     local_sgd: int = _opt(0, "average parameters every K steps instead of gradients every step "
                           "(0: plain data parallelism)", metavar="K", resume="match")
     timeout: typing.Optional[float] = _opt(
-        None, "ring and naive backends: seconds a collective may wait for the other ranks before "
-        "raising TimeoutError, which ends the job (inf: wait forever; MPI's own collectives, "
-        "backend mpi, cannot time out)", metavar="SECONDS",
+        None, "seconds a collective may wait for the other ranks before raising TimeoutError, which "
+        "ends the job (inf: wait forever)", metavar="SECONDS",
         shown=f"$NPDDP_TIMEOUT, else {DEFAULT_TIMEOUT:g}")
     # --- model
     model: str = _opt("mlp", "network: mlp (Linear+ReLU layers), cnn (3x3 conv, ReLU, 2x2 max-pool "
@@ -318,9 +317,6 @@ def check_config(cfg: Config, world_size: int) -> None:
         raise ConfigError(f"--batch-size {cfg.batch_size} does not split evenly over {world_size} "
                           f"ranks: use a multiple of {world_size}, e.g. {lower} or {lower + world_size}")
     if cfg.timeout is not None:
-        if cfg.backend not in TIMEOUT_BACKENDS:
-            raise ConfigError(f"--timeout applies to --backend {' or '.join(TIMEOUT_BACKENDS)}; MPI's own "
-                              f"collectives (--backend {cfg.backend}) cannot time out")
         if not cfg.timeout > 0:
             raise ConfigError(f"--timeout must be a number of seconds > 0 (inf: wait forever), got {cfg.timeout}")
     if cfg.inject_fault is not None:

@@ -1,84 +1,185 @@
-"""Fixtures shared by the whole suite: the MPI world, and checks that keep all ranks in step.
+"""Fixtures shared by the whole suite: the group of ranks a test runs on, and checks that keep them in step.
 
-MPI tests make every collective call on all ranks before asserting. These checks gather what
-each rank saw with mpi4py's own buffer collectives, so a failure seen on one rank fails every
-rank at the same point instead of leaving the others waiting in the next collective.
-mpi4py is imported only when a fixture is used, so serial tests need no MPI.
+A distributed test (marked ``mpi``) runs on every rank of a group: under ``mpirun`` that is
+mpi4py's ``COMM_WORLD``; under ``python -m npddp.run`` (the TCP transport, no MPI) it is the
+TCP world built from the launcher's environment. :class:`Group` offers both the same few
+calls the checks need. Tests make every collective call on all ranks before asserting; the
+checks then gather what each rank saw through the group's own exchange (mpi4py's buffer
+collectives, or plain messages of the transport, never the algorithms under test), so a
+failure seen on one rank fails every rank at the same point instead of leaving the others waiting.
+
+Under ``npddp.run`` the suite runs with ``-p no:pytest_mpi``: distributed tests whose
+``min_size`` the world meets run, tests marked ``needs_mpi`` (they call mpi4py themselves) and
+serial tests are deselected (the serial and ``mpirun`` runs cover them).
 """
 
 from __future__ import annotations
 
+import os
+import time
+import weakref
+
 import numpy as np
 import pytest
 
+from npddp.comm import BACKENDS
+from npddp.comm.transport import is_transport, resolve_transport
 
-def _world(mpi_comm):
-    """``mpi_comm``, or COMM_WORLD when None."""
-    if mpi_comm is None:
-        from mpi4py import MPI
-        mpi_comm = MPI.COMM_WORLD
-    return mpi_comm
+#: True when this test process is one rank of a ``python -m npddp.run`` job (TCP transport).
+TCP_MODE = resolve_transport("auto") == "tcp"
+#: Backends of this run: MPI's own collectives need the mpi transport.
+RUN_BACKENDS = tuple(b for b in BACKENDS if not (TCP_MODE and b == "mpi"))
+_CHECK_TAG = 1
+_CHECK_TIMEOUT_S = 120.0
 
 
-def check_all_ranks(ok: bool, message: str = "", mpi_comm=None) -> None:
+def pytest_configure(config):
+    config.addinivalue_line("markers", "needs_mpi: calls mpi4py itself, so it runs under mpirun only")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under npddp.run keep only the distributed tests this world can run."""
+    if not TCP_MODE:
+        return
+    size = int(os.environ["WORLD_SIZE"])
+    keep, drop = [], []
+    for item in items:
+        mark = item.get_closest_marker("mpi")
+        runs = (mark is not None and item.get_closest_marker("needs_mpi") is None
+                and size >= mark.kwargs.get("min_size", 1))
+        (keep if runs else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+class Group:
+    """The ranks of a test, over mpi4py or the TCP transport: rank, size, allgather, barrier, fresh."""
+
+    def __init__(self, raw):
+        self.raw = raw
+        self.tcp = is_transport(raw) and raw.name == "tcp"
+        if self.tcp:
+            self.rank, self.size = raw.rank, raw.size
+            self._checker = raw.world.transport(raw.ranks)  # a message context of the checks' own
+        else:
+            self.rank, self.size = raw.Get_rank(), raw.Get_size()
+
+    def allgather(self, local: np.ndarray) -> np.ndarray:
+        """Every rank's ``local`` (same dtype and shape everywhere), stacked: ``(size, *local.shape)``."""
+        local = np.ascontiguousarray(local)
+        out = np.empty((self.size, *local.shape), dtype=local.dtype)
+        if not self.tcp:
+            self.raw.Allgather(local, out)
+            return out
+        out[self.rank] = local
+        t = self._checker
+        others = [r for r in range(self.size) if r != self.rank]
+        requests = [t.irecv(out[r], r, _CHECK_TAG) for r in others] + [t.isend(local, r, _CHECK_TAG) for r in others]
+        deadline = time.monotonic() + _CHECK_TIMEOUT_S
+        while not all([r.test() for r in requests]):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"test check: rank {self.rank} waited {_CHECK_TIMEOUT_S:g} s for its peers")
+            os.sched_yield()
+        return out
+
+    def barrier(self) -> None:
+        """Return once every rank has arrived."""
+        if self.tcp:
+            self.allgather(np.zeros(1, dtype=np.uint8))
+        else:
+            self.raw.Barrier()
+
+    def fresh(self):
+        """A new group over the same ranks whose messages cannot meet this one's (MPI: a Dup, never freed)."""
+        return self.raw.world.transport(self.raw.ranks) if self.tcp else self.raw.Dup()
+
+
+_GROUPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def world_raw():
+    """The world of this run: mpi4py's COMM_WORLD, or the TCP world under npddp.run."""
+    if TCP_MODE:
+        from npddp.comm.tcp import world_from_env
+        return world_from_env(300.0)
+    from mpi4py import MPI
+    return MPI.COMM_WORLD
+
+
+def as_group(raw=None) -> Group:
+    """The :class:`Group` of ``raw`` (an mpi4py communicator or a transport; None: the world)."""
+    if isinstance(raw, Group):
+        return raw
+    raw = world_raw() if raw is None else raw
+    if is_transport(raw):
+        group = _GROUPS.get(raw)
+        if group is None:
+            group = _GROUPS[raw] = Group(raw)
+        return group
+    return Group(raw)
+
+
+def check_all_ranks(ok: bool, message: str = "", group=None) -> None:
     """Fail on every rank unless ``ok`` holds on every rank; the error names the failing ranks."""
-    comm = _world(mpi_comm)
-    flags = np.empty(comm.Get_size(), dtype=np.int32)  # (size,)
-    comm.Allgather(np.array([1 if ok else 0], dtype=np.int32), flags)
+    g = as_group(group)
+    flags = g.allgather(np.array([1 if ok else 0], dtype=np.int32))[:, 0]  # (size,)
     bad = np.flatnonzero(flags == 0).tolist()
-    assert not bad, f"failed on ranks {bad}" + (f"; on rank {comm.Get_rank()}: {message}" if not ok else "")
+    assert not bad, f"failed on ranks {bad}" + (f"; on rank {g.rank}: {message}" if not ok else "")
 
 
-def check_ranks_agree(array: np.ndarray, mpi_comm=None) -> np.ndarray:
+def check_ranks_agree(array: np.ndarray, group=None) -> np.ndarray:
     """All-gather ``array`` and fail on every rank unless all copies have the same dtype, shape and bits.
 
     Returns the gathered bytes, shape ``(size, array.nbytes)``.
     """
-    comm = _world(mpi_comm)
-    size = comm.Get_size()
+    g = as_group(group)
     meta = np.frombuffer(f"{array.dtype.str}{array.shape}".encode()[:64].ljust(64), dtype=np.uint8)
-    metas = np.empty((size, 64), dtype=np.uint8)  # (size, 64)
-    comm.Allgather(meta, metas)
-    differ = [r for r in range(size) if not np.array_equal(metas[r], metas[0])]
+    metas = g.allgather(meta)  # (size, 64)
+    differ = [r for r in range(g.size) if not np.array_equal(metas[r], metas[0])]
     assert not differ, f"ranks {differ} hold a different dtype/shape than rank 0: " + \
-        ", ".join(bytes(metas[r]).decode().strip() for r in range(size))
+        ", ".join(bytes(metas[r]).decode().strip() for r in range(g.size))
     local = np.ascontiguousarray(array).reshape(-1).view(np.uint8)  # (nbytes,)
-    gathered = np.empty((size, local.size), dtype=np.uint8)  # (size, nbytes)
-    comm.Allgather(local, gathered)
-    differ = [r for r in range(size) if not np.array_equal(gathered[r], gathered[0])]
+    gathered = g.allgather(local)  # (size, nbytes)
+    differ = [r for r in range(g.size) if not np.array_equal(gathered[r], gathered[0])]
     assert not differ, f"ranks {differ} hold different bits than rank 0 ({array.dtype}, shape {array.shape})"
     return gathered
 
 
 @pytest.fixture
 def comm_world():
-    """mpi4py's ``MPI.COMM_WORLD``."""
+    """mpi4py's ``MPI.COMM_WORLD`` (tests using it are marked needs_mpi)."""
     from mpi4py import MPI
     return MPI.COMM_WORLD
 
 
 @pytest.fixture
+def world():
+    """The :class:`Group` of every rank of this run, over MPI or TCP."""
+    return as_group()
+
+
+@pytest.fixture
 def assert_all_ranks():
-    """``assert_all_ranks(ok, message="", mpi_comm=None)``: fail everywhere unless ``ok`` on every rank."""
+    """``assert_all_ranks(ok, message="", group=None)``: fail everywhere unless ``ok`` on every rank."""
     return check_all_ranks
 
 
 @pytest.fixture
 def assert_ranks_agree():
-    """``assert_ranks_agree(array, mpi_comm=None)``: fail everywhere unless every rank holds the same bits."""
+    """``assert_ranks_agree(array, group=None)``: fail everywhere unless every rank holds the same bits."""
     return check_ranks_agree
 
 
 @pytest.fixture
 def agreed_tmpdir():
-    """A fresh directory made by rank 0 of COMM_WORLD, its path broadcast to every rank as bytes."""
+    """A fresh directory made by rank 0 of the world, its path shared with every rank as bytes."""
     import tempfile
     from pathlib import Path
 
-    comm = _world(None)
+    g = as_group()
     buf = np.zeros(4096, dtype=np.uint8)
-    if comm.Get_rank() == 0:
+    if g.rank == 0:
         raw = tempfile.mkdtemp(prefix="npddp-test-").encode()
         buf[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
-    comm.Bcast(buf, root=0)
-    return Path(bytes(buf).rstrip(b"\0").decode())
+    return Path(bytes(g.allgather(buf)[0]).rstrip(b"\0").decode())

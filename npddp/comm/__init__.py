@@ -1,15 +1,18 @@
 """Communicators: the protocol, and backends chosen by name with :func:`create`.
 
+A backend is either ``mpi`` (MPI's own collectives) or a hand-written algorithm over a
+transport's point-to-point messages (``ring``, ``naive``, ``rd``, ``rabenseifner``, ``tree``,
+or ``auto``, which picks one per call). The transport is ``mpi`` (mpi4py's Isend/Irecv) or
+``tcp`` (plain sockets, set up from torchrun's environment variables by ``python -m npddp.run``);
+``auto`` takes tcp when RANK and WORLD_SIZE are set outside an MPI launcher, mpi otherwise.
+
 Two environment variables reach every communicator ``create`` builds (and so the training CLI):
 
 * ``NPDDP_DEBUG=1`` wraps it in :class:`~npddp.comm.debug.DebugCommunicator`, which checks before
   every collective that all ranks make the same call and raises :class:`CollectiveMismatchError`
   (on every rank) when they do not.
-* ``NPDDP_TIMEOUT=SECONDS`` sets the timeout of the ``ring`` and ``naive`` backends when
-  ``create`` is given none (default ``DEFAULT_TIMEOUT``, 300 s). The ``mpi`` backend runs inside
-  MPI's own collectives, which cannot be interrupted: it has no timeout, so the variable is ignored
-  there and an explicit ``timeout=`` is an error. Bound such a job with the launcher's own limit
-  instead (MPICH: ``MPIEXEC_TIMEOUT=SECONDS``; Open MPI: ``mpirun --timeout SECONDS``).
+* ``NPDDP_TIMEOUT=SECONDS`` sets the timeout of every backend when ``create`` is given none
+  (default ``DEFAULT_TIMEOUT``, 300 s): no wait lasts longer.
 """
 
 from __future__ import annotations
@@ -19,13 +22,12 @@ import os
 from ._common import DEFAULT_TIMEOUT, DTYPES, OPS, check_timeout
 from .base import Communicator, Work
 from .debug import CollectiveMismatchError
+from .registry import ALGORITHMS, BACKENDS
+from .transport import TRANSPORTS, Transport, is_transport, resolve_transport
 
-BACKENDS = ("mpi", "ring", "naive")
-#: Backends whose waits time out.
-TIMEOUT_BACKENDS = ("ring", "naive")
-
-__all__ = ["BACKENDS", "DEFAULT_TIMEOUT", "DTYPES", "OPS", "TIMEOUT_BACKENDS", "CollectiveMismatchError",
-           "Communicator", "Work", "create", "debug_from_env", "timeout_from_env"]
+__all__ = ["ALGORITHMS", "BACKENDS", "DEFAULT_TIMEOUT", "DTYPES", "OPS", "TRANSPORTS",
+           "CollectiveMismatchError", "Communicator", "Transport", "Work", "create", "debug_from_env",
+           "timeout_from_env"]
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
@@ -51,38 +53,52 @@ def timeout_from_env(environ=None) -> float:
     return check_timeout(value, "NPDDP_TIMEOUT")
 
 
-def create(name: str, mpi_comm=None, debug: bool = False, timeout: float | None = None) -> Communicator:
-    """Build the backend called ``name`` over ``mpi_comm`` (default ``MPI.COMM_WORLD``).
+def create(name: str, group=None, debug: bool = False, timeout: float | None = None, *,
+           transport: str = "auto", tuning=None) -> Communicator:
+    """Build the backend called ``name`` over ``group`` (default: every rank of the chosen transport).
 
+    ``group`` is an mpi4py communicator (transport mpi), a :class:`Transport`, or None.
+    ``transport``: ``mpi``, ``tcp`` or ``auto`` (see the module docstring).
     ``debug=True`` (or ``NPDDP_DEBUG=1``) checks every collective's arguments across ranks first.
-    ``timeout`` (ring and naive only): seconds a blocking call may wait for its peers before
-    TimeoutError; None takes ``NPDDP_TIMEOUT``, else ``DEFAULT_TIMEOUT``.
+    ``timeout``: seconds a blocking call may wait for its peers before TimeoutError; None takes
+    ``NPDDP_TIMEOUT``, else ``DEFAULT_TIMEOUT``. ``tuning`` (``auto`` only): a tuning table path.
     """
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; valid backends: {', '.join(BACKENDS)}")
     if not isinstance(debug, bool):
         raise TypeError(f"debug must be a bool, got {type(debug).__name__}")
-    if timeout is not None:
-        if name not in TIMEOUT_BACKENDS:
-            raise ValueError(f"timeout={timeout} is not supported by backend {name!r}: MPI's own collectives "
-                             f"cannot be interrupted; backends with a timeout: {', '.join(TIMEOUT_BACKENDS)}")
-        timeout = check_timeout(timeout)
-    elif name in TIMEOUT_BACKENDS:
-        timeout = timeout_from_env()
+    if tuning is not None and name != "auto":
+        raise ValueError(f"tuning={tuning!r} applies to backend 'auto' only, not {name!r}")
+    timeout = timeout_from_env() if timeout is None else check_timeout(timeout)
     debug = debug or debug_from_env()
-    if mpi_comm is None:
-        from mpi4py import MPI
-        mpi_comm = MPI.COMM_WORLD
+    kind = _transport_of(group, transport)
     if name == "mpi":
+        if kind != "mpi":
+            raise ValueError("backend 'mpi' runs MPI's own collectives, so it needs transport 'mpi', not "
+                             f"{kind!r}; over tcp use a hand-written backend: {', '.join(BACKENDS[1:])}")
         from .mpi import MPICommunicator
-        comm = MPICommunicator(mpi_comm)
-    elif name == "ring":
-        from .ring import RingCommunicator
-        comm = RingCommunicator(mpi_comm, timeout)
+        comm = MPICommunicator(group.comm if is_transport(group) else group, timeout)
     else:
-        from .naive import NaiveCommunicator
-        comm = NaiveCommunicator(mpi_comm, timeout)
+        if kind == "mpi" and not is_transport(group):
+            from .mpi_transport import MPITransport
+            group = MPITransport(group)
+        elif group is None:
+            from .tcp import world_from_env
+            group = world_from_env(timeout)
+        from .registry import build
+        comm = build(name, group, timeout, tuning)
     if debug:
         from .debug import DebugCommunicator
         comm = DebugCommunicator(comm)
     return comm
+
+
+def _transport_of(group, transport: str) -> str:
+    """``mpi`` or ``tcp``: what ``group`` is, else what ``transport`` resolves to; ValueError on a clash."""
+    kind = resolve_transport(transport)
+    if group is None:
+        return kind
+    given = group.name if is_transport(group) else "mpi"
+    if transport != "auto" and given != kind:
+        raise ValueError(f"transport={transport!r} does not match the group passed, which is a {given} group")
+    return given

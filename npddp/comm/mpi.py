@@ -1,6 +1,17 @@
-"""Backend that calls the MPI library's own collectives through mpi4py's buffer methods."""
+"""Backend that calls the MPI library's own collectives through mpi4py's buffer methods.
+
+With a finite timeout (the default), each collective is MPI's non-blocking variant
+(``Iallreduce``, ``Ibcast``, ...) polled against the call's deadline, so a peer that never
+arrives raises TimeoutError here as it does in the hand-written backends; the communicator is
+unusable afterwards (the pending MPI request cannot be cancelled). With ``timeout=inf`` every
+call is the blocking one (``Allreduce``, ``Bcast``, ...), which waits forever.
+"""
 
 from __future__ import annotations
+
+import math
+import os
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -8,28 +19,30 @@ from mpi4py import MPI
 from . import _common as c
 
 _MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
+_CLOCK_EVERY = 64
 
 
 class MPIWork:
-    """Work handle over an MPI request."""
+    """Work handle over an MPI request, waited on against the communicator's deadline."""
 
-    __slots__ = ("_request", "_result", "_done")
+    __slots__ = ("_owner", "_request", "_result", "_what", "_done")
 
-    def __init__(self, request, result: np.ndarray):
-        self._request = request
-        self._result = result
+    def __init__(self, owner, request, result: np.ndarray, what: str):
+        self._owner, self._request, self._result, self._what = owner, request, result, what
         self._done = False
 
     def test(self) -> bool:
         """True once the MPI request has completed."""
         if not self._done:
+            self._owner._check_usable()
             self._done = self._request.Test()
         return self._done
 
     def wait(self) -> np.ndarray:
-        """Wait for the MPI request; return the reduced buffer."""
+        """Wait for the MPI request (at most the timeout); return the reduced buffer."""
         if not self._done:
-            self._request.Wait()
+            self._owner._check_usable()
+            self._owner._wait(self._request, self._what)
             self._done = True
         return self._result
 
@@ -39,63 +52,120 @@ class MPICommunicator(c.RankedComm):
 
     name = "mpi"
 
-    def __init__(self, mpi_comm=None):
+    def __init__(self, mpi_comm=None, timeout: float = c.DEFAULT_TIMEOUT):
         super().__init__(MPI.COMM_WORLD if mpi_comm is None else mpi_comm)
+        self.timeout = timeout
+        self._calls = 0
+        self._failure: str | None = None
+
+    @property
+    def timeout(self) -> float:
+        """Seconds a call may wait for its peers before TimeoutError (inf: blocking MPI calls)."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, value) -> None:
+        self._timeout = c.check_timeout(value)
+        self._blocking = math.isinf(self._timeout)
+
+    def _check_usable(self) -> None:
+        if self._failure is not None:
+            raise RuntimeError(f"this mpi communicator is unusable after an earlier failure: {self._failure}")
+
+    def _run(self, what: str, blocking, nonblocking, waiting: str = "for its peers") -> None:
+        """Run one call: ``blocking()`` without a deadline, else ``nonblocking()``'s request polled against it."""
+        self._check_usable()
+        self._calls += 1
+        if self._blocking:
+            blocking()
+        else:
+            self._wait(nonblocking(), what, waiting)
+
+    def _wait(self, request, what: str, waiting: str = "for its peers") -> None:
+        """Poll ``request`` (yielding between polls) until done; TimeoutError past the deadline."""
+        polls, expires = 0, 0.0
+        while not request.Test():
+            os.sched_yield()
+            polls += 1
+            if not polls % _CLOCK_EVERY:
+                now = time.monotonic()
+                if not expires:
+                    expires = now + self._timeout
+                elif now > expires:
+                    number = "" if what.endswith(")") else f" (collective #{self._calls})"
+                    self._failure = (f"[rank {self._rank}] mpi {what}{number} timed out after "
+                                     f"{self._timeout:g} s waiting {waiting}: a peer crashed, hangs, or called a different collective "
+                                     "(NPDDP_DEBUG=1 checks that); this communicator is now unusable")
+                    raise TimeoutError(self._failure)
 
     def barrier(self) -> None:
         """MPI_Barrier."""
-        self.comm.Barrier()
+        comm = self.comm
+        self._run("barrier", comm.Barrier, comm.Ibarrier)
 
     def broadcast(self, buf, root=0):
         """MPI_Bcast in place."""
         c.check_buffer(buf)
         root = c.check_rank(root, self._size)
+        self._check_usable()
         if buf.size:
-            self.comm.Bcast(buf, root=root)
+            comm = self.comm
+            self._run("broadcast", lambda: comm.Bcast(buf, root=root), lambda: comm.Ibcast(buf, root=root))
         return buf
 
     def allreduce(self, buf, op="sum", out=None):
-        """MPI_Allreduce, with MPI_IN_PLACE when ``out`` is None."""
+        """MPI_Allreduce, with MPI_IN_PLACE when ``out`` is None (or ``buf`` itself)."""
         c.check_op(op)
-        if out is None:
+        mpi_op, comm = _MPI_OPS[op], self.comm
+        if out is None or out is buf:
             c.check_buffer(buf)
+            self._check_usable()
             if buf.size and self._size > 1:
-                self.comm.Allreduce(MPI.IN_PLACE, buf, op=_MPI_OPS[op])
+                self._run("allreduce", lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=mpi_op),
+                          lambda: comm.Iallreduce(MPI.IN_PLACE, buf, op=mpi_op))
             return buf
         c.check_buffer(buf, writable=False)
         c.check_out(buf, out)
+        self._check_usable()
         if self._size == 1 or buf.size == 0:
             np.copyto(out, buf)
         else:
-            self.comm.Allreduce(buf, out, op=_MPI_OPS[op])
+            self._run("allreduce", lambda: comm.Allreduce(buf, out, op=mpi_op),
+                      lambda: comm.Iallreduce(buf, out, op=mpi_op))
         return out
 
     def iallreduce(self, buf, op="sum"):
         """MPI_Iallreduce in place."""
         c.check_op(op)
         c.check_buffer(buf)
-        return MPIWork(self.comm.Iallreduce(MPI.IN_PLACE, buf, op=_MPI_OPS[op]), buf)
+        self._check_usable()
+        self._calls += 1
+        return MPIWork(self, self.comm.Iallreduce(MPI.IN_PLACE, buf, op=_MPI_OPS[op]), buf, "iallreduce")
 
     def reduce_scatter(self, buf, op="sum"):
         """MPI_Reduce_scatter with ``np.array_split`` block counts."""
         c.check_op(op)
         c.check_buffer(buf, writable=False)
         flat = buf.reshape(-1)
-        bounds = c.block_bounds(flat.size, self._size)
-        counts = np.diff(bounds)
-        out = np.empty(int(counts[self._rank]), dtype=buf.dtype)
+        counts = np.diff(c.block_bounds(flat.size, self._size)).tolist()
+        out = np.empty(counts[self._rank], dtype=buf.dtype)
+        self._check_usable()
         if self._size == 1:
             np.copyto(out, flat)
         elif flat.size:
-            self.comm.Reduce_scatter(flat, out, recvcounts=counts.tolist(), op=_MPI_OPS[op])
+            comm, mpi_op = self.comm, _MPI_OPS[op]
+            self._run("reduce_scatter", lambda: comm.Reduce_scatter(flat, out, recvcounts=counts, op=mpi_op),
+                      lambda: comm.Ireduce_scatter(flat, out, recvcounts=counts, op=mpi_op))
         return out
 
     def allgather(self, buf):
         """MPI_Allgather into a ``(size, *shape)`` array."""
         c.check_buffer(buf, writable=False)
         out = np.empty((self._size, *buf.shape), dtype=buf.dtype)
+        self._check_usable()
         if buf.size:
-            self.comm.Allgather(buf, out)
+            comm = self.comm
+            self._run("allgather", lambda: comm.Allgather(buf, out), lambda: comm.Iallgather(buf, out))
         return out
 
     def gather(self, buf, root=0):
@@ -103,8 +173,10 @@ class MPICommunicator(c.RankedComm):
         c.check_buffer(buf, writable=False)
         root = c.check_rank(root, self._size)
         out = np.empty((self._size, *buf.shape), dtype=buf.dtype) if self._rank == root else None
+        self._check_usable()
         if buf.size:
-            self.comm.Gather(buf, out, root=root)
+            comm = self.comm
+            self._run("gather", lambda: comm.Gather(buf, out, root=root), lambda: comm.Igather(buf, out, root=root))
         return out
 
     def scatter(self, buf, root=0):
@@ -112,17 +184,24 @@ class MPICommunicator(c.RankedComm):
         c.check_stacked(buf, self._size)
         root = c.check_rank(root, self._size)
         out = np.empty(buf.shape[1:], dtype=buf.dtype)
+        self._check_usable()
         if out.size:
-            self.comm.Scatter(buf if self._rank == root else None, out, root=root)
+            comm, send = self.comm, buf if self._rank == root else None
+            self._run("scatter", lambda: comm.Scatter(send, out, root=root),
+                      lambda: comm.Iscatter(send, out, root=root))
         return out
 
     def send(self, buf, dest, tag=0):
-        """MPI_Send."""
+        """MPI_Send (MPI_Isend polled against the deadline)."""
         c.check_buffer(buf, writable=False)
-        self.comm.Send(buf, dest=c.check_rank(dest, self._size, "dest"), tag=c.check_tag(tag))
+        dest, tag, comm = c.check_rank(dest, self._size, "dest"), c.check_tag(tag), self.comm
+        self._run(f"send (tag {tag})", lambda: comm.Send(buf, dest=dest, tag=tag),
+                  lambda: comm.Isend(buf, dest=dest, tag=tag), f"to send to rank {dest}")
 
     def recv(self, buf, source, tag=0):
-        """MPI_Recv into ``buf``."""
+        """MPI_Recv into ``buf`` (MPI_Irecv polled against the deadline)."""
         c.check_buffer(buf)
-        self.comm.Recv(buf, source=c.check_rank(source, self._size, "source"), tag=c.check_tag(tag))
+        source, tag, comm = c.check_rank(source, self._size, "source"), c.check_tag(tag), self.comm
+        self._run(f"recv (tag {tag})", lambda: comm.Recv(buf, source=source, tag=tag),
+                  lambda: comm.Irecv(buf, source=source, tag=tag), f"to receive from rank {source}")
         return buf

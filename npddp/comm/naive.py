@@ -1,8 +1,9 @@
-"""Baseline backend: every collective goes through rank 0 over MPI point-to-point calls.
+"""Baseline backend: every collective goes through rank 0, over point-to-point messages.
 
 All-reduce gathers every buffer to rank 0, reduces there in rank order ((x0 op x1) op x2) ...,
 and sends the result to every rank: O(N) messages of the full buffer through one rank, the
-traffic pattern the ring backend exists to beat.
+traffic pattern the other algorithms exist to beat. Barrier, broadcast, reduce-scatter and
+all-gather go through rank 0 the same way.
 """
 
 from __future__ import annotations
@@ -12,19 +13,34 @@ from functools import partial
 import numpy as np
 
 from . import _common as c
-from .p2p import P2PCommunicator, RoundWork
+from .engine import RoundWork
+from .p2p import P2PCommunicator
 
 ROOT = 0
 
 
+class Naive:
+    """Gather to rank 0, reduce there in rank order, send the result to every rank."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def start(self, call, src, dst, ufunc, result):
+        """Rounds: rank 0 receives and reduces each rank's buffer in rank order, then sends the result to all."""
+        comm = self.comm
+        if comm.rank != ROOT:
+            rounds = [([(src, ROOT)], (), None), ((), [(dst, ROOT)], None)]
+            return RoundWork(call, rounds, result)
+        raw = comm.scratch.acquire(src.nbytes)
+        got = np.frombuffer(raw, dtype=src.dtype, count=src.size)  # (n,)
+        rounds = [((), [(got, source)], partial(ufunc, src if source == 1 else dst, got, out=dst))
+                  for source in range(1, comm.size)]
+        rounds.append(([(dst, dest) for dest in range(1, comm.size)], (), None))
+        return RoundWork(call, rounds, result, partial(comm.scratch.release, raw))
+
+
 class NaiveCommunicator(P2PCommunicator):
-    """Root-based collectives over point-to-point calls: gather to rank 0, compute there, send back."""
-
-    name = "naive"
-
-    def __init__(self, mpi_comm=None, timeout: float = c.DEFAULT_TIMEOUT):
-        super().__init__(mpi_comm, timeout)
-        self._empty = np.empty(0, dtype=np.uint8)
+    """Root-based collectives over point-to-point messages: gather to rank 0, compute there, send back."""
 
     def barrier(self) -> None:
         """Every rank signals rank 0; rank 0 answers each once it has heard from all."""
@@ -48,18 +64,6 @@ class NaiveCommunicator(P2PCommunicator):
             else:
                 self._transfer(call, recvs=[(buf, root)])
         return buf
-
-    def _allreduce_work(self, call, src, dst, ufunc, result):
-        """Rounds: rank 0 receives and reduces each rank's buffer in rank order, then sends the result to all."""
-        if self._rank != ROOT:
-            rounds = [([(src, ROOT)], (), None), ((), [(dst, ROOT)], None)]
-            return RoundWork(call, rounds, result)
-        raw = self.scratch.acquire(src.nbytes)
-        got = np.frombuffer(raw, dtype=src.dtype, count=src.size)  # (n,)
-        rounds = [((), [(got, source)], partial(ufunc, src if source == 1 else dst, got, out=dst))
-                  for source in range(1, self._size)]
-        rounds.append(([(dst, dest) for dest in range(1, self._size)], (), None))
-        return RoundWork(call, rounds, result, partial(self.scratch.release, raw))
 
     def reduce_scatter(self, buf, op="sum"):
         """Rank 0 receives and reduces every buffer in rank order, then sends each rank its block."""

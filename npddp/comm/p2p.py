@@ -1,200 +1,63 @@
-"""Point-to-point plumbing shared by the hand-written backends (``ring``, ``naive``).
+"""The communicator of every hand-written backend: one all-reduce algorithm, over any Transport.
 
-* :class:`~npddp.comm.scratch.ScratchPool` lends reusable receive buffers, so steady-state
-  collectives allocate nothing.
-* :class:`~npddp.comm.calls.TagSequence` gives each collective its own tag, identical on all
-  ranks, above the user tags; :class:`~npddp.comm.calls.Call` is one collective in progress:
-  its name, number and tag, and the deadline of its waits.
-* :class:`P2PWork` is the Work handle of a collective driven by point-to-point requests; its
-  subclasses implement ``_advance(block)``. :class:`RoundWork` runs a schedule of rounds.
-* :class:`P2PCommunicator` holds what both backends share: rank and size, the pool and tags,
-  ``allreduce`` as start + wait, linear ``gather``/``scatter``, ``send``/``recv``.
+:class:`P2PCommunicator` holds a :class:`~npddp.comm.transport.Transport`, the tag sequence,
+the scratch pool and the call bookkeeping, and runs the all-reduce algorithm it was built with
+(``ring``, ``rd``, ``rabenseifner``, ``tree``, or ``auto``'s choice per call). The other
+collectives use the same schedules for every algorithm: a dissemination barrier, a binomial
+tree (small) or pipelined chain (large) broadcast, ring reduce-scatter and all-gather, linear
+gather and scatter. The ``naive`` backend overrides them with its root-based versions.
 
-Only point-to-point methods of the MPI communicator are called here (``Isend``, ``Irecv``,
-``Test``/``Cancel``/``Free`` on requests), never a collective.
+An all-reduce algorithm is a class with ``__init__(comm)`` and
+``start(call, src, dst, ufunc, result) -> Work`` that reduces flat ``src`` into flat ``dst``
+(maybe ``src`` itself) and returns a Work handle; it may cache plans on itself.
 
-Timeouts. Every wait polls its request with ``Test`` and yields the CPU between polls; every
-``CLOCK_EVERY`` polls it reads the clock. A call's deadline starts at its first clock read, so a
-call that never waits long never reads the clock. A call still waiting ``timeout`` seconds
-later raises TimeoutError naming the operation, its number and the ranks it waits for. Then
-its receives (and those of every outstanding handle) are cancelled, all its requests freed,
-and their buffers kept alive, since MPI may still touch them; the communicator refuses any
-further call, because its peers now stand at different points of the call sequence.
+Failure. A call still waiting ``timeout`` seconds after its first long wait raises
+TimeoutError naming the operation, its number and the ranks it waits for; a peer whose
+connection breaks raises ConnectionError. Either way every outstanding request is abandoned
+(its buffers kept alive, since the transport may still touch them) and the communicator refuses
+any further call, because its peers now stand at different points of the call sequence.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Sequence
-
 import numpy as np
 
 from . import _common as c
-from .calls import CLOCK_EVERY, Call, Overdue, TagSequence
-from .scratch import ScratchPool
-
-class P2PWork:
-    """Work handle of a collective driven by point-to-point requests.
-
-    Subclasses implement ``_advance(block)``: move the collective on (blocking on MPI
-    requests only if ``block``) and return True once it is complete, and ``_requests()``:
-    the outstanding receive and send requests with their peers. While a handle is waited on
-    and other handles of the same communicator are outstanding, all of them are polled, so
-    handles may be waited on in any order without deadlock.
-    """
-
-    __slots__ = ("_call", "_active", "_result", "_done", "_abandoned")
-
-    def __init__(self, call: Call, result: np.ndarray):
-        self._call = call
-        self._active = call.owner._active
-        self._result = result
-        self._done = self._abandoned = False
-        self._active.append(self)
-
-    def _advance(self, block: bool) -> bool:
-        """Progress the collective; True once complete."""
-        raise NotImplementedError
-
-    def _requests(self) -> tuple[list, list]:
-        """Outstanding ``[(request, peer)]`` receives and sends."""
-        raise NotImplementedError
-
-    def _release(self) -> None:
-        """Give back scratch buffers; called once, on completion."""
-
-    def _complete(self) -> None:
-        self._done = True
-        self._active.remove(self)
-        self._release()
-
-    def test(self) -> bool:
-        """Advance as far as possible without blocking; True once complete."""
-        if not self._done:
-            if self._abandoned:
-                raise self._call.owner.unusable()
-            if self._advance(False):
-                self._complete()
-        return self._done
-
-    def wait(self) -> np.ndarray:
-        """Drive the collective to completion; return its result array."""
-        if self._done:
-            return self._result
-        if self._abandoned:
-            raise self._call.owner.unusable()
-        call = self._call
-        try:
-            if len(self._active) == 1:
-                self._advance(True)
-                self._complete()
-            else:
-                polls = 0
-                while True:
-                    for work in tuple(self._active):
-                        work.test()
-                    if self._done:
-                        break
-                    os.sched_yield()
-                    polls += 1
-                    if not polls % CLOCK_EVERY and call.overdue():
-                        raise Overdue
-        except Overdue:
-            raise call.owner.give_up(call, *self._requests()) from None
-        return self._result
+from .engine import Call, DoneWork, Overdue, P2PWork, ScratchPool, TagSequence
 
 
-class DoneWork:
-    """Work handle of a collective that needed no messages."""
+class P2PCommunicator:
+    """Collectives built from a transport's point-to-point messages; all-reduce by ``algorithm``."""
 
-    __slots__ = ("_result",)
+    #: Ring steps and chain broadcasts are cut into segments of at most this many bytes.
+    segment_bytes = 1 << 20
+    #: Ring all-reduce receives kept in flight (scratch slots of one segment each).
+    window = 2
+    #: Broadcasts of at least this many bytes use a pipelined chain instead of a binomial tree.
+    chain_bytes = 1 << 20
 
-    def __init__(self, result: np.ndarray):
-        self._result = result
-
-    def test(self) -> bool:
-        """Always True."""
-        return True
-
-    def wait(self) -> np.ndarray:
-        """Return the result array."""
-        return self._result
-
-
-class RoundWork(P2PWork):
-    """Runs rounds in order: post a round's receives and sends, wait for all, run its action.
-
-    A round is ``(sends, recvs, action)``: sends as ``(array, dest)`` pairs, receives as
-    ``(array, source)`` pairs, and a callable (or None) run once all of them have completed.
-    """
-
-    __slots__ = ("_rounds", "_next", "_reqs", "_on_release")
-
-    def __init__(self, call: Call, rounds: Sequence[tuple], result: np.ndarray,
-                 on_release: Callable[[], None] | None = None):
-        super().__init__(call, result)
-        self._rounds = rounds
-        self._next = 0
-        self._reqs = None
-        self._on_release = on_release
-        if self._advance(False):
-            self._complete()
-
-    def _advance(self, block):
-        call = self._call
-        comm, tag = call.owner.comm, call.tag
-        while True:
-            if self._reqs is None:
-                if self._next == len(self._rounds):
-                    return True
-                sends, recvs, _ = self._rounds[self._next]
-                self._reqs = [comm.Irecv(a, source, tag) for a, source in recvs]
-                self._reqs += [comm.Isend(a, dest, tag) for a, dest in sends]
-            for request in self._reqs:
-                if block:
-                    call.wait(request)
-                elif not request.Test():
-                    return False
-            action = self._rounds[self._next][2]
-            if action is not None:
-                action()
-            self._reqs = None
-            self._next += 1
-
-    def _requests(self):
-        if self._reqs is None:
-            return [], []
-        sends, recvs, _ = self._rounds[self._next]
-        nrecv = len(recvs)
-        return (list(zip(self._reqs[:nrecv], (s for _, s in recvs))),
-                list(zip(self._reqs[nrecv:], (d for _, d in sends))))
-
-    def _release(self):
-        if self._on_release is not None:
-            self._on_release()
-
-
-class P2PCommunicator(c.RankedComm):
-    """Base of the backends built from point-to-point calls; subclasses add the collectives.
-
-    Collective tags come from a sequence private to this object, so non-blocking work that
-    overlaps must go through one communicator per ``mpi_comm`` (or one ``mpi_comm.Dup()`` each).
-    ``timeout`` bounds every blocking call (and ``Work.wait``): see the module docstring.
-    """
-
-    name = "p2p"
-
-    def __init__(self, mpi_comm=None, timeout: float = c.DEFAULT_TIMEOUT):
-        if mpi_comm is None:
-            from mpi4py import MPI
-            mpi_comm = MPI.COMM_WORLD
-        super().__init__(mpi_comm)
+    def __init__(self, transport, algorithm, name: str, timeout: float = c.DEFAULT_TIMEOUT):
+        self.transport = transport
+        self._rank, self._size = transport.rank, transport.size
+        self.name = name
         self.timeout = timeout
         self.scratch = ScratchPool()
         self._tags = TagSequence()
         self._active: list[P2PWork] = []
         self._failure: str | None = None   # why this communicator is unusable
         self._stranded: list = []           # buffers and handles abandoned requests may still touch
+        self._empty = np.empty(0, dtype=np.uint8)
+        self.algorithm = algorithm(self) if algorithm is not None else None
+
+    @property
+    def rank(self) -> int:
+        """This process's rank."""
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        """Number of ranks."""
+        return self._size
 
     @property
     def timeout(self) -> float:
@@ -216,52 +79,55 @@ class P2PCommunicator(c.RankedComm):
         return Call(self, operation, self._tags.count, tag)
 
     def unusable(self) -> RuntimeError:
-        """The error of any call after a timeout."""
+        """The error of any call after a failure."""
         return RuntimeError(f"this {self.name} communicator is unusable after an earlier failure: {self._failure}")
 
     def _transfer(self, call: Call, recvs=(), sends=()) -> None:
         """Post receives ``[(array, source)]`` and sends ``[(array, dest)]`` under the call's tag; wait for all."""
-        comm, tag = self.comm, call.tag
-        rreqs = [(comm.Irecv(a, source, tag), source) for a, source in recvs]
-        sreqs = [(comm.Isend(a, dest, tag), dest) for a, dest in sends]
+        transport, tag = self.transport, call.tag
+        rreqs, sreqs = [], []
         try:
+            rreqs += [(transport.irecv(a, source, tag), source) for a, source in recvs]
+            sreqs += [(transport.isend(a, dest, tag), dest) for a, dest in sends]
             for request, _ in rreqs:
                 call.wait(request)
             for request, _ in sreqs:
                 call.wait(request)
         except Overdue:
             raise self.give_up(call, rreqs, sreqs, (recvs, sends)) from None
+        except ConnectionError as exc:
+            raise self.fail(call, exc, rreqs, sreqs, (recvs, sends)) from None
 
     def give_up(self, call: Call, recvs: list, sends: list, keep=None) -> TimeoutError:
-        """After ``call`` timed out: abandon every request in flight, mark this communicator unusable.
-
-        ``recvs``/``sends`` are the call's ``[(request, peer)]``; ``keep`` is what its requests may
-        still touch. Returns the TimeoutError to raise, naming the peers still outstanding.
-        """
-        recv_from = [peer for request, peer in recvs if request and not request.Test()]
-        send_to = [peer for request, peer in sends if request and not request.Test()]
+        """After ``call`` timed out: abandon every request in flight; return the TimeoutError to raise."""
+        recv_from = [peer for request, peer in recvs if not request.test()]
+        send_to = [peer for request, peer in sends if not request.test()]
         error = call.timeout_error(recv_from, send_to)
-        self._failure = str(error)
-        self._abandon(recvs, sends)
+        self._abandon_all(str(error), recvs + sends, keep)
+        return error
+
+    def fail(self, call: Call, exc: Exception, recvs=(), sends=(), keep=None) -> ConnectionError:
+        """After a peer's connection broke during ``call``: abandon everything; return the error to raise."""
+        error = ConnectionError(f"[rank {self._rank}] {call.describe()}: {exc}; this communicator is now unusable")
+        self._abandon_all(str(error), [*recvs, *sends], keep)
+        return error
+
+    def _abandon_all(self, why: str, requests: list, keep) -> None:
+        """Cancel ``[(request, peer)]`` and every outstanding handle's requests; refuse later calls."""
+        self._failure = why
         self._stranded.append(keep)
         for work in tuple(self._active):
-            self._abandon(*work._requests())
+            requests += sum(work._requests(), [])
             work._abandoned = True
             self._stranded.append(work)
         self._active.clear()
-        return error
+        for request, _ in requests:
+            try:
+                request.cancel()
+            except ConnectionError:
+                pass
 
-    @staticmethod
-    def _abandon(recvs: list, sends: list) -> None:
-        """Cancel pending receives and free every pending request (cancelling sends is not portable)."""
-        for request, _ in recvs:
-            if request:
-                request.Cancel()
-        for request, _ in (*recvs, *sends):
-            if request:
-                request.Free()
-
-    # --- collectives -----------------------------------------------------------------
+    # --- all-reduce ------------------------------------------------------------------
     def allreduce(self, buf, op="sum", out=None):
         """Start the all-reduce and wait for it."""
         return self._start_allreduce(buf, op, out, "allreduce").wait()
@@ -271,9 +137,9 @@ class P2PCommunicator(c.RankedComm):
         return self._start_allreduce(buf, op, None, "iallreduce")
 
     def _start_allreduce(self, buf, op, out, operation):
-        """Check the arguments, open the call, then hand the flat views to the backend's ``_allreduce_work``."""
+        """Check the arguments, open the call, then hand flat views to the algorithm."""
         ufunc = c.check_op(op)
-        if out is None:
+        if out is None or out is buf:
             dst = c.check_buffer(buf)
         else:
             c.check_buffer(buf, writable=False)
@@ -285,9 +151,114 @@ class P2PCommunicator(c.RankedComm):
             return DoneWork(dst)
         return self._allreduce_work(call, buf.reshape(-1), dst.reshape(-1), ufunc, dst)
 
-    def _allreduce_work(self, call, src, dst, ufunc, result) -> P2PWork:
-        """Start reducing flat ``src`` over ranks into flat ``dst`` (maybe ``src`` itself)."""
-        raise NotImplementedError
+    def _allreduce_work(self, call, src, dst, ufunc, result):
+        """Start reducing flat ``src`` over ranks into flat ``dst`` with this communicator's algorithm."""
+        return self.algorithm.start(call, src, dst, ufunc, result)
+
+    # --- the other collectives -------------------------------------------------------
+    def barrier(self) -> None:
+        """Dissemination barrier: in round k, signal rank + 2**k and hear from rank - 2**k."""
+        call = self._begin("barrier")
+        empty, dist, size = self._empty, 1, self._size
+        while dist < size:
+            self._transfer(call, [(empty, (self._rank - dist) % size)], [(empty, (self._rank + dist) % size)])
+            dist <<= 1
+
+    def broadcast(self, buf, root=0):
+        """Binomial tree from root; a pipelined chain of segments for buffers of ``chain_bytes`` or more."""
+        c.check_buffer(buf)
+        root = c.check_rank(root, self._size)
+        call = self._begin("broadcast")
+        if buf.size == 0 or self._size == 1:
+            return buf
+        if buf.nbytes >= self.chain_bytes and self._size > 2:
+            self._chain_broadcast(call, buf.reshape(-1), root)
+        else:
+            self._tree_broadcast(call, buf, root)
+        return buf
+
+    def _tree_broadcast(self, call, buf, root):
+        """Receive from the parent (clear lowest set bit of the relative rank), then send to children."""
+        size, vrank = self._size, (self._rank - root) % self._size
+        mask = 1
+        while mask < size:
+            if vrank & mask:
+                self._transfer(call, recvs=[(buf, (vrank - mask + root) % size)])
+                break
+            mask <<= 1
+        children = []
+        mask >>= 1
+        while mask:
+            if vrank + mask < size:
+                children.append((buf, (vrank + mask + root) % size))
+            mask >>= 1
+        if children:
+            self._transfer(call, sends=children)
+
+    def _chain_broadcast(self, call, flat, root):
+        """Root -> root+1 -> ...: each rank forwards a segment as soon as it has arrived."""
+        size, vrank, tag = self._size, (self._rank - root) % self._size, call.tag
+        seg = max(1, self.segment_bytes // flat.itemsize)
+        parts = [flat[i:i + seg] for i in range(0, flat.size, seg)]
+        left, right = (self._rank - 1) % size, (self._rank + 1) % size
+        if vrank == 0:
+            self._transfer(call, sends=[(p, right) for p in parts])
+            return
+        transport, recvs, sends = self.transport, [], []
+        try:
+            recvs += [(transport.irecv(p, left, tag), left) for p in parts]
+            for p, (req, _) in zip(parts, recvs):
+                call.wait(req)
+                if vrank < size - 1:
+                    sends.append((transport.isend(p, right, tag), right))
+            for req, _ in sends:
+                call.wait(req)
+        except Overdue:
+            raise self.give_up(call, recvs, sends, parts) from None
+        except ConnectionError as exc:
+            raise self.fail(call, exc, recvs, sends, parts) from None
+
+    def reduce_scatter(self, buf, op="sum"):
+        """Ring reduce-scatter: step s forwards the partial of block rank-s-1, so rank r ends with block r."""
+        ufunc = c.check_op(op)
+        c.check_buffer(buf, writable=False)
+        call = self._begin("reduce_scatter")
+        flat = buf.reshape(-1)
+        size, rank = self._size, self._rank
+        bounds = c.block_bounds(flat.size, size).tolist()
+        out = np.empty(bounds[rank + 1] - bounds[rank], dtype=buf.dtype)
+        if size == 1:
+            np.copyto(out, flat)
+            return out
+        if flat.size == 0:
+            return out
+        left, right = (rank - 1) % size, (rank + 1) % size
+        slot = bounds[1] - bounds[0]
+        raw = self.scratch.acquire(2 * slot * flat.itemsize)
+        scratch = np.frombuffer(raw, dtype=buf.dtype, count=2 * slot).reshape(2, slot)  # (2, largest block)
+        sending = flat[bounds[(rank - 1) % size]:bounds[(rank - 1) % size + 1]]
+        for step in range(size - 1):
+            b = (rank - step - 2) % size
+            local = flat[bounds[b]:bounds[b + 1]]
+            got = scratch[step % 2, :local.size]
+            self._transfer(call, [(got, left)], [(sending, right)])
+            sending = ufunc(local, got, out=out if step == size - 2 else got)
+        self.scratch.release(raw)
+        return out
+
+    def allgather(self, buf):
+        """Ring all-gather: step s forwards block rank-s and receives block rank-s-1."""
+        c.check_buffer(buf, writable=False)
+        call = self._begin("allgather")
+        size, rank = self._size, self._rank
+        out = np.empty((size, *buf.shape), dtype=buf.dtype)
+        rows = out.reshape(size, -1)  # (size, buf.size)
+        rows[rank] = buf.reshape(-1)
+        if buf.size:
+            left, right = (rank - 1) % size, (rank + 1) % size
+            for step in range(size - 1):
+                self._transfer(call, [(rows[(rank - step - 1) % size], left)], [(rows[(rank - step) % size], right)])
+        return out
 
     def gather(self, buf, root=0):
         """Every rank sends ``buf`` to root, which receives them all at once."""

@@ -1,10 +1,27 @@
-"""Backend whose collectives are built by hand from MPI point-to-point calls, in ring and tree patterns.
+"""Ring all-reduce: a ring reduce-scatter, then a ring all-gather, as a non-blocking state machine.
 
-All-reduce is a ring reduce-scatter followed by a ring all-gather over the blocks of
-``np.array_split(buf.ravel(), size)``: each block is reduced at one place and then only
-copied, so every rank ends with bit-identical results. Each ring step's block is cut into
-segments, and a few receives stay in flight, so receiving the next segment overlaps reducing
-this one; blocking ``allreduce`` is ``iallreduce`` followed by ``wait``.
+The vector is cut into ``size`` blocks as ``np.array_split`` cuts it. In step s of the
+reduce-scatter, rank r sends its partial sum of block ``r - s`` to its right neighbour and
+receives the partial of block ``r - s - 1`` from its left, which it adds to its own. After
+``size - 1`` steps rank r holds block ``r + 1`` fully reduced. The all-gather then passes the
+reduced blocks around the ring, each rank copying what it receives: every element is reduced
+at exactly one place and only copied afterwards, so every rank ends with the same bits.
+Bandwidth-optimal (each rank sends ``2 (N-1)/N`` of the vector) but ``2 (N-1)`` steps long.
+
+The state machine. Each step's block is cut into ``nseg`` segments; a *unit* is one segment of
+one step, numbered ``u = step * nseg + segment`` over both halves (``2 (N-1) nseg`` units).
+Four counters describe the whole state:
+
+* ``nsent``: sends posted. Unit u's send forwards what unit ``u - nseg`` received (reduced,
+  in the first half), so it may start once ``ndone > u - nseg``.
+* ``nposted``: receives posted, at most ``window`` ahead of ``ndone``. Reduce-scatter receives
+  land in a scratch slot; all-gather receives land in the result directly, but only once the
+  send that read that region has completed.
+* ``ndone``: receives completed (and, in the first half, reduced into the result).
+* ``nsent_done``: sends completed, in order.
+
+``_advance`` posts everything the counters allow, then completes the oldest receive, and
+repeats; non-blocking, it returns as soon as that receive has not arrived yet.
 """
 
 from __future__ import annotations
@@ -14,8 +31,7 @@ from collections import deque
 import numpy as np
 
 from . import _common as c
-from .calls import Overdue
-from .p2p import P2PCommunicator, P2PWork
+from .engine import P2PWork
 
 _PLAN_CACHE_SIZE = 64
 
@@ -49,31 +65,47 @@ def _segment(bounds: list[int], block: int, j: int, nseg: int) -> slice:
     return slice(lo + length * j // nseg, lo + length * (j + 1) // nseg)
 
 
-class RingAllreduce(P2PWork):
-    """Ring all-reduce as a non-blocking state machine over Isend/Irecv.
+class Ring:
+    """The ring all-reduce algorithm of one communicator: cached plans, one state machine per call."""
 
-    Unit u sends ``plan.send[u]`` to the right and receives ``plan.recv[u]`` from the left.
-    Its send may start once unit ``u - nseg`` has been received (and, in the reduce-scatter
-    half, reduced): that is the segment it forwards. At most ``window`` receives are in flight;
-    reduce-scatter receives land in scratch and are reduced into ``dst``; all-gather receives
-    land in ``dst`` directly, once the send that read that region has completed.
-    """
+    def __init__(self, comm):
+        self.comm = comm
+        self._plans: dict[tuple[int, int, int], RingPlan] = {}
 
-    __slots__ = ("_comm", "_tag", "_left", "_right", "_src", "_dst", "_ufunc", "_plan", "_pool", "_raw",
+    def plan(self, n: int, itemsize: int) -> RingPlan:
+        """The (cached) plan for ``n`` elements of ``itemsize`` bytes at the communicator's segment and window."""
+        comm = self.comm
+        key = (n, max(1, comm.segment_bytes // itemsize), comm.window)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= _PLAN_CACHE_SIZE:
+                del self._plans[next(iter(self._plans))]
+            plan = self._plans[key] = RingPlan(n, comm.size, comm.rank, *key[1:])
+        return plan
+
+    def start(self, call, src, dst, ufunc, result):
+        """Start the state machine for flat ``src`` -> flat ``dst``."""
+        return RingWork(call, src, dst, ufunc, self.plan(src.size, src.itemsize), result)
+
+
+class RingWork(P2PWork):
+    """One ring all-reduce in progress (see the module docstring for its four counters)."""
+
+    __slots__ = ("_transport", "_tag", "_left", "_right", "_src", "_dst", "_ufunc", "_plan", "_pool", "_raw",
                  "_scratch", "_nsent", "_nsent_done", "_nposted", "_ndone", "_sends", "_recvs")
 
-    def __init__(self, call, rank, size, src, dst, ufunc, plan, pool, result):
+    def __init__(self, call, src, dst, ufunc, plan, result):
         super().__init__(call, result)
-        self._comm, self._tag = call.owner.comm, call.tag
-        self._left, self._right = (rank - 1) % size, (rank + 1) % size
-        self._src, self._dst, self._ufunc, self._plan, self._pool = src, dst, ufunc, plan, pool
-        self._raw = pool.acquire(plan.scratch_elems * src.itemsize)
+        comm = call.owner
+        self._transport, self._tag = comm.transport, call.tag
+        self._left, self._right = (comm.rank - 1) % comm.size, (comm.rank + 1) % comm.size
+        self._src, self._dst, self._ufunc, self._plan, self._pool = src, dst, ufunc, plan, comm.scratch
+        self._raw = self._pool.acquire(plan.scratch_elems * src.itemsize)
         self._scratch = np.frombuffer(self._raw, dtype=src.dtype, count=plan.scratch_elems)  # (window * slot,)
         self._nsent = self._nsent_done = self._nposted = self._ndone = 0
         self._sends: deque = deque()
         self._recvs: deque = deque()
-        if self._advance(False):
-            self._complete()
+        self._start()
 
     def _sends_complete(self, k: int, block: bool) -> bool:
         """True once the first ``k`` sends have completed."""
@@ -81,21 +113,21 @@ class RingAllreduce(P2PWork):
         while self._nsent_done < k:
             if block:
                 self._call.wait(sends[0])
-            elif not sends[0].Test():
+            elif not sends[0].test():
                 return False
             sends.popleft()
             self._nsent_done += 1
         return True
 
     def _advance(self, block):
-        plan, comm, tag, src, dst = self._plan, self._comm, self._tag, self._src, self._dst
+        plan, transport, tag, src, dst = self._plan, self._transport, self._tag, self._src, self._dst
         nseg, nunits, rs_units, window = plan.nseg, plan.nunits, plan.rs_units, plan.window
         sends, recvs = self._sends, self._recvs
         nsent, nposted, ndone = self._nsent, self._nposted, self._ndone
         while True:
             stop = min(ndone + nseg, nunits)
-            while nsent < stop:
-                sends.append(comm.Isend((src if nsent < nseg else dst)[plan.send[nsent]], self._right, tag))
+            while nsent < stop:  # forward what has arrived (the first nseg units send our own data)
+                sends.append(transport.isend((src if nsent < nseg else dst)[plan.send[nsent]], self._right, tag))
                 nsent += 1
             stop = min(ndone + window, nunits)
             while nposted < stop:
@@ -106,7 +138,7 @@ class RingAllreduce(P2PWork):
                     if v >= nsent or not self._sends_complete(v + 1, block):
                         break
                     target = dst[plan.recv[nposted]]
-                recvs.append(comm.Irecv(target, self._left, tag))
+                recvs.append(transport.irecv(target, self._left, tag))
                 nposted += 1
             self._nsent, self._nposted, self._ndone = nsent, nposted, ndone
             if ndone == nunits:
@@ -115,10 +147,10 @@ class RingAllreduce(P2PWork):
                 return False
             if block:
                 self._call.wait(recvs[0])
-            elif not recvs[0].Test():
+            elif not recvs[0].test():
                 return False
             recvs.popleft()
-            if ndone < rs_units:
+            if ndone < rs_units:  # reduce the arrived partial into our block
                 region = dst[plan.recv[ndone]]
                 self._ufunc(region if src is dst else src[plan.recv[ndone]],
                             self._scratch[plan.scratch[ndone]], out=region)
@@ -131,137 +163,3 @@ class RingAllreduce(P2PWork):
         self._scratch = None
         self._pool.release(self._raw)
         self._raw = None
-
-
-class RingCommunicator(P2PCommunicator):
-    """Collectives over MPI point-to-point calls: ring all-reduce, tree/chain broadcast, dissemination barrier."""
-
-    name = "ring"
-    #: All-reduce ring steps (and chain broadcasts) are cut into segments of at most this many bytes.
-    segment_bytes = 1 << 20
-    #: All-reduce receives kept in flight (scratch slots of one segment each).
-    window = 2
-    #: Broadcasts of at least this many bytes use a pipelined chain instead of a binomial tree.
-    chain_bytes = 1 << 20
-
-    def __init__(self, mpi_comm=None, timeout: float = c.DEFAULT_TIMEOUT):
-        super().__init__(mpi_comm, timeout)
-        self._plans: dict[tuple[int, int, int], RingPlan] = {}
-        self._empty = np.empty(0, dtype=np.uint8)
-
-    def _plan(self, n: int, itemsize: int) -> RingPlan:
-        """The (cached) ring plan for ``n`` elements of ``itemsize`` bytes."""
-        key = (n, max(1, self.segment_bytes // itemsize), self.window)
-        plan = self._plans.get(key)
-        if plan is None:
-            if len(self._plans) >= _PLAN_CACHE_SIZE:
-                del self._plans[next(iter(self._plans))]
-            plan = self._plans[key] = RingPlan(n, self._size, self._rank, *key[1:])
-        return plan
-
-    def barrier(self) -> None:
-        """Dissemination barrier: in round k, signal rank + 2**k and hear from rank - 2**k."""
-        call = self._begin("barrier")
-        empty, dist, size = self._empty, 1, self._size
-        while dist < size:
-            self._transfer(call, [(empty, (self._rank - dist) % size)], [(empty, (self._rank + dist) % size)])
-            dist <<= 1
-
-    def broadcast(self, buf, root=0):
-        """Binomial tree from root; a pipelined chain of segments for buffers of ``chain_bytes`` or more."""
-        c.check_buffer(buf)
-        root = c.check_rank(root, self._size)
-        call = self._begin("broadcast")
-        if buf.size == 0 or self._size == 1:
-            return buf
-        if buf.nbytes >= self.chain_bytes and self._size > 2:
-            self._chain_broadcast(call, buf.reshape(-1), root)
-        else:
-            self._tree_broadcast(call, buf, root)
-        return buf
-
-    def _tree_broadcast(self, call, buf, root):
-        """Receive from the parent (clear lowest set bit of the relative rank), then send to children."""
-        size, vrank = self._size, (self._rank - root) % self._size
-        mask = 1
-        while mask < size:
-            if vrank & mask:
-                self._transfer(call, recvs=[(buf, (vrank - mask + root) % size)])
-                break
-            mask <<= 1
-        children = []
-        mask >>= 1
-        while mask:
-            if vrank + mask < size:
-                children.append((buf, (vrank + mask + root) % size))
-            mask >>= 1
-        if children:
-            self._transfer(call, sends=children)
-
-    def _chain_broadcast(self, call, flat, root):
-        """Root -> root+1 -> ...: each rank forwards a segment as soon as it has arrived."""
-        size, vrank, tag = self._size, (self._rank - root) % self._size, call.tag
-        seg = max(1, self.segment_bytes // flat.itemsize)
-        parts = [flat[i:i + seg] for i in range(0, flat.size, seg)]
-        left, right = (self._rank - 1) % size, (self._rank + 1) % size
-        if vrank == 0:
-            self._transfer(call, sends=[(p, right) for p in parts])
-            return
-        recvs = [(self.comm.Irecv(p, left, tag), left) for p in parts]
-        sends = []
-        try:
-            for p, (req, _) in zip(parts, recvs):
-                call.wait(req)
-                if vrank < size - 1:
-                    sends.append((self.comm.Isend(p, right, tag), right))
-            for req, _ in sends:
-                call.wait(req)
-        except Overdue:
-            raise self.give_up(call, recvs, sends, parts) from None
-
-    def _allreduce_work(self, call, src, dst, ufunc, result):
-        """Start the ring all-reduce state machine."""
-        plan = self._plan(src.size, src.itemsize)
-        return RingAllreduce(call, self._rank, self._size, src, dst, ufunc, plan, self.scratch, result)
-
-    def reduce_scatter(self, buf, op="sum"):
-        """Ring reduce-scatter: step s forwards the partial of block rank-s-1, so rank r ends with block r."""
-        ufunc = c.check_op(op)
-        c.check_buffer(buf, writable=False)
-        call = self._begin("reduce_scatter")
-        flat = buf.reshape(-1)
-        size, rank = self._size, self._rank
-        bounds = c.block_bounds(flat.size, size).tolist()
-        out = np.empty(bounds[rank + 1] - bounds[rank], dtype=buf.dtype)
-        if size == 1:
-            np.copyto(out, flat)
-            return out
-        if flat.size == 0:
-            return out
-        left, right = (rank - 1) % size, (rank + 1) % size
-        slot = bounds[1] - bounds[0]
-        raw = self.scratch.acquire(2 * slot * flat.itemsize)
-        scratch = np.frombuffer(raw, dtype=buf.dtype, count=2 * slot).reshape(2, slot)  # (2, largest block)
-        sending = flat[bounds[(rank - 1) % size]:bounds[(rank - 1) % size + 1]]
-        for step in range(size - 1):
-            b = (rank - step - 2) % size
-            local = flat[bounds[b]:bounds[b + 1]]
-            got = scratch[step % 2, :local.size]
-            self._transfer(call, [(got, left)], [(sending, right)])
-            sending = ufunc(local, got, out=out if step == size - 2 else got)
-        self.scratch.release(raw)
-        return out
-
-    def allgather(self, buf):
-        """Ring all-gather: step s forwards block rank-s and receives block rank-s-1."""
-        c.check_buffer(buf, writable=False)
-        call = self._begin("allgather")
-        size, rank = self._size, self._rank
-        out = np.empty((size, *buf.shape), dtype=buf.dtype)
-        rows = out.reshape(size, -1)  # (size, buf.size)
-        rows[rank] = buf.reshape(-1)
-        if buf.size:
-            left, right = (rank - 1) % size, (rank + 1) % size
-            for step in range(size - 1):
-                self._transfer(call, [(rows[(rank - step - 1) % size], left)], [(rows[(rank - step) % size], right)])
-        return out

@@ -1,7 +1,9 @@
-"""Fixtures for the communicator tests: every backend over COMM_SELF (serial run) and COMM_WORLD (MPI runs).
+"""Fixtures for the communicator tests: every backend over a one-rank group (serial run) and the world.
 
-Helpers reach tests as fixtures: ``comm`` (a backend over ``mpi_comm``), ``values`` (exact
-per-rank inputs and their reduction), ``p2p_only`` (a wrapper exposing only point-to-point calls).
+The world is MPI's ``COMM_WORLD`` under ``mpirun`` and the TCP world under ``python -m npddp.run``,
+so every test here runs over both transports. Helpers reach tests as fixtures: ``comm`` (a
+backend over ``group``), ``values`` (exact per-rank inputs and their reduction), ``counting``
+(a group whose every message call is counted, and which offers nothing but point-to-point calls).
 """
 
 from __future__ import annotations
@@ -13,33 +15,42 @@ import pytest
 
 from npddp.comm import BACKENDS, create
 
-#: Backends built from point-to-point calls only.
-P2P_BACKENDS = ("ring", "naive")
+from ..conftest import RUN_BACKENDS, TCP_MODE, world_raw
+#: Backends built from point-to-point messages only.
+P2P_BACKENDS = tuple(b for b in BACKENDS if b != "mpi")
 
-#: The only communicator methods a point-to-point backend may call.
+#: The only methods of an mpi4py communicator a point-to-point backend may call.
 P2P_METHODS = frozenset({"Get_rank", "Get_size", "Send", "Recv", "Sendrecv", "Isend", "Irecv"})
 
 _REDUCE = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}
 
 
 # Ids must not be the bare word "mpi": pytest-mpi skips any test with that keyword unless --with-mpi.
-@pytest.fixture(params=BACKENDS, ids=lambda name: f"{name}-backend")
+@pytest.fixture(params=RUN_BACKENDS, ids=lambda name: f"{name}-backend")
 def backend(request):
-    """Backend name, one of ``npddp.comm.BACKENDS``."""
+    """Backend name, one of ``npddp.comm.BACKENDS`` (not ``mpi`` over TCP)."""
     return request.param
 
 
-@pytest.fixture(params=[pytest.param("self", id="self"), pytest.param("world", id="world", marks=pytest.mark.mpi)])
-def mpi_comm(request):
-    """``MPI.COMM_SELF`` in the serial run, ``MPI.COMM_WORLD`` (marked mpi) in the MPI runs."""
+def one_rank_group():
+    """A group of this rank alone: MPI's COMM_SELF, or a TCP world of one."""
+    if TCP_MODE:
+        from npddp.comm.tcp import TCPWorld
+        return TCPWorld(0, 1, [None], ["self"]).transport()
     from mpi4py import MPI
-    return MPI.COMM_SELF if request.param == "self" else MPI.COMM_WORLD
+    return MPI.COMM_SELF
+
+
+@pytest.fixture(params=[pytest.param("self", id="self"), pytest.param("world", id="world", marks=pytest.mark.mpi)])
+def group(request):
+    """A one-rank group in the serial run; the world (marked mpi) in the distributed runs."""
+    return one_rank_group() if request.param == "self" else world_raw()
 
 
 @pytest.fixture
-def comm(backend, mpi_comm):
-    """A fresh communicator of ``backend`` over ``mpi_comm``."""
-    return create(backend, mpi_comm)
+def comm(backend, group):
+    """A fresh communicator of ``backend`` over ``group``."""
+    return create(backend, group)
 
 
 class Values:
@@ -88,7 +99,28 @@ class P2POnly:
         return sum(n for name, n in self.calls.items() if not name.startswith("Get_"))
 
 
+class CountingTransport:
+    """Wraps a transport (TCP): the same messages, each ``isend``/``irecv`` counted."""
+
+    def __init__(self, transport):
+        self._t = transport
+        self.name, self.rank, self.size = transport.name, transport.rank, transport.size
+        self.calls: Counter = Counter()
+
+    def isend(self, buf, dest, tag):
+        self.calls["isend"] += 1
+        return self._t.isend(buf, dest, tag)
+
+    def irecv(self, buf, source, tag):
+        self.calls["irecv"] += 1
+        return self._t.irecv(buf, source, tag)
+
+    def messages(self) -> int:
+        """Number of message calls so far."""
+        return sum(self.calls.values())
+
+
 @pytest.fixture
-def p2p_only():
-    """The :class:`P2POnly` wrapper class."""
-    return P2POnly
+def counting():
+    """``counting(group)``: the group behind a wrapper that counts message calls (and, over MPI, allows no other)."""
+    return lambda raw: CountingTransport(raw) if TCP_MODE else P2POnly(raw)

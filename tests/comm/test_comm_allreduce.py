@@ -10,6 +10,8 @@ import numpy as np
 
 from npddp.comm import DTYPES, OPS, create
 
+from .conftest import one_rank_group
+
 
 def sizes(k: int) -> list[int]:
     """Element counts worth testing with ``k`` ranks."""
@@ -42,7 +44,7 @@ def run_case(comm, values, n, dtype, op, inplace, shape=None):
     return got, problems
 
 
-def test_allreduce_exact(comm, mpi_comm, values, assert_all_ranks, assert_ranks_agree):
+def test_allreduce_exact(comm, group, values, assert_all_ranks, assert_ranks_agree):
     problems = []
     for n in sizes(comm.size):
         for dtype in DTYPES:
@@ -50,42 +52,42 @@ def test_allreduce_exact(comm, mpi_comm, values, assert_all_ranks, assert_ranks_
                 for inplace in (True, False):
                     got, found = run_case(comm, values, n, dtype, op, inplace)
                     problems += found
-                    assert_ranks_agree(got, mpi_comm)
-    assert_all_ranks(not problems, "; ".join(problems[:4]), mpi_comm)
+                    assert_ranks_agree(got, group)
+    assert_all_ranks(not problems, "; ".join(problems[:4]), group)
 
 
-def test_allreduce_large(comm, mpi_comm, values, assert_all_ranks, assert_ranks_agree):
+def test_allreduce_large(comm, group, values, assert_all_ranks, assert_ranks_agree):
     problems = []
     for dtype in ("float32", "int64"):
         for op in ("sum", "max"):
             for inplace in (True, False):
                 got, found = run_case(comm, values, 2**20 + 3, dtype, op, inplace)
                 problems += found
-                assert_ranks_agree(got, mpi_comm)
-    assert_all_ranks(not problems, "; ".join(problems[:4]), mpi_comm)
+                assert_ranks_agree(got, group)
+    assert_all_ranks(not problems, "; ".join(problems[:4]), group)
 
 
-def test_allreduce_64mb(comm, mpi_comm, assert_all_ranks):
+def test_allreduce_64mb(comm, group, assert_all_ranks):
     x = np.full(16 << 20, comm.rank + 1, dtype=np.float32)  # 64 MB
     comm.allreduce(x, "sum")
     want = comm.size * (comm.size + 1) // 2
     wrong = int(np.count_nonzero(x != want))
-    assert_all_ranks(wrong == 0, f"{wrong} of {x.size} elements differ from {want}", mpi_comm)
+    assert_all_ranks(wrong == 0, f"{wrong} of {x.size} elements differ from {want}", group)
 
 
-def test_allreduce_any_shape(comm, mpi_comm, values, assert_all_ranks, assert_ranks_agree):
+def test_allreduce_any_shape(comm, group, values, assert_all_ranks, assert_ranks_agree):
     problems = []
     for shape in [(), (0,), (3, 0), (2, 3), (4, 1, 5), (comm.size + 1, 3)]:
         for inplace in (True, False):
             got, found = run_case(comm, values, int(np.prod(shape)), "float64", "sum", inplace, shape)
             problems += found
-            assert_ranks_agree(got, mpi_comm)
-    assert_all_ranks(not problems, "; ".join(problems[:4]), mpi_comm)
+            assert_ranks_agree(got, group)
+    assert_all_ranks(not problems, "; ".join(problems[:4]), group)
 
 
-def test_ring_segments_and_windows(mpi_comm, values, assert_all_ranks, assert_ranks_agree):
+def test_ring_segments_and_windows(group, values, assert_all_ranks, assert_ranks_agree):
     """Tiny segments force many units per ring step; every window size must give exact results."""
-    comm = create("ring", mpi_comm)
+    comm = create("ring", group)
     problems = []
     for segment_bytes in (8, 100):
         for window in (1, 3):
@@ -95,17 +97,17 @@ def test_ring_segments_and_windows(mpi_comm, values, assert_all_ranks, assert_ra
                     for op in ("sum", "prod"):
                         got, found = run_case(comm, values, n, dtype, op, inplace=n % 2 == 0)
                         problems += [f"segment_bytes={segment_bytes} window={window} {p}" for p in found]
-                        assert_ranks_agree(got, mpi_comm)
+                        assert_ranks_agree(got, group)
             bufs = [values.rank(n, comm.rank, "float32", "sum") for n in (1009, 37, 0, 3)]
             works = [comm.iallreduce(b, "sum") for b in bufs]
             poll_until_done(works)
             for b, work in zip(bufs, works):
                 if work.wait() is not b or not np.array_equal(b, values.expected(b.size, comm.size, "float32", "sum")):
                     problems.append(f"segment_bytes={segment_bytes} window={window} iallreduce n={b.size}")
-    assert_all_ranks(not problems, "; ".join(problems[:4]), mpi_comm)
+    assert_all_ranks(not problems, "; ".join(problems[:4]), group)
 
 
-def test_float_cancellation_agrees_bitwise(comm, mpi_comm, assert_all_ranks, assert_ranks_agree):
+def test_float_cancellation_agrees_bitwise(comm, group, assert_all_ranks, assert_ranks_agree):
     """Terms of +-1e6 that cancel: rounding depends on order, but every rank must hold the same bits."""
     i = np.arange(4099)
     problems = []
@@ -119,11 +121,11 @@ def test_float_cancellation_agrees_bitwise(comm, mpi_comm, assert_all_ranks, ass
             tol = 8 * comm.size * 3e6 * np.finfo(dtype).eps
             if not np.allclose(got, exact, rtol=0, atol=tol):
                 problems.append(f"{dtype}: max error {np.max(np.abs(got - exact))} > {tol}")
-            assert_ranks_agree(got, mpi_comm)
-    assert_all_ranks(not problems, "; ".join(problems), mpi_comm)
+            assert_ranks_agree(got, group)
+    assert_all_ranks(not problems, "; ".join(problems), group)
 
 
-def test_ten_thousand_small_allreduces(comm, mpi_comm, assert_all_ranks):
+def test_ten_thousand_small_allreduces(comm, group, assert_all_ranks):
     x, out = np.zeros(2, dtype=np.int64), np.empty(2, dtype=np.int64)
     totals = np.zeros(2, dtype=np.int64)
     for step in range(10_000):
@@ -131,7 +133,7 @@ def test_ten_thousand_small_allreduces(comm, mpi_comm, assert_all_ranks):
         totals += comm.allreduce(x, "sum", out=out)
     k, pairs = comm.size, comm.size * (comm.size - 1) // 2
     expected = [k * (10_000 * 9_999 // 2) + 10_000 * pairs, -10_000 * pairs]
-    assert_all_ranks(totals.tolist() == expected, f"totals {totals.tolist()} != {expected}", mpi_comm)
+    assert_all_ranks(totals.tolist() == expected, f"totals {totals.tolist()} != {expected}", group)
 
 
 def poll_until_done(works, seconds=60.0):
@@ -150,7 +152,7 @@ def _outstanding(comm, values):
     return specs, bufs, expected
 
 
-def test_iallreduce_polled_then_waited_in_order(comm, mpi_comm, values, assert_all_ranks, assert_ranks_agree):
+def test_iallreduce_polled_then_waited_in_order(comm, group, values, assert_all_ranks, assert_ranks_agree):
     specs, bufs, expected = _outstanding(comm, values)
     works = [comm.iallreduce(b, op) for b, (_, _, op) in zip(bufs, specs)]
     poll_until_done(works)
@@ -161,21 +163,21 @@ def test_iallreduce_polled_then_waited_in_order(comm, mpi_comm, values, assert_a
     for spec, b, r, r2, e in zip(specs, bufs, results, again, expected):
         if r is not b or r2 is not b or not np.array_equal(b, e):
             problems.append(f"{spec}: got {b[:4]}, expected {e[:4]}")
-        assert_ranks_agree(b, mpi_comm)
-    assert_all_ranks(not problems, "; ".join(problems), mpi_comm)
+        assert_ranks_agree(b, group)
+    assert_all_ranks(not problems, "; ".join(problems), group)
 
 
-def test_iallreduce_waited_in_rank_dependent_order(comm, mpi_comm, values, assert_all_ranks):
+def test_iallreduce_waited_in_rank_dependent_order(comm, group, values, assert_all_ranks):
     """Odd ranks wait newest first, even ranks oldest first: handles must not depend on wait order."""
     specs, bufs, expected = _outstanding(comm, values)
     works = [comm.iallreduce(b, op) for b, (_, _, op) in zip(bufs, specs)]
     for w in (works[::-1] if comm.rank % 2 else works):
         w.wait()
     bad = [spec for spec, b, e in zip(specs, bufs, expected) if not np.array_equal(b, e)]
-    assert_all_ranks(not bad, f"wrong results for {bad}", mpi_comm)
+    assert_all_ranks(not bad, f"wrong results for {bad}", group)
 
 
-def test_iallreduce_interleaved_with_blocking_collectives(comm, mpi_comm, values, assert_all_ranks):
+def test_iallreduce_interleaved_with_blocking_collectives(comm, group, values, assert_all_ranks):
     k, root = comm.size, comm.size - 1
     a = values.rank(3001, comm.rank, "float64", "sum")
     work = comm.iallreduce(a, "sum")
@@ -188,12 +190,11 @@ def test_iallreduce_interleaved_with_blocking_collectives(comm, mpi_comm, values
     ok = (np.array_equal(a, values.expected(3001, k, "float64", "sum"))
           and np.array_equal(b, values.expected(77, k, "int64", "max"))
           and np.array_equal(c, np.arange(50.0)) and np.array_equal(g.ravel(), np.arange(k)))
-    assert_all_ranks(ok, "an outstanding iallreduce disturbed (or was disturbed by) blocking collectives", mpi_comm)
+    assert_all_ranks(ok, "an outstanding iallreduce disturbed (or was disturbed by) blocking collectives", group)
 
 
 def test_iallreduce_one_rank_completes_at_once(backend, values):
-    from mpi4py import MPI
-    comm = create(backend, MPI.COMM_SELF)
+    comm = create(backend, one_rank_group())
     for n in (0, 1, 10):
         x = values.rank(n, 0, "float32", "sum")
         before = x.copy()

@@ -7,8 +7,7 @@ import pytest
 
 from npddp.comm import BACKENDS, DTYPES, OPS, create
 from npddp.comm import _common as c
-from npddp.comm.calls import TagSequence
-from npddp.comm.scratch import ScratchPool
+from npddp.comm.engine import ScratchPool, TagSequence
 
 
 def test_block_bounds_match_array_split():

@@ -65,9 +65,9 @@ def bad_calls(comm):
     return cases
 
 
-def test_bad_arguments_raise_before_any_message(backend, mpi_comm, p2p_only, values, assert_all_ranks,
+def test_bad_arguments_raise_before_any_message(backend, group, counting, values, assert_all_ranks,
                                                 assert_ranks_agree):
-    raw = mpi_comm if backend == "mpi" else p2p_only(mpi_comm)
+    raw = group if backend == "mpi" else counting(group)
     comm = create(backend, raw)
     problems = []
     for what, call, kind, text in bad_calls(comm):
@@ -83,5 +83,5 @@ def test_bad_arguments_raise_before_any_message(backend, mpi_comm, p2p_only, val
     comm.allreduce(x, "sum")  # the next valid collective works on every rank
     if not np.array_equal(x, values.expected(1009, comm.size, "float64", "sum")):
         problems.append("the valid all-reduce after the bad calls is wrong")
-    assert_ranks_agree(x, mpi_comm)
-    assert_all_ranks(not problems, "; ".join(problems[:6]), mpi_comm)
+    assert_ranks_agree(x, group)
+    assert_all_ranks(not problems, "; ".join(problems[:6]), group)

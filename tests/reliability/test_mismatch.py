@@ -12,6 +12,8 @@ import pytest
 from npddp.comm import BACKENDS, CollectiveMismatchError, create
 from npddp.comm.debug import FINGERPRINT_LENGTH, DebugCommunicator, describe, encode, mismatch
 
+from ..conftest import RUN_BACKENDS
+
 
 def fp(sequence, operation, buf=None, op=None, root=None):
     return encode(np.empty(FINGERPRINT_LENGTH, dtype=np.int64), sequence, operation, buf, op, root)
@@ -128,10 +130,10 @@ def _calls(comm, odd):
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: f"{b}-backend")
-def test_a_mismatched_collective_raises_the_same_error_on_every_rank(backend, comm_world, assert_all_ranks,
+@pytest.mark.parametrize("backend", RUN_BACKENDS, ids=lambda b: f"{b}-backend")
+def test_a_mismatched_collective_raises_the_same_error_on_every_rank(backend, world, assert_all_ranks,
                                                                      assert_ranks_agree):
-    comm = create(backend, comm_world, debug=True)
+    comm = create(backend, world.raw, debug=True)
     odd = comm.size - 1
     problems = []
     for name, usual, other, fields in _calls(comm, odd):
@@ -141,7 +143,7 @@ def test_a_mismatched_collective_raises_the_same_error_on_every_rank(backend, co
         except CollectiveMismatchError as err:
             got = str(err)
         msg = np.frombuffer(got.encode()[:400].ljust(400), dtype=np.uint8)
-        assert_ranks_agree(msg, comm_world)                          # the same message everywhere
+        assert_ranks_agree(msg, world)                               # the same message everywhere
         others = "rank 0" if odd == 1 else f"ranks {', '.join(map(str, range(odd)))}"
         if not (got.startswith(f"collective #{comm.collectives} mismatch: rank {odd} called ")
                 and f" but {others} called " in got and got.endswith("differing fields: " + ", ".join(fields))):
@@ -150,14 +152,14 @@ def test_a_mismatched_collective_raises_the_same_error_on_every_rank(backend, co
         comm.allreduce(y)
         if not np.array_equal(y, np.full(5, comm.size * (comm.size + 1) / 2)):
             problems.append(f"{name}: the all-reduce after the mismatch is wrong: {y}")
-    assert_all_ranks(not problems, "; ".join(problems), comm_world)
+    assert_all_ranks(not problems, "; ".join(problems), world)
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: f"{b}-backend")
-def test_matching_collectives_pass_through_unchanged(backend, comm_world, assert_all_ranks, assert_ranks_agree):
-    dup = comm_world.Dup()                   # each hand-written backend needs an MPI communicator of its own
-    comm, raw = create(backend, comm_world, debug=True), create(backend, dup)
+@pytest.mark.parametrize("backend", RUN_BACKENDS, ids=lambda b: f"{b}-backend")
+def test_matching_collectives_pass_through_unchanged(backend, world, assert_all_ranks, assert_ranks_agree):
+    dup = world.fresh()                      # a communicator of its own, so the two never share a tag
+    comm, raw = create(backend, world.raw, debug=True), create(backend, dup)
     k, rank = comm.size, comm.rank
     x = np.arange(1001, dtype=np.float64) * (rank + 1)
     results = []
@@ -171,6 +173,5 @@ def test_matching_collectives_pass_through_unchanged(backend, comm_world, assert
     for work in works:
         work.wait()
     same = all(np.array_equal(a, b) for a, b in zip(*results))
-    assert_ranks_agree(results[0][0], comm_world)
-    assert_all_ranks(same and unwrapped, "debug changed a result or wrapped the Work handle", comm_world)
-    dup.Free()
+    assert_ranks_agree(results[0][0], world)
+    assert_all_ranks(same and unwrapped, "debug changed a result or wrapped the Work handle", world)

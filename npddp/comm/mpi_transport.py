@@ -1,0 +1,64 @@
+"""The MPI transport: the hand-written algorithms' messages through mpi4py's ``Isend``/``Irecv``.
+
+Only point-to-point methods of the wrapped communicator are called (``Isend``, ``Irecv``, and
+``Test``/``Cancel``/``Free`` on their requests), never a collective, so an algorithm over this
+transport is a hand-written schedule, not MPI's. The one exception is :meth:`MPITransport.split`
+(``MPI_Comm_split``), which ``hier`` calls once, at setup, to make its group of ranks across nodes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class MPIRequest:
+    """A transport request over an mpi4py request."""
+
+    __slots__ = ("_request", "_done", "_is_recv")
+
+    def __init__(self, request, is_recv: bool):
+        self._request = request
+        self._done = False
+        self._is_recv = is_recv
+
+    def test(self) -> bool:
+        """MPI_Test."""
+        if not self._done:
+            self._done = self._request.Test()
+        return self._done
+
+    def cancel(self) -> None:
+        """Cancel (receives only: cancelling sends is not portable) and free; MPI may still touch the buffer."""
+        if not self._done:
+            self._done = True
+            request = self._request
+            if not request.Test():
+                if self._is_recv:
+                    request.Cancel()
+                request.Free()
+
+
+class MPITransport:
+    """Point-to-point messages over an mpi4py communicator (``MPI.COMM_WORLD`` when None)."""
+
+    name = "mpi"
+
+    def __init__(self, mpi_comm=None):
+        if mpi_comm is None:
+            from mpi4py import MPI
+            mpi_comm = MPI.COMM_WORLD
+        self.comm = mpi_comm
+        self.rank = mpi_comm.Get_rank()
+        self.size = mpi_comm.Get_size()
+
+    def isend(self, buf: np.ndarray, dest: int, tag: int) -> MPIRequest:
+        """MPI_Isend of ``buf``."""
+        return MPIRequest(self.comm.Isend(buf, dest, tag), False)
+
+    def irecv(self, buf: np.ndarray, source: int, tag: int) -> MPIRequest:
+        """MPI_Irecv into ``buf``."""
+        return MPIRequest(self.comm.Irecv(buf, source, tag), True)
+
+    def split(self, colors) -> "MPITransport":
+        """The transport among the ranks whose color matches this rank's (collective: every rank, same list)."""
+        return MPITransport(self.comm.Split(int(colors[self.rank]), self.rank))

@@ -1,0 +1,49 @@
+"""Every backend and all-reduce algorithm by name: the one place that maps names to code.
+
+Backends and algorithms never import each other; ``create``, ``auto`` and ``hier`` find what
+they compose here, by name, and modules are imported only when a name is used (so a TCP-only
+process never loads mpi4py).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+#: Hand-written all-reduce algorithms over point-to-point messages: name -> (module, class).
+ALGORITHMS = {
+    "ring": ("ring", "Ring"),
+    "naive": ("naive", "Naive"),
+    "rd": ("rd", "RecursiveDoubling"),
+    "rabenseifner": ("rabenseifner", "Rabenseifner"),
+    "tree": ("tree", "Tree"),
+}
+#: Backends built on a transport's point-to-point messages: name -> (module, communicator class).
+_P2P_COMMUNICATORS = {"naive": ("naive", "NaiveCommunicator")}
+#: Every backend ``npddp.comm.create`` accepts.
+BACKENDS = ("mpi", *ALGORITHMS, "auto", "shm", "hier")
+
+
+def _load(module: str, name: str):
+    """``npddp.comm.<module>.<name>``, imported on first use."""
+    return getattr(importlib.import_module(f"{__package__}.{module}"), name)
+
+
+def algorithm(name: str):
+    """The all-reduce algorithm class called ``name``; ValueError naming the valid ones otherwise."""
+    try:
+        return _load(*ALGORITHMS[name])
+    except KeyError:
+        raise ValueError(f"unknown all-reduce algorithm {name!r}; valid: {', '.join(ALGORITHMS)}") from None
+
+
+def build(name: str, transport, timeout: float, tuning=None):
+    """The hand-written backend ``name`` (an algorithm, or ``auto``) over ``transport``."""
+    if name == "auto":
+        from .auto import AutoCommunicator
+        return AutoCommunicator(transport, timeout, tuning)
+    if name in ("shm", "hier"):
+        module, cls = {"shm": ("shm", "ShmCommunicator"), "hier": ("hier", "HierCommunicator")}[name]
+        return _load(module, cls)(transport, timeout)
+    from .p2p import P2PCommunicator
+    cls = _load(*_P2P_COMMUNICATORS[name]) if name in _P2P_COMMUNICATORS else P2PCommunicator
+    return cls(transport, algorithm(name), name, timeout)
