@@ -24,7 +24,9 @@ barrier): ``total_time_ms`` zero_grad + forward + loss + backward + optimizer (m
 ``comm_time_ms`` time in all-reduce calls (issued during backward, plus waited for after it),
 ``compute_time_ms`` the rest of the step (both averaged over ranks, so they add up to the mean
 step, at most ``total_time_ms``), ``comm_fraction`` = comm / total, ``num_comm_ops`` all-reduce
-calls per step. Reported: medians over the timed steps.
+calls per step; ``cpu_time_ms`` the CPU time of a rank's process during the step (mean over
+ranks; far below ``total_time_ms`` when other processes share the cores). Reported: medians
+over the timed steps.
 
 ``--csv PATH`` writes exactly the columns ``model_size, d_model, num_layers, total_time_ms,
 compute_time_ms, comm_time_ms, comm_fraction, num_comm_ops`` (one row per model size); with
@@ -67,7 +69,7 @@ from npddp.optim import SGD, AdamW  # noqa: E402
 CSV_COLUMNS = ("model_size", "d_model", "num_layers", "total_time_ms", "compute_time_ms", "comm_time_ms",
                "comm_fraction", "num_comm_ops")
 SIZES = tuple(name for name in PRESETS if name != "tiny")        # smallest first
-FIELDS = ("total_s", "comm_s", "comm_calls")
+FIELDS = ("total_s", "comm_s", "comm_calls", "cpu_s")
 MEMORY_SHARE = 0.85
 LR = 1e-4
 
@@ -239,15 +241,15 @@ def measure(size: str, cfg: Config, comm, harness) -> dict:
             rows = slice(i * cfg.batch_size + rank * per, i * cfg.batch_size + (rank + 1) * per)
             x, y = data.X_train[rows], data.y_train[rows]                    # (B/N, T) tokens
             harness.Barrier()
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             ddp.zero_grad()
             lossfn.forward(ddp(x), y)
             ddp.backward(lossfn.backward())
             ddp.step(opt)
-            total = time.perf_counter() - t0
+            total, cpu = time.perf_counter() - t0, time.process_time() - c0
             if i >= cfg.num_warmup:
                 s = ddp.stats
-                record[i - cfg.num_warmup] = (total, s.comm_issue_s + s.comm_exposed_s, s.comm_calls)
+                record[i - cfg.num_warmup] = (total, s.comm_issue_s + s.comm_exposed_s, s.comm_calls, cpu)
         records[sync] = record
         del ddp, opt
         if rank == 0:
@@ -276,6 +278,7 @@ def summarise(size: str, requested: str, sync: str, cfg: Config, worst: np.ndarr
         "world_size": n, "batch_size": cfg.batch_size, "context_length": cfg.context_length,
         "vocab_size": cfg.vocab_size, "total_time_ms_p10": float(p10), "total_time_ms_p90": float(p90),
         "tokens_per_s": cfg.batch_size * cfg.context_length / (total_ms / 1e3),
+        "cpu_time_ms": float(np.median(mean[:, f["cpu_s"]])) * 1e3,
     }
 
 
@@ -285,7 +288,7 @@ TABLE = (("model_size", "model", 7, ""), ("sync", "sync", 9, ""), ("d_model", "d
          ("num_layers", "layers", 6, "d"), ("params", "params", 11, ","), ("total_time_ms", "total_ms", 9, ".0f"),
          ("compute_time_ms", "compute_ms", 10, ".0f"), ("comm_time_ms", "comm_ms", 8, ".0f"),
          ("comm_fraction", "comm%", 6, ".1%"), ("num_comm_ops", "ops", 4, "d"),
-         ("tokens_per_s", "tokens/s", 8, ".0f"))
+         ("tokens_per_s", "tokens/s", 8, ".0f"), ("cpu_time_ms", "cpu_ms", 8, ".0f"))
 
 
 def format_table(rows: list[dict]) -> str:

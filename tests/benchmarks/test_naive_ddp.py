@@ -106,6 +106,6 @@ def test_run_on_the_world_writes_the_table_the_csvs_and_the_dump(agreed_tmpdir, 
             problems.append("dump attributes")
         if [s.decode() for s in f["rows/requested_size"][()]] != ["small", "small"]:
             problems.append("requested_size column")
-        if not np.all(f["rows/tokens_per_s"][()] > 0):
-            problems.append("tokens_per_s")
+        if not (np.all(f["rows/tokens_per_s"][()] > 0) and np.all(f["rows/cpu_time_ms"][()] > 0)):
+            problems.append("tokens_per_s or cpu_time_ms")
     assert_all_ranks(not problems, "; ".join(problems))
