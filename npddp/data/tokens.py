@@ -20,7 +20,6 @@ so nothing is read until a batch is gathered.
 
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
