@@ -1,40 +1,40 @@
-"""What the benchmark faces share: size units and the alpha-beta cost model of collectives.
+"""What the benchmark faces share; everything here is small and has no side effects on import.
 
-Units: message sizes are bytes with binary suffixes (``1K`` = 1024, as nccl-tests does);
-parameter counts use decimal suffixes (``25M`` = 25,000,000); bandwidths are GB/s with
-GB = 1e9 bytes.
+* Units: :func:`parse_size` / :func:`format_size` (bytes, binary suffixes: ``1K`` = 1024, as
+  nccl-tests), :func:`parse_count` / :func:`format_count` (decimal: ``25M`` = 25,000,000);
+  bandwidths in GB/s with :data:`GB` = 1e9 bytes; :func:`busbw_factor` of each collective.
+* Arguments: :class:`RankParser` (prints on one rank only), the argparse types :func:`names`,
+  :func:`positive_floats`, :func:`int_at_least`, and :func:`check_out` for output paths.
+* Communicators: :func:`create_comm` (a backend over a transport), :func:`algorithm_of` (what
+  an ``auto`` backend picks), :class:`NoComm` (all-reduces skipped: the DDP no-comm ceiling).
+* The MLP workload the DDP benchmarks train: :data:`MODELS`, :func:`param_count`, :data:`LR`,
+  :data:`MOMENTUM`.
+* :func:`format_table`: a fixed-width text table from row dicts.
 
-Cost model: a collective on ``n`` ranks moving ``S`` bytes in a ring takes
-``T = steps * alpha + fraction * S / beta``, where ``alpha`` is the per-message latency,
-``beta`` the link bandwidth, ``steps`` the number of sequential messages and ``fraction``
-the share of ``S`` each rank sends (which is also the nccl-tests bus-bandwidth factor):
-
-=================  ===============  =================
-collective         steps            fraction (busbw)
-=================  ===============  =================
-allreduce          2(n-1)           2(n-1)/n
-reduce_scatter     n-1              (n-1)/n
-allgather          n-1              (n-1)/n
-broadcast          n-1 (a chain)    1
-=================  ===============  =================
+Import it as ``from . import _common`` inside the package, or ``import _common`` from a
+script run by path (its directory is then ``sys.path[0]``).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import os
 import re
-from dataclasses import dataclass
 
 import numpy as np
 
+from npddp.columns import COLLECTIVES, NO_COMM
+
 GB = 1e9
-COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce_scatter")
+#: The transport every backend uses today; the sweep's ``transport`` column.
+DEFAULT_TRANSPORT = "mpi"
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)\s*$", re.IGNORECASE)
 _BINARY = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _DECIMAL = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 
+
+# ----------------------------------------------------------------------------- units
 
 def parse_size(text: str) -> int:
     """Bytes from ``"8"``, ``"1K"``, ``"64M"``, ``"1G"`` (binary multiples); ValueError otherwise."""
@@ -65,15 +65,15 @@ def format_size(nbytes: int) -> str:
 
 
 def format_count(n: int) -> str:
-    """Short decimal count: 25_000_000 -> "25M", 1500 -> "1.5K"."""
+    """Short decimal count, 3 significant digits: 25_000_000 -> "25M", 1500 -> "1.5K", 1068810 -> "1.07M"."""
     for suffix in ("T", "G", "M", "K"):
         unit = _DECIMAL[suffix]
         if n >= unit:
-            return f"{n / unit:g}{suffix}"
+            return f"{n / unit:.3g}{suffix}"
     return str(n)
 
 
-def _check_collective(collective: str, n: int) -> None:
+def check_collective(collective: str, n: int) -> None:
     """ValueError for an unknown collective or a world size below 1."""
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}; valid: {', '.join(COLLECTIVES)}")
@@ -82,8 +82,8 @@ def _check_collective(collective: str, n: int) -> None:
 
 
 def busbw_factor(collective: str, n: int) -> float:
-    """Share of the message each rank sends in a ring; busbw = algbw * this factor."""
-    _check_collective(collective, n)
+    """busbw = algbw x this: all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n, broadcast 1."""
+    check_collective(collective, n)
     if collective == "allreduce":
         return 2.0 * (n - 1) / n
     if collective == "broadcast":
@@ -91,149 +91,7 @@ def busbw_factor(collective: str, n: int) -> float:
     return (n - 1) / n
 
 
-def ring_steps(collective: str, n: int) -> int:
-    """Sequential messages of the ring (chain for broadcast) algorithm on ``n`` ranks."""
-    _check_collective(collective, n)
-    return 2 * (n - 1) if collective == "allreduce" else n - 1
-
-
-def model_time(nbytes, collective: str, n: int, alpha: float, beta: float, calls=1):
-    """Alpha-beta time (s) of ``calls`` collectives moving ``nbytes`` in total (beta in bytes/s)."""
-    return calls * ring_steps(collective, n) * alpha + busbw_factor(collective, n) * np.asarray(nbytes) / beta
-
-
-@dataclass(frozen=True)
-class Fit:
-    """Fitted alpha (s per message) and beta (bytes/s) with the fit's relative RMS error."""
-
-    alpha: float
-    beta: float
-    rel_rms: float
-
-
-def fit_alpha_beta(nbytes, times, collective: str, n: int) -> Fit:
-    """Least-squares fit of ``times = steps*alpha + fraction*nbytes/beta``, weighted by 1/time.
-
-    Minimises the relative error, so small and large messages count alike; alpha and 1/beta
-    are kept non-negative (beta = inf when the times show no size dependence). Needs n >= 2
-    and at least two distinct sizes with positive times.
-    """
-    b = np.asarray(nbytes, dtype=np.float64).ravel()
-    t = np.asarray(times, dtype=np.float64).ravel()
-    if b.shape != t.shape:
-        raise ValueError(f"nbytes and times differ in length: {b.size} vs {t.size}")
-    keep = np.isfinite(t) & (t > 0)
-    b, t = b[keep], t[keep]
-    if n < 2:
-        raise ValueError(f"the alpha-beta fit needs a world size >= 2 (got {n}): one rank sends nothing")
-    if np.unique(b).size < 2:
-        raise ValueError("the alpha-beta fit needs at least two distinct sizes with positive times")
-    cols = np.stack([np.full_like(b, ring_steps(collective, n)), busbw_factor(collective, n) * b], axis=1) / t[:, None]
-    y = np.ones_like(t)  # (model - t) / t = cols @ x - 1
-    best = None
-    for active in ((0, 1), (0,), (1,)):  # unconstrained, then each non-negative boundary
-        a = cols[:, active]
-        scale = np.linalg.norm(a, axis=0)
-        scale[scale == 0] = 1.0
-        sol = np.linalg.lstsq(a / scale, y, rcond=None)[0] / scale
-        if np.any(sol < 0):
-            continue
-        x = np.zeros(2)
-        x[list(active)] = sol
-        err = float(np.sqrt(np.mean((cols @ x - y) ** 2)))
-        if best is None or err < best[1] - 1e-15:
-            best = (x, err)
-        if len(active) == 2:
-            break
-    if best is None:
-        raise ValueError("the alpha-beta fit found no non-negative solution")
-    x, err = best
-    return Fit(alpha=float(x[0]), beta=float(1.0 / x[1]) if x[1] > 0 else math.inf, rel_rms=err)
-
-
-# ----------------------------------------------------------------------------- DDP projection
-
-@dataclass(frozen=True)
-class Network:
-    """An interconnect described by per-message latency (s) and bandwidth (bytes/s)."""
-
-    name: str
-    alpha: float
-    beta: float
-
-
-#: Typical published figures, not measurements: per-message latency of an MPI
-#: point-to-point exchange and per-link bandwidth.
-NETWORKS = (
-    Network("10 GbE", alpha=50e-6, beta=1.25 * GB),
-    Network("100 GbE", alpha=10e-6, beta=12.5 * GB),
-    Network("InfiniBand HDR", alpha=1.5e-6, beta=25.0 * GB),
-)
-
-
-@dataclass(frozen=True)
-class Projection:
-    """Projected DDP step of one model on ``n`` ranks of one network (times in seconds)."""
-
-    network: str
-    params: int
-    n: int
-    buckets: int
-    compute: float
-    comm: float
-
-    @property
-    def step_serial(self) -> float:
-        """Step time when communication starts after compute (no overlap)."""
-        return self.compute + self.comm
-
-    @property
-    def step_overlap(self) -> float:
-        """Step time when communication hides perfectly behind compute."""
-        return max(self.compute, self.comm)
-
-    @property
-    def overhead_serial(self) -> float:
-        """comm / (comm + compute): share of the step spent communicating, no overlap."""
-        return self.comm / self.step_serial if self.step_serial > 0 else 0.0
-
-    @property
-    def overhead_overlap(self) -> float:
-        """Exposed communication share of the step with perfect overlap."""
-        return (self.step_overlap - self.compute) / self.step_overlap if self.step_overlap > 0 else 0.0
-
-    @property
-    def efficiency_serial(self) -> float:
-        """Scaling efficiency (throughput per rank relative to one rank), no overlap."""
-        return self.compute / self.step_serial if self.step_serial > 0 else 1.0
-
-    @property
-    def efficiency_overlap(self) -> float:
-        """Scaling efficiency with perfect overlap."""
-        return self.compute / self.step_overlap if self.step_overlap > 0 else 1.0
-
-
-def project_ddp(params, world_sizes, compute_s_per_param: float, networks=NETWORKS,
-                bytes_per_param: int = 4, bucket_bytes: int = 25 << 20) -> list[Projection]:
-    """Project DDP's per-step gradient all-reduce for each network x model size x world size.
-
-    Gradients (``params * bytes_per_param`` bytes) go in ``ceil(bytes / bucket_bytes)``
-    ring all-reduces: ``buckets * 2(n-1) * alpha + 2(n-1)/n * bytes / beta``. Compute per
-    step is ``compute_s_per_param * params`` (FLOPs, hence time, scale with parameters at a
-    fixed batch size).
-    """
-    if compute_s_per_param < 0 or bytes_per_param < 1 or bucket_bytes < 1:
-        raise ValueError("compute time, bytes per parameter and bucket size must be positive")
-    out = []
-    for net in networks:
-        for p in params:
-            nbytes = int(p) * bytes_per_param
-            buckets = max(1, math.ceil(nbytes / bucket_bytes))
-            for n in world_sizes:
-                comm = float(model_time(nbytes, "allreduce", int(n), net.alpha, net.beta, calls=buckets))
-                out.append(Projection(net.name, int(p), int(n), buckets, compute_s_per_param * int(p), comm))
-    return out
-
+# ----------------------------------------------------------------------------- arguments
 
 class RankParser(argparse.ArgumentParser):
     """ArgumentParser that prints (help, usage, errors) only where ``verbose`` is set."""
@@ -245,3 +103,156 @@ class RankParser(argparse.ArgumentParser):
     def _print_message(self, message, file=None):
         if self.verbose:
             super()._print_message(message, file)
+
+
+def names(valid) -> callable:
+    """argparse type: a comma-separated list of distinct names from ``valid``."""
+    def convert(text: str) -> tuple:
+        items = tuple(t.strip() for t in text.split(","))
+        bad = [t for t in items if t not in valid]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown name {bad[0]!r}; valid: {', '.join(valid)}")
+        if len(set(items)) != len(items):
+            raise argparse.ArgumentTypeError(f"{text!r} names something twice")
+        return items
+    return convert
+
+
+def positive_floats(text: str) -> tuple:
+    """argparse type: a comma-separated list of distinct numbers > 0."""
+    try:
+        values = tuple(float(t) for t in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not all(np.isfinite(v) and v > 0 for v in values) or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"expected distinct finite numbers > 0, got {text!r}")
+    return values
+
+
+def int_at_least(low: int) -> callable:
+    """argparse type: an int >= ``low``."""
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+    return convert
+
+
+def out_ok(path: str) -> bool:
+    """True if ``path``'s directory exists and is writable and ``path`` is not a directory."""
+    directory = os.path.dirname(os.path.abspath(path))
+    return os.path.isdir(directory) and os.access(directory, os.W_OK) and not os.path.isdir(path)
+
+
+def check_out(paths: dict, world, parser: argparse.ArgumentParser) -> None:
+    """Exit 2 on every rank if rank 0 cannot write one of ``paths`` ({option: path}; one broadcast)."""
+    bad = [option for option, path in paths.items() if path and not out_ok(path)] if world.Get_rank() == 0 else []
+    flags = np.array([option in bad for option in paths], dtype=np.int8)
+    world.Bcast(flags, root=0)
+    for (option, path), flag in zip(paths.items(), flags):
+        if flag:
+            parser.error(f"{option} {path!r}: its directory does not exist or is not writable")
+
+
+# ----------------------------------------------------------------------------- communicators
+
+def create_comm(backend: str, mpi_comm, transport: str = DEFAULT_TRANSPORT):
+    """``npddp.comm.create`` of ``backend`` over ``transport``, its ranks those of ``mpi_comm``."""
+    from npddp import comm as npcomm
+
+    return npcomm.create(backend, mpi_comm, transport=transport)
+
+
+def algorithm_of(comm, backend: str, nbytes: int, dtype: str) -> str:
+    """The all-reduce algorithm ``comm`` runs for ``nbytes`` of ``dtype``: ``comm.algorithm_for`` if it
+    has one (a backend that picks per call), else the backend's name."""
+    pick = getattr(comm, "algorithm_for", None)
+    return str(pick(int(nbytes), np.dtype(dtype))) if pick is not None else backend
+
+
+class NoComm:
+    """A communicator whose all-reduces do nothing: the same DDP step without communication.
+
+    Rank and size are the wrapped communicator's, so DDP buckets, hooks and averages exactly
+    as it would; the set-up calls DDP makes (broadcast, all-gather) go to the wrapped one.
+    """
+
+    name = NO_COMM
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    @property
+    def rank(self) -> int:
+        """The wrapped communicator's rank."""
+        return self._inner.rank
+
+    @property
+    def size(self) -> int:
+        """The wrapped communicator's size."""
+        return self._inner.size
+
+    def allreduce(self, buf, op="sum", out=None):
+        """Skip the reduction: ``out`` receives ``buf`` unchanged (nothing happens in place)."""
+        if out is not None and out is not buf:
+            np.copyto(out, buf)
+            return out
+        return buf
+
+    def iallreduce(self, buf, op="sum"):
+        """A Work handle that is already complete."""
+        return _Done(buf)
+
+    def __getattr__(self, name):
+        """Everything else (barrier, broadcast, allgather, ...) is the wrapped communicator's."""
+        return getattr(self._inner, name)
+
+
+class _Done:
+    """Completed Work: ``wait`` returns the buffer at once."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self, buf):
+        self._buf = buf
+
+    def wait(self):
+        """The buffer, unchanged."""
+        return self._buf
+
+    def test(self) -> bool:
+        """Always complete."""
+        return True
+
+
+# ----------------------------------------------------------------------------- the MLP workload
+
+IN_FEATURES, OUT_FEATURES = 784, 10
+#: Hidden widths of the MLPs the DDP benchmarks train (784 inputs, 10 outputs, ReLU between layers).
+MODELS = {"tiny": (1024, 256), "small": (1024,) * 5, "medium": (2048,) * 5}
+LR, MOMENTUM = 0.01, 0.9
+
+
+def widths(model: str) -> tuple:
+    """Layer widths of a named model, input to output."""
+    return (IN_FEATURES, *MODELS[model], OUT_FEATURES)
+
+
+def param_count(model: str) -> int:
+    """Trainable parameters of a named model."""
+    w = widths(model)
+    return sum(a * b + b for a, b in zip(w[:-1], w[1:]))
+
+
+# ----------------------------------------------------------------------------- text tables
+
+def format_table(rows: list[dict], spec) -> str:
+    """Fixed-width table of ``rows``; ``spec``: (column, header, width, format spec) per column."""
+    lines = [" ".join(head.rjust(width) for _, head, width, _ in spec)]
+    for r in rows:
+        lines.append(" ".join(format(r[col], f">{width}{fmt}") for col, _, width, fmt in spec))
+    return "\n".join(lines)

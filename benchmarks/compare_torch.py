@@ -26,11 +26,9 @@ median to PyTorch's (> 1: faster than PyTorch).
 Exit status: 0 done; 2 bad arguments (before PyTorch is looked for); 3 PyTorch is not
 installed (``pip install torch``; npddp itself never imports it).
 
-HDF5 (``--out``; rank 0, atomically): root attributes kind = "torch_compare", argv, config,
-torch_version and the run environment of npddp.runinfo; ``/rows`` with one 1-D dataset per
-column (framework, backend, sync, model_size, params, world_size, batch, steps, reps,
-samples_per_s, samples_per_s_min, samples_per_s_max, step_ms, ratio_to_torch,
-max_param_diff; strings as fixed-length bytes); ``/raw/samples_per_s`` (reps, sides).
+HDF5 (``--out``; rank 0, atomically): a dump of kind ``torch_compare`` (one row per side,
+PyTorch first; columns in npddp/columns.py, read with ``npddp.results.read_table``), root
+attributes torch_version and sides, and ``/raw/samples_per_s`` (reps, sides).
 """
 
 from __future__ import annotations
@@ -47,22 +45,21 @@ import socket  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks import _common as bc  # noqa: E402
-from benchmarks import ddp as bench  # noqa: E402
 from npddp import comm as npcomm  # noqa: E402
-from npddp import runinfo  # noqa: E402
+from npddp import results  # noqa: E402
 from npddp.ddp import SYNCS, DistributedDataParallel  # noqa: E402
 from npddp.launch import abort_on_exception  # noqa: E402
 from npddp.nn import CrossEntropyLoss, mlp  # noqa: E402
 from npddp.optim import SGD  # noqa: E402
+
+if __package__:
+    from . import _common as bc
+else:  # run by path: this directory is sys.path[0]
+    import _common as bc
 
 KIND = "torch_compare"
 EXIT_NO_TORCH = 3
@@ -91,18 +88,18 @@ def build_parser(verbose: bool = True) -> argparse.ArgumentParser:
     """The command-line parser; only a ``verbose`` one prints."""
     p = bc.RankParser(prog="compare_torch.py", verbose=verbose,
                          description="Throughput of npddp and torch DistributedDataParallel on the same MLP.")
-    p.add_argument("--model", choices=tuple(bench.MODELS), default="small", help="model size (default small)")
-    p.add_argument("--backends", type=bench.names(npcomm.BACKENDS), default=("mpi", "ring"),
+    p.add_argument("--model", choices=tuple(bc.MODELS), default="small", help="model size (default small)")
+    p.add_argument("--backends", type=bc.names(npcomm.BACKENDS), default=("mpi", "ring"),
                    help=f"npddp backends (default mpi,ring; valid: {', '.join(npcomm.BACKENDS)})")
     p.add_argument("--sync", choices=SYNCS, default="overlap", help="npddp sync strategy (default overlap)")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="bucket cap in MiB, both sides (default 25)")
-    p.add_argument("--batch", type=bench.int_at_least(1), default=64, help="samples per rank per step (default 64)")
-    p.add_argument("--steps", type=bench.int_at_least(1), default=10, help="steps per timed block (default 10)")
-    p.add_argument("--reps", type=bench.int_at_least(1), default=5, help="timed blocks per side (default 5)")
-    p.add_argument("--warmup", type=bench.int_at_least(0), default=3, help="untimed steps per side (default 3)")
+    p.add_argument("--batch", type=bc.int_at_least(1), default=64, help="samples per rank per step (default 64)")
+    p.add_argument("--steps", type=bc.int_at_least(1), default=10, help="steps per timed block (default 10)")
+    p.add_argument("--reps", type=bc.int_at_least(1), default=5, help="timed blocks per side (default 5)")
+    p.add_argument("--warmup", type=bc.int_at_least(0), default=3, help="untimed steps per side (default 3)")
     p.add_argument("--master-addr", default="127.0.0.1",
                    help="address of rank 0 for the gloo rendezvous (default 127.0.0.1: one host)")
-    p.add_argument("--timeout", type=bench.int_at_least(1), default=120,
+    p.add_argument("--timeout", type=bc.int_at_least(1), default=120,
                    help="seconds the gloo rendezvous and collectives may take (default 120)")
     p.add_argument("--out", default="", help="write an HDF5 dump here (rank 0)")
     return p
@@ -130,21 +127,16 @@ def import_torch():
 
 # ----------------------------------------------------------------------------- the two sides
 
-def widths(model: str) -> tuple:
-    """Layer widths of a named model, input to output."""
-    return (bench.IN_FEATURES, *bench.MODELS[model], bench.OUT_FEATURES)
-
-
 class NpddpSide:
     """npddp DDP on one backend (over its own duplicate of ``mpi_comm``)."""
 
     def __init__(self, cfg: Config, backend: str, mpi_comm, x, y):
         self.label, self.framework, self.backend, self.sync = f"npddp {backend}", "npddp", backend, cfg.sync
         self._sub = mpi_comm.Dup()
-        model = mlp(bench.IN_FEATURES, bench.MODELS[cfg.model], bench.OUT_FEATURES, dtype=np.float32, seed=0)
-        self.ddp = DistributedDataParallel(model, npcomm.create(backend, self._sub), sync=cfg.sync,
+        model = mlp(bc.IN_FEATURES, bc.MODELS[cfg.model], bc.OUT_FEATURES, dtype=np.float32, seed=0)
+        self.ddp = DistributedDataParallel(model, bc.create_comm(backend, self._sub), sync=cfg.sync,
                                            bucket_cap_mb=cfg.bucket_mb)
-        self.opt = SGD(self.ddp.parameters(), lr=bench.LR, momentum=bench.MOMENTUM)
+        self.opt = SGD(self.ddp.parameters(), lr=bc.LR, momentum=bc.MOMENTUM)
         self.lossfn = CrossEntropyLoss()
         self.x, self.y = x, y
 
@@ -170,7 +162,7 @@ class TorchSide:
     def __init__(self, torch, cfg: Config, initial: list, x, y):
         self.label, self.framework, self.backend, self.sync = "torch gloo", "torch", "gloo", "ddp"
         nn = torch.nn
-        w = widths(cfg.model)
+        w = bc.widths(cfg.model)
         layers = []
         for i in range(len(w) - 1):
             layers += [nn.Linear(w[i], w[i + 1])] + ([nn.ReLU()] if i < len(w) - 2 else [])
@@ -180,7 +172,7 @@ class TorchSide:
                 p.copy_(torch.from_numpy(value))
         self.ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cfg.bucket_mb,
                                                        gradient_as_bucket_view=True)
-        self.opt = torch.optim.SGD(self.ddp.parameters(), lr=bench.LR, momentum=bench.MOMENTUM)
+        self.opt = torch.optim.SGD(self.ddp.parameters(), lr=bc.LR, momentum=bc.MOMENTUM)
         self.lossfn = nn.CrossEntropyLoss()
         self.x, self.y = torch.from_numpy(x), torch.from_numpy(y)  # (B, 784) float32, (B,) int64
 
@@ -248,8 +240,8 @@ def measure(sides: list, cfg: Config, harness) -> tuple[np.ndarray, list]:
 def result_rows(sides: list, sps: np.ndarray, diffs: list, cfg: Config, n: int) -> list[dict]:
     """One row per side (the first is PyTorch) from the (reps, sides) samples/s."""
     median = np.median(sps, axis=0)  # (sides,)
-    return [{"framework": s.framework, "backend": s.backend, "sync": s.sync, "model_size": cfg.model,
-             "params": bench.param_count(cfg.model), "world_size": n, "batch": cfg.batch, "steps": cfg.steps,
+    return [{"framework": s.framework, "backend": s.backend, "sync": s.sync, "model": cfg.model,
+             "params": bc.param_count(cfg.model), "world_size": n, "batch": cfg.batch, "steps": cfg.steps,
              "reps": cfg.reps, "samples_per_s": float(median[k]), "samples_per_s_min": float(sps[:, k].min()),
              "samples_per_s_max": float(sps[:, k].max()), "step_ms": n * cfg.batch / float(median[k]) * 1e3,
              "ratio_to_torch": float(median[k] / median[0]), "max_param_diff": diffs[k]}
@@ -273,16 +265,15 @@ def main(argv=None, mpi_comm=None) -> int:
         if rank == 0:
             print(NO_TORCH, file=sys.stderr, flush=True)
         return EXIT_NO_TORCH
-    if cfg.out:
-        bench.check_out(cfg.out, world, verbose=rank == 0)
+    bc.check_out({"--out": cfg.out}, world, build_parser(rank == 0))
     import torch.distributed as dist
     torch.set_num_threads(1)
     rng = np.random.default_rng(1000 + rank)
-    x = rng.standard_normal((cfg.batch, bench.IN_FEATURES)).astype(np.float32)  # (B, 784)
-    y = rng.integers(0, bench.OUT_FEATURES, size=cfg.batch).astype(np.int64)     # (B,)
+    x = rng.standard_normal((cfg.batch, bc.IN_FEATURES)).astype(np.float32)  # (B, 784)
+    y = rng.integers(0, bc.OUT_FEATURES, size=cfg.batch).astype(np.int64)     # (B,)
     if rank == 0:
         print(f"# npddp vs torch {torch.__version__} DDP: {n} ranks, model {cfg.model} "
-              f"({bench.param_count(cfg.model):,} parameters), batch {cfg.batch} per rank, float32, "
+              f"({bc.param_count(cfg.model):,} parameters), batch {cfg.batch} per rank, float32, "
               f"{cfg.warmup} warm-up steps, {cfg.reps} x {cfg.steps} timed steps per side", flush=True)
     harness = world.Dup()
     init_gloo(dist, world, cfg)
@@ -302,16 +293,12 @@ def main(argv=None, mpi_comm=None) -> int:
     if rank == 0:
         print("# samples/s: median over repetitions (min, max) of global samples/s; block time = max over ranks; "
               "vs torch: median / torch median; max|dparam|: after the warm-up, vs torch")
-        print(bench.format_table(rows, TABLE))
+        print(bc.format_table(rows, TABLE))
         if cfg.out:
-            with runinfo.atomic_h5(cfg.out) as f:
-                runinfo.write_attrs(f, runinfo.environment(world_size=n, backend=cfg.backends))
-                runinfo.write_attrs(f, {"kind": KIND, "argv": json.dumps(argv), "config": asdict(cfg),
-                                        "torch_version": str(torch.__version__), "lr": bench.LR,
-                                        "momentum": bench.MOMENTUM})
-                bench.write_rows(f.create_group("rows"), rows)
-                raw = f.create_group("raw").create_dataset("samples_per_s", data=sps)
-                runinfo.write_attrs(raw, {"sides": [s.label for s in sides]})
+            attrs = {"argv": json.dumps(argv), "config": asdict(cfg), "sides": [s.label for s in sides],
+                     "torch_version": str(torch.__version__), "lr": bc.LR, "momentum": bc.MOMENTUM}
+            results.write_dump(cfg.out, KIND, rows, world_size=n, backends=cfg.backends, raw={"samples_per_s": sps},
+                               attrs=attrs)
             print(f"# wrote {cfg.out}")
         sys.stdout.flush()
     return 0

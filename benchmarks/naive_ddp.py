@@ -31,9 +31,10 @@ over the timed steps.
 ``--csv PATH`` writes exactly the columns ``model_size, d_model, num_layers, total_time_ms,
 compute_time_ms, comm_time_ms, comm_fraction, num_comm_ops`` (one row per model size); with
 several ``--sync`` values, one file per sync named ``PATH`` with ``.<sync>`` before the
-suffix. ``--out PATH.h5`` writes every column (sync, backend, parameters, tokens/s, ...) as
-HDF5 (rank 0, atomically): root attributes kind = "naive_ddp", argv, config and the run
-environment; ``/rows`` one 1-D dataset per column, strings as fixed-length bytes.
+suffix. ``--out PATH.h5`` writes every column (sync, backend, parameters, tokens/s, ...) as a
+``naive_ddp`` benchmark dump (rank 0, atomically; the columns are declared in
+:mod:`npddp.columns`, read it back with ``npddp.results.read_table``); root attributes argv,
+config, memory_notes (the auto-fit messages) and the run environment.
 """
 
 from __future__ import annotations
@@ -49,22 +50,22 @@ import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks import _common as bc  # noqa: E402
 from npddp import comm as npcomm  # noqa: E402
-from npddp import runinfo  # noqa: E402
+from npddp import results  # noqa: E402
 from npddp.data import synthetic_tokens  # noqa: E402
 from npddp.ddp import SYNCS, DistributedDataParallel  # noqa: E402
 from npddp.launch import abort_on_exception  # noqa: E402
 from npddp.nn import PRESETS, CrossEntropyLoss, gpt_num_parameters, gpt_preset  # noqa: E402
 from npddp.optim import SGD, AdamW  # noqa: E402
+
+if __package__:
+    from . import _common as bc
+else:  # run by path: this directory is sys.path[0]
+    import _common as bc
 
 CSV_COLUMNS = ("model_size", "d_model", "num_layers", "total_time_ms", "compute_time_ms", "comm_time_ms",
                "comm_fraction", "num_comm_ops")
@@ -99,48 +100,24 @@ def build_parser(verbose: bool = True) -> argparse.ArgumentParser:
                       epilog="Sizes: " + ", ".join(f"{k} (d_model {v[0]}, d_ff {v[1]}, {v[2]} layers, "
                                                     f"{v[3]} heads)" for k, v in PRESETS.items()))
     sizes = tuple(PRESETS)
-    p.add_argument("--model-size", type=_names(sizes), default=("small",),
+    p.add_argument("--model-size", type=bc.names(sizes), default=("small",),
                    help=f"comma-separated GPT sizes (default small; valid: {', '.join(sizes)})")
-    p.add_argument("--sync", type=_names(SYNCS), default=("per_param",),
+    p.add_argument("--sync", type=bc.names(SYNCS), default=("per_param",),
                    help=f"comma-separated sync strategies (default per_param; valid: {', '.join(SYNCS)})")
     p.add_argument("--backend", choices=npcomm.BACKENDS, default="mpi", help="all-reduce backend (default mpi)")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="bucket cap for bucketed/overlap (default 25)")
-    p.add_argument("--context-length", type=_int_at_least(1), default=256, help="tokens per sequence (default 256)")
-    p.add_argument("--vocab-size", type=_int_at_least(2), default=10000, help="vocabulary (default 10000)")
-    p.add_argument("--batch-size", type=_int_at_least(1), default=4,
+    p.add_argument("--context-length", type=bc.int_at_least(1), default=256, help="tokens per sequence (default 256)")
+    p.add_argument("--vocab-size", type=bc.int_at_least(2), default=10000, help="vocabulary (default 10000)")
+    p.add_argument("--batch-size", type=bc.int_at_least(1), default=4,
                    help="GLOBAL sequences per step, split over the ranks (default 4)")
-    p.add_argument("--num-steps", type=_int_at_least(1), default=5, help="timed steps (default 5)")
-    p.add_argument("--num-warmup", type=_int_at_least(0), default=2, help="untimed steps first (default 2)")
+    p.add_argument("--num-steps", type=bc.int_at_least(1), default=5, help="timed steps (default 5)")
+    p.add_argument("--num-warmup", type=bc.int_at_least(0), default=2, help="untimed steps first (default 2)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw",
                    help="adamw (default) or plain sgd, which holds no optimizer state")
     p.add_argument("--csv", default="", help="write the coursework table here (rank 0)")
     p.add_argument("--out", default="", help="write every column as HDF5 here (rank 0)")
     return p
-
-
-def _names(valid):
-    """argparse type: comma-separated distinct names from ``valid``."""
-    def convert(text: str) -> tuple:
-        items = tuple(t.strip() for t in text.split(","))
-        bad = [t for t in items if t not in valid]
-        if bad or len(set(items)) != len(items):
-            raise argparse.ArgumentTypeError(f"expected distinct names from {', '.join(valid)}, got {text!r}")
-        return items
-    return convert
-
-
-def _int_at_least(low: int):
-    """argparse type: an int >= ``low``."""
-    def convert(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-    return convert
 
 
 def parse_config(argv, world_size: int, verbose: bool = True) -> Config:
@@ -152,10 +129,6 @@ def parse_config(argv, world_size: int, verbose: bool = True) -> Config:
                      f"of {world_size}")
     if not (np.isfinite(a.bucket_mb) and a.bucket_mb > 0):
         parser.error(f"--bucket-mb must be a number > 0, got {a.bucket_mb}")
-    for path, flag in ((a.csv, "--csv"), (a.out, "--out")):
-        directory = os.path.dirname(os.path.abspath(path)) if path else ""
-        if path and (not os.path.isdir(directory) or os.path.isdir(path)):
-            parser.error(f"{flag} {path!r}: its directory does not exist, or it is a directory")
     return Config(a.model_size, a.sync, a.backend, a.bucket_mb, a.context_length, a.vocab_size, a.batch_size,
                   a.num_steps, a.num_warmup, a.dtype, a.optimizer, a.csv, a.out)
 
@@ -274,9 +247,11 @@ def summarise(size: str, requested: str, sync: str, cfg: Config, worst: np.ndarr
         "num_comm_ops": int(worst[:, f["comm_calls"]].max()),
         "requested_size": requested, "num_heads": heads, "d_ff": d_ff,
         "params": gpt_num_parameters(cfg.vocab_size, cfg.context_length, d, layers, heads, d_ff),
-        "sync": sync, "backend": cfg.backend, "bucket_mb": cfg.bucket_mb if sync in ("bucketed", "overlap") else 0.0,
+        "sync": sync, "backend": cfg.backend, "transport": "mpi",
+        "bucket_mb": cfg.bucket_mb if sync in ("bucketed", "overlap") else 0.0,
         "world_size": n, "batch_size": cfg.batch_size, "context_length": cfg.context_length,
-        "vocab_size": cfg.vocab_size, "total_time_ms_p10": float(p10), "total_time_ms_p90": float(p90),
+        "vocab_size": cfg.vocab_size, "steps": cfg.num_steps,
+        "total_time_ms_p10": float(p10), "total_time_ms_p90": float(p90),
         "tokens_per_s": cfg.batch_size * cfg.context_length / (total_ms / 1e3),
         "cpu_time_ms": float(np.median(mean[:, f["cpu_s"]])) * 1e3,
     }
@@ -315,29 +290,13 @@ def write_csv(path: str, rows: list[dict]) -> None:
             w.writerow([f"{r[c]:.3f}" if isinstance(r[c], float) else r[c] for c in CSV_COLUMNS])
 
 
-def write_dump(path: str, rows: list[dict], attrs: dict, world_size: int, backend: str) -> None:
-    """Every column as one 1-D dataset under /rows, with the run's attributes, written atomically."""
-    with runinfo.atomic_h5(path) as f:
-        runinfo.write_attrs(f, runinfo.environment(world_size=world_size, backend=backend))
-        runinfo.write_attrs(f, {"kind": "naive_ddp", **attrs})
-        group = f.create_group("rows")
-        for col in rows[0]:
-            values = [r[col] for r in rows]
-            if isinstance(values[0], str):
-                data = np.array([v.encode("utf-8") for v in values])
-            elif isinstance(values[0], (int, np.integer)):
-                data = np.array(values, dtype=np.int64)
-            else:
-                data = np.array(values, dtype=np.float64)
-            group.create_dataset(col, data=data)
-
-
 def main(argv=None, mpi_comm=None) -> int:
     """Run the benchmark on ``mpi_comm`` (default COMM_WORLD); rank 0 prints and writes."""
     world = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
     argv = sys.argv[1:] if argv is None else list(argv)
     rank, n = world.Get_rank(), world.Get_size()
     cfg = parse_config(argv, n, verbose=rank == 0)
+    bc.check_out({"--csv": cfg.csv, "--out": cfg.out}, world, build_parser(rank == 0))
     sizes, notes = choose_sizes(cfg, world)
     if rank == 0:
         print(f"# naive DDP benchmark: {n} ranks, backend {cfg.backend}, global batch {cfg.batch_size} x "
@@ -371,8 +330,9 @@ def main(argv=None, mpi_comm=None) -> int:
                 write_csv(path, [r for r in rows if r["sync"] == sync])
                 print(f"# wrote {path} ({sync})")
         if cfg.out:
-            write_dump(cfg.out, rows, {"argv": json.dumps(argv), "config": asdict(cfg),
-                                       "memory_notes": json.dumps([x for x in notes if x])}, n, cfg.backend)
+            results.write_dump(cfg.out, "naive_ddp", rows, world_size=n, backends=cfg.backend,
+                               attrs={"argv": json.dumps(argv), "config": asdict(cfg),
+                                      "memory_notes": json.dumps([x for x in notes if x])})
             print(f"# wrote {cfg.out}")
         sys.stdout.flush()
     return 0

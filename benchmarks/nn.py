@@ -32,15 +32,10 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 from numpy.lib.stride_tricks import sliding_window_view  # noqa: E402
-
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from npddp.nn import PRESETS, CrossEntropyLoss, cnn, gpt_preset, mlp  # noqa: E402
 
@@ -264,7 +259,10 @@ def bench_gpt(size, batch, context, vocab, repeats, warmup, dtype):
         print("  torch is not installed: timing npddp alone (pip install torch==<version> for the comparison)")
         time_runs("gpt", batch, runs, repeats, warmup, dtype, 0.0)
         return None
-    from benchmarks import torch_gpt
+    if __package__:
+        from . import torch_gpt
+    else:  # run by path: this directory is sys.path[0]
+        import torch_gpt
     torch.set_num_threads(1)
     tx, tt = torch.tensor(x), torch.tensor(t)
     diff = 0.0

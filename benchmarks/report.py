@@ -1,424 +1,210 @@
-"""Tables and PNG plots from npddp benchmark dumps, an alpha-beta fit, and DDP projections.
+"""Tables and plots from npddp benchmark dumps, an alpha-beta fit, and DDP projections.
 
 Usage::
 
     python benchmarks/report.py ar.h5
-    python benchmarks/report.py ar.h5 ddp.h5 scaling.h5 --outdir plots
-    python benchmarks/report.py ar.h5 --compute-ms 250 --compute-params 25M --model-params 1M,25M,100M,350M
+    python benchmarks/report.py ar.h5 ddp.h5 scaling.h5 --outdir plots --format png,svg
+    python -m benchmarks.report ar.h5 --compute-ms 250 --compute-params 25M --model-params 1M,25M,100M,350M
 
-Each dump is read according to its root attribute ``kind``:
+First every dump is checked against its kind's declaration (npddp/columns.py): any violation
+(a missing attribute or column, a wrong type or unit, NaN or non-positive times, ...) prints
+one line naming the file, the field and what was expected, and the report exits 2 before it
+prints or draws anything. The tables are then read with ``npddp.results.read_table`` and
+printed with pandas; per kind:
 
-* ``allreduce_sweep`` (benchmarks/allreduce.py; layout in its docstring): a table per
-  backend and place, ``<stem>_busbw.png`` (bus bandwidth vs size, log x) and
-  ``<stem>_ratio.png`` (median time over the ``--baseline`` backend's, vs size), and an
-  alpha-beta fit per backend and place: ``time = steps*alpha + fraction*bytes/beta`` with
-  the ring's steps and fraction (all-reduce on N ranks: 2(N-1) and 2(N-1)/N), least squares
-  on the relative error over the sweep's median times.
-* ``ddp_breakdown``: the rows as a table and ``<stem>_breakdown.png``, a stacked bar per row
-  (forward, backward, exposed comm, optimizer; compute and exposed comm when the split is
-  not recorded).
-* ``weak_scaling``: the rows and ``<stem>_efficiency.png``, efficiency vs world size.
+* ``allreduce_sweep`` (benchmarks/allreduce.py): bus bandwidth and median time per size and
+  series, the time ratio to ``--baseline``, and an alpha-beta fit per series (``time = steps
+  x alpha + fraction x bytes / beta`` with the algorithm's own steps and fraction when it has
+  a cost model, the ring's otherwise: benchmarks/_costmodel.py); plots ``<stem>_busbw`` (bus
+  bandwidth vs size with p10-p90 bands) and ``<stem>_ratio`` (time / baseline's, 1.0 line).
+* ``ddp_breakdown`` (benchmarks/ddp.py): the rows; plot ``<stem>_breakdown`` (per model,
+  each step split into forward / backward / comm issued inside backward / exposed comm /
+  optimizer as % of the step, ms on the bars, DDP efficiency at the end).
+* ``weak_scaling`` (benchmarks/ddp.py --weak-scaling): median, min and max efficiency over
+  repeats per world size; plot ``<stem>_efficiency`` with error bars, the no-comm ceiling and
+  a warning where repeats spread by more than 20%.
+* ``torch_compare`` (benchmarks/compare_torch.py): the rows.
 
-Contract for the DDP dumps (``ddp_breakdown``, ``weak_scaling``): root attributes ``kind``,
-``schema_version`` and the run environment (npddp.runinfo); a group ``/rows`` holding one
-1-D dataset per column, all of one length (one entry per row), numbers as int64/float64 and
-strings as fixed-length bytes (``S`` dtype, UTF-8). Times are per training step, in ms.
+Projection (printed last; plot ``projection``): DDP's gradient all-reduce per step for each
+model size (float32 gradients in ``--bucket-mb`` buckets), world size and algorithm (those of
+the sweeps given, else every algorithm with a cost model) on three networks with typical
+published latency and bandwidth (10 GbE: 50 us, 1.25 GB/s; 100 GbE: 10 us, 12.5 GB/s;
+InfiniBand HDR: 1.5 us, 25 GB/s: assumptions, not measurements; the alpha and beta fitted here
+are printed beside them). Compute per step scales linearly with parameters: the rate comes
+from the largest model of the first ``ddp_breakdown`` dump, else from ``--compute-ms`` for a
+model of ``--compute-params``. Efficiency = compute / (compute + comm) without overlap (the
+plot), compute / max(compute, comm) with perfect overlap (the table).
 
-=================  ========  ==================================================================
-ddp_breakdown      type      meaning
-=================  ========  ==================================================================
-model_size         str       model label, e.g. "small"
-params             int       trainable parameters
-sync               str       per_param, flat, bucketed or overlap
-backend            str       communicator backend
-bucket_mb          float     bucket cap in MiB (0 where not bucketed)
-total_time_ms      float     wall time of a step
-compute_time_ms    float     forward + backward + optimizer, excluding waits on communication
-comm_time_ms       float     exposed communication: time the step waits on it
-comm_fraction      float     comm_time_ms / total_time_ms
-num_comm_ops       int       all-reduce calls per step
-samples_per_s      float     global throughput
-forward_time_ms,   float     optional split of compute_time_ms; when all three are present the
-backward_time_ms,            bars show them instead of one compute segment
-optimizer_time_ms
-=================  ========  ==================================================================
-
-``weak_scaling`` columns: ``world_size`` (int), ``samples_per_s`` (float, global),
-``efficiency`` (float: samples_per_s / (world_size * samples_per_s at one rank)); optional
-string columns ``model_size``, ``backend``, ``sync`` give one line per distinct combination.
-
-Projection (printed after the dumps): DDP's gradient all-reduce per step for each model
-size (float32 gradients in ``--bucket-mb`` buckets) and world size on three networks with
-typical published latency and bandwidth (10 GbE: 50 us, 1.25 GB/s; 100 GbE: 10 us,
-12.5 GB/s; InfiniBand HDR: 1.5 us, 25 GB/s: assumptions, not measurements; the alpha and beta
-fitted on this machine are printed beside them). Compute per step scales linearly with
-parameters: the rate comes from the largest model of the first ``ddp_breakdown`` dump, else
-from ``--compute-ms`` for a model of ``--compute-params`` (default 100 ms at 25M parameters).
-Overhead = comm / (comm + compute) without overlap; with perfect overlap a step takes
-max(comm, compute); efficiency = compute / step time.
-
-A missing, corrupt or foreign file is a one-line error and exit status 2.
+Needs pandas; plots need matplotlib (without it the tables are printed and a note says so).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from npddp import results
 
-from benchmarks import _common as bc  # noqa: E402
-from npddp import runinfo  # noqa: E402
+if __package__:
+    from . import _common as bc
+    from . import _costmodel as cm
+else:  # run by path: this directory is sys.path[0]
+    import _common as bc
+    import _costmodel as cm
 
 PROG = "report.py"
-KINDS = ("allreduce_sweep", "ddp_breakdown", "weak_scaling")
-SWEEP_DATASETS = ("bytes", "count", "iters", "time_s", "time_median_s", "busbw_GBps", "algbw_GBps", "wrong")
-BREAKDOWN_COLUMNS = ("model_size", "params", "sync", "backend", "bucket_mb", "total_time_ms", "compute_time_ms",
-                     "comm_time_ms", "comm_fraction", "num_comm_ops", "samples_per_s")
-SPLIT_COLUMNS = ("forward_time_ms", "backward_time_ms", "optimizer_time_ms")
-SCALING_COLUMNS = ("world_size", "samples_per_s", "efficiency")
-SCALING_KEYS = ("model_size", "backend", "sync")
+FORMATS = ("png", "svg")
+EXIT_BAD = 2
 
 
-class DumpError(Exception):
-    """A dump that cannot be read: the message names the file and the reason."""
+# ----------------------------------------------------------------------------- tables
+
+def _label(row) -> str:
+    """A sweep series name: backend[/transport] place."""
+    name = row["backend"] + ("" if row["transport"] == bc.DEFAULT_TRANSPORT else "/" + row["transport"])
+    return f"{name} {row['place']}"
 
 
-@dataclass
-class Dump:
-    """One file's kind, root attributes and data (groups of arrays, or rows of columns)."""
-
-    path: Path
-    kind: str
-    attrs: dict
-    groups: dict = field(default_factory=dict)   # allreduce_sweep: (backend, place) -> {name: array}
-    rows: dict = field(default_factory=dict)     # DDP kinds: column -> (n_rows,) array (str as str)
+def _with_series(df):
+    """The sweep table with a 'series' column and a short 'size' label."""
+    df = df.copy()
+    df["series"] = [_label(r) for _, r in df.iterrows()]
+    df["size"] = [bc.format_size(int(b)) for b in df["bytes"]]
+    return df
 
 
-# ----------------------------------------------------------------------------- reading
+def sweep_tables(df, meta: dict, baseline: str) -> str:
+    """Bus bandwidth and median time per size and series, time ratios to ``baseline``, #wrong."""
+    df = _with_series(df)
+    order = list(dict.fromkeys(df["series"]))
+    sizes = list(dict.fromkeys(df["size"]))
 
-def load(path) -> Dump:
-    """Read a dump; DumpError with a one-line reason if it is missing, corrupt or foreign."""
-    import h5py
-
-    path = Path(path)
-    if not path.exists():
-        raise DumpError(f"{path}: no such file")
-    if not path.is_file():
-        raise DumpError(f"{path}: not a regular file")
-    try:
-        f = h5py.File(path, "r")
-    except OSError as e:
-        raise DumpError(f"{path}: not a readable HDF5 file ({_first_line(e)})") from None
-    label = "dump"
-    try:
-        with f:
-            attrs = runinfo.read_attrs(f)
-            kind = attrs.get("kind")
-            if kind is None:
-                raise DumpError(f"{path}: no 'kind' attribute; not an npddp benchmark dump")
-            if kind not in KINDS:
-                raise DumpError(f"{path}: unknown kind {kind!r}; this report reads {', '.join(KINDS)}")
-            label = kind
-            version = attrs.get("schema_version")
-            if not isinstance(version, int) or not 1 <= version <= runinfo.SCHEMA_VERSION:
-                raise DumpError(f"{path}: schema_version {version!r} is not one this report reads "
-                                f"(1..{runinfo.SCHEMA_VERSION})")
-            dump = Dump(path, kind, attrs)
-            if kind == "allreduce_sweep":
-                _read_sweep(f, dump)
-            else:
-                _read_rows(f, dump, BREAKDOWN_COLUMNS if kind == "ddp_breakdown" else SCALING_COLUMNS)
-            return dump
-    except DumpError:
-        raise
-    except (OSError, KeyError, ValueError, TypeError, IndexError) as e:
-        raise DumpError(f"{path}: malformed {label} ({_first_line(e)})") from None
+    def pivot(values):
+        return df.pivot_table(index="size", columns="series", values=values, sort=False).reindex(
+            index=sizes, columns=order)
+    parts = [f"== {meta['collective']} sweep, {meta['world_size']} ranks, {meta['dtype']}, op {meta['op']}; "
+             f"{meta.get('mpi_library', '?')} on {meta.get('host', '?')}, {meta.get('time_utc', '?')}",
+             "bus bandwidth (GB/s):", pivot("busbw_GBps").to_string(float_format="{:.3f}".format),
+             "median time (us):", (pivot("time_median_s") * 1e6).to_string(float_format="{:.1f}".format)]
+    base = df[df["backend"] == baseline].set_index(["place", "bytes"])["time_median_s"]
+    others = df[df["backend"] != baseline]
+    if len(base) and len(others):
+        others = others.assign(ratio=others["time_median_s"].to_numpy() / base.reindex(
+            list(zip(others["place"], others["bytes"]))).to_numpy())
+        table = others.pivot_table(index="size", columns="series", values="ratio", sort=False)
+        parts += [f"median time / {baseline}'s (> 1: slower):",
+                  table.reindex(index=sizes, columns=list(dict.fromkeys(others["series"]))).to_string(
+                      float_format="{:.2f}".format)]
+    picking = df[df["algorithm"] != df["backend"]]
+    if len(picking):
+        parts += ["algorithm each backend that picks per call ran:",
+                  picking.pivot_table(index="size", columns="series", values="algorithm", aggfunc="first",
+                                      sort=False).reindex(index=sizes).to_string()]
+    parts.append(f"#wrong total: {int(df['wrong'].sum())}")
+    return "\n".join(parts)
 
 
-def _first_line(e: BaseException) -> str:
-    """The first line of an exception's message, or its type name."""
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
-def _read_sweep(f, dump: Dump) -> None:
-    """Fill ``dump.groups`` from /<backend>/<place> groups; check shapes agree."""
-    for backend in _names(dump.attrs.get("backends")) or list(f):
-        for place in _names(dump.attrs.get("places")) or list(f[backend]):
-            g = f[backend][place]
-            data = {name: g[name][()] for name in SWEEP_DATASETS}
-            n = data["bytes"].shape
-            if len(n) != 1 or any(data[k].shape[:1] != n for k in SWEEP_DATASETS):
-                raise DumpError(f"{dump.path}: /{backend}/{place} datasets disagree on the number of sizes")
-            data["busbw_factor"] = float(g.attrs["busbw_factor"])
-            dump.groups[(str(backend), str(place))] = data
-    if not dump.groups:
-        raise DumpError(f"{dump.path}: allreduce_sweep with no backend groups")
-
-
-def _names(value) -> list:
-    """A list of names from a string-array attribute (or a comma-joined string); [] when absent."""
-    if value is None:
-        return []
-    return [v for v in value.split(",") if v] if isinstance(value, str) else [str(v) for v in value]
-
-
-def _read_rows(f, dump: Dump, required) -> None:
-    """Fill ``dump.rows`` from the 1-D datasets of /rows (bytes decoded to str)."""
-    rows = f["rows"]
-    missing = [c for c in required if c not in rows]
-    if missing:
-        raise DumpError(f"{dump.path}: {dump.kind} /rows lacks column(s) {', '.join(missing)}")
-    known = list(required) + [c for c in SPLIT_COLUMNS if c in rows]
-    order = known + sorted(set(rows) - set(known))
-    for name in order:  # the contract's column order, then any extra columns
-        values = rows[name][()]
-        if values.dtype.kind in "SO":
-            values = np.array([v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in values], dtype=object)
-        dump.rows[name] = values
-    lengths = {v.shape for v in dump.rows.values()}
-    if len(lengths) != 1 or len(next(iter(lengths))) != 1:
-        raise DumpError(f"{dump.path}: /rows columns must be 1-D and of one length, got shapes {sorted(lengths)}")
-
-
-# ----------------------------------------------------------------------------- analysis
-
-def sweep_fits(dump: Dump) -> dict:
-    """(backend, place) -> Fit over the sweep's median times; groups that cannot be fitted are left out."""
-    n = int(dump.attrs.get("world_size", 1))
+def sweep_fits(df, meta: dict) -> dict:
+    """series -> Fit over the median times; series that cannot be fitted (one rank, one size) are left out."""
     fits = {}
-    for key, g in dump.groups.items():
+    for series, part in _with_series(df).groupby("series", sort=False):
+        algorithms = part["algorithm"].unique()
         try:
-            fits[key] = bc.fit_alpha_beta(g["bytes"], g["time_median_s"], dump.attrs["collective"], n)
+            fits[series] = cm.fit_alpha_beta(part["bytes"], part["time_median_s"], meta["collective"],
+                                             int(meta["world_size"]), algorithm=algorithms[0]
+                                             if len(algorithms) == 1 else "ring")
         except ValueError:
             continue
     return fits
 
 
-def compute_rate(dumps, compute_ms: float, compute_params: int) -> tuple[float, str]:
+def fits_table(fits: dict, meta: dict) -> str:
+    """The alpha-beta fits as a table."""
+    import pandas as pd
+
+    if not fits:
+        return "alpha-beta fit: none (needs world size >= 2 and two sizes or more)"
+    table = pd.DataFrame({"alpha_us": [f.alpha * 1e6 for f in fits.values()],
+                          "beta_GBps": [f.beta / bc.GB for f in fits.values()],
+                          "rel_rms": [f.rel_rms for f in fits.values()]}, index=list(fits))
+    return (f"alpha-beta fit, {meta['world_size']} ranks (time = steps x alpha + fraction x bytes / beta; "
+            "weighted to relative error):\n" + table.to_string(float_format="{:.3f}".format))
+
+
+def breakdown_table(df) -> str:
+    """The DDP breakdown's main columns."""
+    cols = ["model", "sync", "backend", "bucket_mb", "step_ms", "step_ms_p10", "step_ms_p90", "forward_ms",
+            "backward_ms", "comm_issued_ms", "comm_exposed_ms", "optimizer_ms", "comm_fraction", "num_comm_ops",
+            "samples_per_s", "ddp_efficiency"]
+    return df[cols].to_string(index=False, float_format="{:.3g}".format)
+
+
+def scaling_summary(df):
+    """Per combination and world size: median, min and max efficiency over repeats, and their spread."""
+    keys = ["model", "sync", "backend", "bucket_mb", "world_size"]
+    g = df.groupby(keys, sort=False)
+    out = g["efficiency"].agg(["median", "min", "max"]).rename(columns=lambda c: f"efficiency_{c}")
+    out["spread"] = (out["efficiency_max"] - out["efficiency_min"]) / out["efficiency_median"]
+    out["ddp_efficiency"] = g["ddp_efficiency"].median()
+    out["step_ms"] = g["step_ms"].median()
+    out["repeats"] = g["repeat"].nunique()
+    return out.reset_index()
+
+
+def compute_rate(tables, compute_ms: float, compute_params: int) -> tuple[float, str]:
     """(seconds of compute per step per parameter, where it came from)."""
-    for d in dumps:
-        if d.kind != "ddp_breakdown":
-            continue
-        params = d.rows["params"].astype(np.float64)
-        ms = d.rows["compute_time_ms"].astype(np.float64)
-        ok = (params > 0) & (ms > 0)
-        if ok.any():
-            biggest = ok & (params == params[ok].max())
-            rate = float(np.median(ms[biggest] / params[biggest])) / 1e3
-            return rate, f"measured in {d.path.name}: {bc.format_count(int(params[ok].max()))}-parameter model"
+    for path, df in tables:
+        params = df["params"].to_numpy(np.float64)
+        ms = df["compute_ms"].to_numpy(np.float64)
+        biggest = params == params.max()
+        rate = float(np.median(ms[biggest] / params[biggest])) / 1e3
+        return rate, f"measured in {Path(path).name}: {bc.format_count(int(params.max()))}-parameter model"
     source = f"--compute-ms {compute_ms:g} at --compute-params {bc.format_count(compute_params)}"
     return compute_ms / 1e3 / compute_params, source
 
 
-# ----------------------------------------------------------------------------- tables
+def projection_frame(projections):
+    """The projections as a DataFrame (one row per network, algorithm, model size and N)."""
+    import pandas as pd
 
-def sweep_table(dump: Dump, fits: dict) -> str:
-    """Median time and bus bandwidth per size for every group, then the alpha-beta fits."""
-    a = dump.attrs
-    keys = list(dump.groups)
-    lines = [f"== {dump.path}: {a.get('collective')} sweep, {a.get('world_size')} ranks, {a.get('dtype')}, "
-             f"op {a.get('op')}; {a.get('mpi_library', '?')} on {a.get('host', '?')}",
-             f"{'size':>9}" + "".join(f" {b + ' ' + p:>24}" for b, p in keys),
-             f"{'':>9}" + "".join(f" {'time(us)':>11} {'busbw(GB/s)':>12}" for _ in keys)]
-    first = dump.groups[keys[0]]
-    for s, nbytes in enumerate(first["bytes"]):
-        row = f"{bc.format_size(int(nbytes)):>9}"
-        for k in keys:
-            g = dump.groups[k]
-            row += f" {g['time_median_s'][s] * 1e6:>11.1f} {g['busbw_GBps'][s]:>12.3f}"
-        lines.append(row)
-    wrong = sum(int(g["wrong"].sum()) for g in dump.groups.values())
-    lines.append(f"#wrong total: {wrong}")
-    lines.append(f"alpha-beta fit (ring model: {bc.ring_steps(a['collective'], max(2, int(a['world_size'])))} "
-                 "steps x alpha + busbw-factor x bytes / beta; weighted to relative error)")
-    lines.append(f"{'backend':>10} {'place':>11} {'alpha(us)':>10} {'beta(GB/s)':>11} {'rel.rms':>8}")
-    for (b, p), fit in fits.items():
-        lines.append(f"{b:>10} {p:>11} {fit.alpha * 1e6:>10.2f} {fit.beta / bc.GB:>11.3f} {fit.rel_rms:>8.1%}")
-    if not fits:
-        lines.append("  (no fit: needs world size >= 2 and two sizes or more)")
-    return "\n".join(lines)
+    return pd.DataFrame([{"network": p.network, "algorithm": p.algorithm, "params": p.params, "n": p.n,
+                          "buckets": p.buckets, "comm_ms": p.comm * 1e3, "compute_ms": p.compute * 1e3,
+                          "efficiency_serial": p.efficiency_serial, "efficiency_overlap": p.efficiency_overlap}
+                         for p in projections])
 
 
-def rows_table(dump: Dump) -> str:
-    """All columns of a DDP dump, one line per row."""
-    cols = list(dump.rows)
-    cells = [[_cell(dump.rows[c][i]) for c in cols] for i in range(len(dump.rows[cols[0]]))]
-    widths = [max([len(c)] + [len(r[j]) for r in cells]) for j, c in enumerate(cols)]
-    lines = [f"== {dump.path}: {dump.kind}, {len(cells)} rows",
-             " ".join(c.rjust(w) for c, w in zip(cols, widths))]
-    lines += [" ".join(v.rjust(w) for v, w in zip(r, widths)) for r in cells]
-    return "\n".join(lines)
+def projection_tables(proj, rate: float, source: str, local_fits: dict, bucket_bytes: int, skipped) -> str:
+    """Network assumptions beside the local fits, then efficiency per network, model size and N."""
+    import pandas as pd
 
-
-def _cell(value) -> str:
-    """A table cell: ints plain, floats to 4 significant digits (whole numbers from 10000)."""
-    if isinstance(value, (float, np.floating)):
-        return f"{value:.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
-    return str(value)
-
-
-def projection_table(projections, rate: float, source: str, fits_by_file: dict, bucket_bytes: int) -> str:
-    """Network assumptions (with the locally fitted alpha/beta beside them) and the projected rows."""
-    lines = ["== DDP projection: ring all-reduce of float32 gradients per step in "
-             f"{bucket_bytes / (1 << 20):g} MiB buckets",
+    nets = pd.DataFrame([{"network": n.name, "alpha_us": n.alpha * 1e6, "beta_GBps": n.beta / bc.GB,
+                          "source": "assumed: typical published figure"} for n in cm.NETWORKS]
+                        + [{"network": f"local {series}", "alpha_us": f.alpha * 1e6, "beta_GBps": f.beta / bc.GB,
+                            "source": f"fitted on this machine ({name})"}
+                           for name, fits in local_fits.items() for series, f in fits.items()])
+    labelled = proj.assign(params=[bc.format_count(int(p)) for p in proj["params"]])
+    algorithms = list(dict.fromkeys(proj["algorithm"]))
+    wide = pd.concat({kind: labelled.pivot_table(index=["network", "params", "n"], columns="algorithm",
+                                                 values=f"efficiency_{kind}", sort=False)[algorithms]
+                      for kind in ("serial", "overlap")}, axis=1)
+    wide.columns = [f"{algo} {kind}" for kind, algo in wide.columns]
+    lines = [f"== DDP projection: all-reduce of float32 gradients per step in {bucket_bytes / (1 << 20):g} MiB buckets",
              f"compute: {rate * 1e9:.3f} ms per step per 1M parameters ({source})",
-             f"{'network':>34} {'alpha(us)':>10} {'beta(GB/s)':>11}  source"]
-    for net in bc.NETWORKS:
-        lines.append(f"{net.name:>34} {net.alpha * 1e6:>10.1f} {net.beta / bc.GB:>11.2f}"
-                     "  assumed: typical published figure")
-    for name, fits in fits_by_file.items():
-        for (b, p), fit in fits.items():
-            lines.append(f"{'local ' + b + ' ' + p:>34} {fit.alpha * 1e6:>10.2f} {fit.beta / bc.GB:>11.2f}"
-                         f"  fitted on this machine ({name})")
-    lines.append("serial: communication after compute (no overlap); overlap: perfectly hidden behind compute")
-    lines.append(f"{'network':>16} {'params':>7} {'N':>5} {'buckets':>7} {'comm(ms)':>10} {'compute(ms)':>11} "
-                 f"{'overhead.serial':>15} {'eff.serial':>10} {'overhead.overlap':>16} {'eff.overlap':>11}")
-    previous = None
-    for p in projections:
-        if previous is not None and p.network != previous:
-            lines.append("")
-        previous = p.network
-        lines.append(f"{p.network:>16} {bc.format_count(p.params):>7} {p.n:>5} {p.buckets:>7} {p.comm * 1e3:>10.2f} "
-                     f"{p.compute * 1e3:>11.2f} {p.overhead_serial:>15.1%} {p.efficiency_serial:>10.2f} "
-                     f"{p.overhead_overlap:>16.1%} {p.efficiency_overlap:>11.2f}")
+             nets.to_string(index=False, float_format="{:.2f}".format),
+             "efficiency = compute / step; serial: communication after compute; overlap: perfectly hidden",
+             wide.to_string(float_format="{:.3f}".format)]
+    if skipped:
+        lines.append(f"not projected (no cost model in benchmarks/_costmodel.py): {', '.join(skipped)}")
     return "\n".join(lines)
-
-
-# ----------------------------------------------------------------------------- plots
-
-def _pyplot():
-    """matplotlib.pyplot on the Agg backend, or None when matplotlib is missing."""
-    try:
-        import matplotlib
-    except ImportError:
-        return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def _size_axis(ax) -> None:
-    """Log-2 x axis labelled with binary sizes."""
-    from matplotlib.ticker import FuncFormatter
-    ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: bc.format_size(int(round(x))) if x >= 1 else ""))
-    ax.set_xlabel("message size (bytes)")
-    ax.grid(True, which="major", alpha=0.3)
-
-
-def plot_sweep(plt, dump: Dump, outdir: Path, baseline: str) -> list[Path]:
-    """busbw vs size, and time ratio to ``baseline`` vs size."""
-    a, stem, written = dump.attrs, dump.path.stem, []
-    title = f"{a.get('collective')} on {a.get('world_size')} ranks, {a.get('dtype')}"
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for (b, p), g in dump.groups.items():
-        ax.plot(g["bytes"], g["busbw_GBps"], marker="o", ms=3, ls="-" if p == "inplace" else "--", label=f"{b} {p}")
-    _size_axis(ax)
-    ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.set_title(title)
-    ax.legend()
-    written.append(_save(fig, plt, outdir / f"{stem}_busbw.png"))
-    base = {p: g for (b, p), g in dump.groups.items() if b == baseline}
-    others = [(b, p, g) for (b, p), g in dump.groups.items() if b != baseline and p in base]
-    if others:
-        fig, ax = plt.subplots(figsize=(8, 5))
-        for b, p, g in others:
-            ax.plot(g["bytes"], g["time_median_s"] / base[p]["time_median_s"], marker="o", ms=3,
-                    ls="-" if p == "inplace" else "--", label=f"{b}/{baseline} {p}")
-        ax.axhline(1.0, color="gray", lw=1)
-        _size_axis(ax)
-        ax.set_ylabel(f"median time / {baseline} median time")
-        ax.set_title(title)
-        ax.legend()
-        written.append(_save(fig, plt, outdir / f"{stem}_ratio.png"))
-    return written
-
-
-def plot_breakdown(plt, dump: Dump, outdir: Path) -> list[Path]:
-    """Stacked horizontal bar of the step time per row."""
-    r = dump.rows
-    split = all(c in r for c in SPLIT_COLUMNS)
-    parts = ([("forward", r["forward_time_ms"]), ("backward", r["backward_time_ms"]),
-              ("exposed comm", r["comm_time_ms"]), ("optimizer", r["optimizer_time_ms"])] if split
-             else [("compute", r["compute_time_ms"]), ("exposed comm", r["comm_time_ms"])])
-    labels = [f"{m} {s} {b}" + (f" {mb:g}MiB" if mb else "")
-              for m, s, b, mb in zip(r["model_size"], r["sync"], r["backend"], r["bucket_mb"])]
-    fig, ax = plt.subplots(figsize=(9, 1.5 + 0.4 * len(labels)))
-    left = np.zeros(len(labels))
-    for name, values in parts:
-        values = np.asarray(values, dtype=np.float64)
-        ax.barh(labels, values, left=left, label=name)
-        left += values
-    ax.invert_yaxis()
-    ax.set_xlabel("time per step (ms)")
-    ax.set_title(f"DDP step breakdown, {dump.attrs.get('world_size', '?')} ranks")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    return [_save(fig, plt, outdir / f"{dump.path.stem}_breakdown.png")]
-
-
-def plot_scaling(plt, dump: Dump, outdir: Path) -> list[Path]:
-    """Efficiency vs world size, one line per (model_size, backend, sync) present."""
-    r = dump.rows
-    keys = [k for k in SCALING_KEYS if k in r]
-    combos = sorted({tuple(r[k][i] for k in keys) for i in range(len(r["world_size"]))})
-    fig, ax = plt.subplots(figsize=(7, 5))
-    for combo in combos:
-        mask = np.array([tuple(r[k][i] for k in keys) == combo for i in range(len(r["world_size"]))])
-        order = np.argsort(r["world_size"][mask])
-        ax.plot(r["world_size"][mask][order], r["efficiency"][mask][order], marker="o",
-                label=" ".join(map(str, combo)) or "efficiency")
-    ax.axhline(1.0, color="gray", lw=1)
-    ax.set_xscale("log", base=2)
-    ns = sorted({int(n) for n in r["world_size"]})
-    ax.set_xticks(ns, labels=[str(n) for n in ns])
-    ax.set_xlabel("world size (ranks)")
-    ax.set_ylabel("weak-scaling efficiency")
-    ax.set_ylim(0, 1.1)
-    ax.legend()
-    return [_save(fig, plt, outdir / f"{dump.path.stem}_efficiency.png")]
-
-
-def plot_projection(plt, projections, outdir: Path) -> list[Path]:
-    """Projected efficiency vs world size, one panel per network, one line per model size."""
-    nets = list(dict.fromkeys(p.network for p in projections))
-    fig, axes = plt.subplots(1, len(nets), figsize=(5 * len(nets), 4.5), squeeze=False, sharey=True)
-    for ax, net in zip(axes[0], nets):
-        rows = [p for p in projections if p.network == net]
-        for params in dict.fromkeys(p.params for p in rows):
-            sel = [p for p in rows if p.params == params]
-            line, = ax.plot([p.n for p in sel], [p.efficiency_serial for p in sel], marker="o",
-                            label=f"{bc.format_count(params)} params")
-            ax.plot([p.n for p in sel], [p.efficiency_overlap for p in sel], ls="--", color=line.get_color())
-        ax.set_xscale("log", base=2)
-        ns = sorted({p.n for p in rows})
-        ax.set_xticks(ns, labels=[str(n) for n in ns])
-        ax.set_title(f"{net} (dashed: perfect overlap)")
-        ax.set_xlabel("world size (ranks)")
-        ax.set_ylim(0, 1.05)
-    axes[0][0].set_ylabel("projected scaling efficiency")
-    axes[0][0].legend()
-    return [_save(fig, plt, outdir / "projection.png")]
-
-
-def _save(fig, plt, path: Path) -> Path:
-    """Save and close a figure."""
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
 
 
 # ----------------------------------------------------------------------------- CLI
 
 def _list(parse):
-    """argparse type: a comma-separated list of values parsed by ``parse``."""
+    """argparse type: a comma-separated list of positive values parsed by ``parse``."""
     def convert(text: str):
         try:
             values = [parse(t) for t in text.split(",") if t.strip()]
@@ -430,11 +216,18 @@ def _list(parse):
     return convert
 
 
+def _formats(text: str) -> list:
+    """argparse type: comma-separated image formats from FORMATS."""
+    return list(bc.names(FORMATS)(text))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command-line parser."""
     p = argparse.ArgumentParser(prog=PROG, description="Tables and plots from npddp benchmark dumps.")
-    p.add_argument("dumps", nargs="+", help="HDF5 dumps (allreduce_sweep, ddp_breakdown, weak_scaling)")
-    p.add_argument("--outdir", default=".", help="directory for the PNG files (created; default .)")
+    p.add_argument("dumps", nargs="+", help="HDF5 dumps (allreduce_sweep, ddp_breakdown, weak_scaling, torch_compare)")
+    p.add_argument("--outdir", default=".", help="directory for the plots (created; default .)")
+    p.add_argument("--format", type=_formats, default=["png"], help="plot formats: png, svg or png,svg (default png)")
+    p.add_argument("--dpi", type=bc.int_at_least(20), default=100, help="PNG resolution in dots per inch (default 100)")
     p.add_argument("--no-plots", action="store_true", help="print tables only")
     p.add_argument("--baseline", default="mpi", help="backend the time ratios divide by (default mpi)")
     p.add_argument("--compute-ms", type=float, default=100.0,
@@ -443,47 +236,107 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compute-params", type=bc.parse_count, default=25_000_000, help="(default 25M)")
     p.add_argument("--model-params", type=_list(bc.parse_count), default=[10**6, 25 * 10**6, 10**8, 35 * 10**7],
                    help="model sizes to project (default 1M,25M,100M,350M)")
+    p.add_argument("--plot-params", type=bc.parse_count, default=25_000_000,
+                   help="model size the projection plot shows (default 25M; added to --model-params)")
     p.add_argument("--world-sizes", type=_list(int), default=[2, 8, 64, 256, 1024],
                    help="world sizes to project (default 2,8,64,256,1024)")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket cap in MiB (default 25)")
     return p
 
 
+def _plots_module():
+    """benchmarks/_plots.py, or None (after saying so) when matplotlib is missing."""
+    try:
+        if __package__:
+            from . import _plots
+        else:  # run by path
+            import _plots
+    except ImportError:
+        print(f"{PROG}: matplotlib is not installed (pip install matplotlib); no plots", file=sys.stderr)
+        return None
+    return _plots
+
+
+def figures(plots, dumps, baseline: str) -> list:
+    """(file stem, Figure) for every plot of every dump."""
+    out = []
+    for path, meta, df in dumps:
+        stem, kind = Path(path).stem, meta["kind"]
+        if kind == "allreduce_sweep":
+            out.append((f"{stem}_busbw", plots.sweep_busbw(df, meta)))
+            ratio = plots.sweep_ratio(df, meta, baseline)
+            out += [(f"{stem}_ratio", ratio)] if ratio is not None else []
+        elif kind == "ddp_breakdown":
+            out.append((f"{stem}_breakdown", plots.breakdown(df, meta)))
+        elif kind == "weak_scaling":
+            out.append((f"{stem}_efficiency", plots.scaling(df, meta)))
+    return out
+
+
+def print_dumps(dumps, baseline: str):
+    """Print every dump's tables; (sweep fits by file, breakdown tables, all-reduce algorithms seen)."""
+    local_fits, breakdowns, algorithms = {}, [], []
+    for path, meta, df in dumps:
+        kind = meta["kind"]
+        if kind == "allreduce_sweep":
+            fits = sweep_fits(df, meta)
+            local_fits[Path(path).name] = fits
+            print(f"{sweep_tables(df, meta, baseline)}\n{fits_table(fits, meta)}\n")
+            if meta["collective"] == "allreduce":
+                algorithms += list(df["algorithm"])
+        elif kind == "ddp_breakdown":
+            breakdowns.append((path, df))
+            print(f"== {path}: DDP step breakdown, {meta['world_size']} ranks (ms)\n{breakdown_table(df)}\n")
+        elif kind == "weak_scaling":
+            print(f"== {path}: weak scaling\n"
+                  f"{scaling_summary(df).to_string(index=False, float_format='{:.3f}'.format)}\n")
+        else:
+            print(f"== {path}: {kind}\n{df.to_string(index=False, float_format='{:.4g}'.format)}\n")
+    return local_fits, breakdowns, list(dict.fromkeys(algorithms))
+
+
 def main(argv=None) -> int:
-    """Print the report and write plots; 2 on an unreadable dump."""
+    """Check every dump, print the tables, write the plots; 2 on a bad dump or argument."""
     args = build_parser().parse_args(argv)
     if not (args.compute_ms > 0 and args.bucket_mb > 0):
         print(f"{PROG}: error: --compute-ms and --bucket-mb must be > 0", file=sys.stderr)
-        return 2
+        return EXIT_BAD
+    if Path(args.outdir).exists() and not Path(args.outdir).is_dir() and not args.no_plots:
+        print(f"{PROG}: error: --outdir {args.outdir!r} exists and is not a directory", file=sys.stderr)
+        return EXIT_BAD
     try:
-        dumps = [load(p) for p in args.dumps]
-    except DumpError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
-    plt = None if args.no_plots else _pyplot()
-    outdir = Path(args.outdir)
-    if plt is not None:
-        outdir.mkdir(parents=True, exist_ok=True)
-    elif not args.no_plots:
-        print(f"{PROG}: matplotlib is not installed; skipping plots", file=sys.stderr)
-    written, fits_by_file = [], {}
-    for d in dumps:
-        if d.kind == "allreduce_sweep":
-            fits = sweep_fits(d)
-            fits_by_file[str(d.path)] = fits
-            print(sweep_table(d, fits), end="\n\n")
-            written += plot_sweep(plt, d, outdir, args.baseline) if plt else []
-        else:
-            print(rows_table(d), end="\n\n")
-            if plt:
-                written += plot_breakdown(plt, d, outdir) if d.kind == "ddp_breakdown" else plot_scaling(plt, d, outdir)
-    rate, source = compute_rate(dumps, args.compute_ms, args.compute_params)
+        import pandas as pd  # noqa: F401  (read_table returns DataFrames only with it)
+    except ImportError:
+        print(f"{PROG}: error: the report needs pandas (pip install pandas)", file=sys.stderr)
+        return EXIT_BAD
+    problems = [line for path in args.dumps for line in results.check(path)]
+    if problems:
+        for line in problems:
+            print(f"{PROG}: error: {line}", file=sys.stderr)
+        return EXIT_BAD
+    dumps = [(path, results.read_meta(path), results.read_table(path)) for path in args.dumps]
+    local_fits, breakdowns, algorithms = print_dumps(dumps, args.baseline)
+    rate, source = compute_rate(breakdowns, args.compute_ms, args.compute_params)
+    found = algorithms or list(cm.ALLREDUCE_MODELS)
+    modelled = [a for a in found if cm.modelled(a)] or list(cm.ALLREDUCE_MODELS)
     bucket_bytes = max(1, int(args.bucket_mb * (1 << 20)))
-    projections = bc.project_ddp(args.model_params, args.world_sizes, rate, bucket_bytes=bucket_bytes)
-    print(projection_table(projections, rate, source, fits_by_file, bucket_bytes))
-    if plt:
-        written += plot_projection(plt, projections, outdir)
-        print("\nwrote " + ", ".join(str(p) for p in written))
+    params = sorted(set(args.model_params) | {args.plot_params})
+    proj = projection_frame(cm.project_ddp(params, args.world_sizes, rate, algorithms=modelled,
+                                           bucket_bytes=bucket_bytes))
+    print(projection_tables(proj, rate, source, local_fits, bucket_bytes, [a for a in found if not cm.modelled(a)]))
+    plots = None if args.no_plots else _plots_module()
+    if plots is None:
+        return 0
+    drawn = figures(plots, dumps, args.baseline)
+    drawn.append(("projection", plots.projection(proj, dumps[0][1], args.plot_params, f"compute {source}")))
+    outdir = Path(args.outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, fig in drawn:
+        for fmt in args.format:
+            written.append(outdir / f"{name}.{fmt}")
+            fig.savefig(written[-1], dpi=args.dpi)
+    print("\nwrote " + ", ".join(str(p) for p in written))
     return 0
 
 

@@ -24,17 +24,17 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from npddp import comm as npcomm
+from npddp.launch import abort_on_exception
 
-from benchmarks import _common as bc  # noqa: E402
-from npddp import comm as npcomm  # noqa: E402
-from npddp.launch import abort_on_exception  # noqa: E402
+if __package__:
+    from . import _common as bc
+else:  # run by path: this directory is sys.path[0]
+    import _common as bc
 
 PHASES = ("small", "large")
 WARMUP_SMALL, WARMUP_LARGE = 20, 3

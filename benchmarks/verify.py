@@ -33,15 +33,16 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks import _common as bc  # noqa: E402
 from npddp import comm as npcomm  # noqa: E402
 from npddp.data import synthetic_tokens  # noqa: E402
 from npddp.ddp import SYNCS, DistributedDataParallel  # noqa: E402
 from npddp.nn import CrossEntropyLoss, cnn, gpt_preset, mlp  # noqa: E402
 from npddp.optim import SGD, AdamW  # noqa: E402
+
+if __package__:
+    from . import _common as bc
+else:  # run by path: this directory is sys.path[0]
+    import _common as bc
 
 MODELS = ("mlp", "cnn", "gpt")
 TOLERANCE = {"float64": 1e-10, "float32": 1e-4}

@@ -5,7 +5,9 @@ a training run between MPI's own collectives and the hand-written ones.
 
 Every parameter's ``.grad`` becomes a view into a flat bucket buffer (buckets are cut in
 reverse parameter order, the order backward produces gradients), so a bucket is all-reduced
-in place with no packing copy. Sync strategies:
+in place with no packing copy. The buckets of one dtype are stretches of one arena; when
+the communicator offers ``empty(n, dtype)`` (the shared-memory backends) the arena comes from
+it, so gradients are born in memory the other ranks of the node read directly. Sync strategies:
 
 * ``per_param``: one blocking all-reduce per tensor after backward (the naive baseline);
 * ``flat``: one buffer per dtype, one all-reduce after backward;
@@ -54,11 +56,10 @@ class _Bucket:
 
     __slots__ = ("index", "params", "buffer", "reports", "pending", "work", "scratch", "residual")
 
-    def __init__(self, index: int, params: list[Parameter]):
+    def __init__(self, index: int, params: list[Parameter], buffer: np.ndarray):
         self.index = index
         self.params = params
-        dtype = params[0].data.dtype
-        self.buffer = np.zeros(sum(p.data.size for p in params), dtype=dtype)  # (n,)
+        self.buffer = buffer  # (n,) this bucket's stretch of its dtype's gradient arena
         offset = 0
         for p in params:
             view = self.buffer[offset:offset + p.data.size].reshape(p.data.shape)
@@ -86,6 +87,21 @@ def _cut_buckets(params: list[Parameter], cap_bytes: float) -> list[list[Paramet
     if current:
         groups.append(current)
     return groups
+
+
+def _arenas(groups: list[list[Parameter]], empty=None) -> list[np.ndarray]:
+    """One flat buffer per bucket, cut from one arena per dtype (from ``empty`` when the backend has it)."""
+    totals: Counter = Counter()
+    for ps in groups:
+        totals[ps[0].data.dtype] += sum(p.data.size for p in ps)
+    arenas = {dt: (np.zeros(n, dtype=dt) if empty is None else empty(n, dt)) for dt, n in totals.items()}
+    used: Counter = Counter()
+    buffers = []
+    for ps in groups:
+        dt, n = ps[0].data.dtype, sum(p.data.size for p in ps)
+        buffers.append(arenas[dt][used[dt]:used[dt] + n])
+        used[dt] += n
+    return buffers
 
 
 def _signature(model: Module) -> bytes:
@@ -130,7 +146,9 @@ class DistributedDataParallel:
             comm.broadcast(p.data, root=0)
 
         cap = {"per_param": 0.0, "flat": math.inf}.get(sync, self.bucket_cap_mb * 2**20)
-        self.buckets = [_Bucket(i, ps) for i, ps in enumerate(_cut_buckets(self._params, cap))]
+        groups = _cut_buckets(self._params, cap)
+        buffers = _arenas(groups, getattr(comm, "empty", None))
+        self.buckets = [_Bucket(i, ps, buf) for i, (ps, buf) in enumerate(zip(groups, buffers))]
         self._layer_buckets = self._map_leaf_layers(model)
         self._in_backward = False
         model.register_grad_hook(self._on_layer_done)

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-#: Version of the attribute and dataset layout of every HDF5 file npddp writes.
+#: Version of the attribute and dataset layout of the metrics and checkpoint files (benchmark dumps
+#: have their own: npddp.results.SCHEMA_VERSION).
 SCHEMA_VERSION = 1
 
 _PACKAGE_DIR = Path(__file__).resolve().parent

@@ -146,6 +146,14 @@ def check_ranks_agree(array: np.ndarray, group=None) -> np.ndarray:
     return gathered
 
 
+def check_ranks_agree_on_all(arrays, group=None) -> None:
+    """:func:`check_ranks_agree` on many arrays at once: their dtypes, shapes and bits in one exchange."""
+    arrays = [np.ascontiguousarray(a) for a in arrays]
+    meta = np.frombuffer(";".join(f"{a.dtype.str}{a.shape}" for a in arrays).encode(), dtype=np.uint8)
+    blob = np.concatenate([meta] + [a.reshape(-1).view(np.uint8) for a in arrays])  # (bytes,)
+    check_ranks_agree(blob, group)
+
+
 @pytest.fixture
 def comm_world():
     """mpi4py's ``MPI.COMM_WORLD`` (tests using it are marked needs_mpi)."""
@@ -169,6 +177,12 @@ def assert_all_ranks():
 def assert_ranks_agree():
     """``assert_ranks_agree(array, group=None)``: fail everywhere unless every rank holds the same bits."""
     return check_ranks_agree
+
+
+@pytest.fixture
+def assert_ranks_agree_on_all():
+    """``assert_ranks_agree_on_all(arrays, group=None)``: one exchange checks every array's bits across ranks."""
+    return check_ranks_agree_on_all
 
 
 @pytest.fixture

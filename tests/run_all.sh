@@ -1,21 +1,30 @@
 #!/usr/bin/env bash
-# The whole test suite: serial tests, the DDP tests on one rank, then the MPI tests at 2, 3 and 4 ranks.
-# Exits non-zero if any of the five runs fails.  Extra arguments go to every pytest run.
+# The whole test suite: serial tests; the DDP tests on one rank; the distributed tests under mpirun at
+# 2, 3 and 4 ranks; the communicator tests over TCP (python -m npddp.run, no MPI) at 2, 3 and 4 ranks;
+# and hier across pretended nodes (NPDDP_RANKS_PER_NODE=2, 4 ranks) on both transports.
+# Exits non-zero if any run fails.  Extra arguments go to every pytest run.
 set -u
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONUNBUFFERED=1
+TCP_TESTS=(tests/comm tests/reliability/test_timeouts.py tests/reliability/test_mismatch.py)
 failed=()
-echo "=== serial: python -m pytest"
-python -m pytest -q -m "not mpi" "$@" || failed+=(serial)
-echo "=== mpi, one rank: DDP equivalence tests (those needing 2+ ranks run below)"
-python -m pytest -q --with-mpi -m mpi tests/test_ddp.py -k "not overlap_starts and not mismatched" "$@" \
-  || failed+=(mpi-1)
+run() {  # run NAME COMMAND...: one run, its name recorded if it fails
+  local name=$1; shift
+  echo "=== $name: $*"
+  timeout 600 "$@" || failed+=("$name")
+}
+run serial python -m pytest -q -m "not mpi" "$@"
+run mpi-1 python -m pytest -q --with-mpi -m mpi tests/test_ddp.py -k "not overlap_starts and not mismatched" "$@"
 for k in 2 3 4; do
-  echo "=== mpi: mpirun -n $k python -m pytest --with-mpi"
-  timeout 420 ./mpi_run.sh -n "$k" python -m pytest -q --with-mpi -m mpi "$@" || failed+=("mpi-$k")
+  run "mpi-$k" ./mpi_run.sh -n "$k" python -m pytest -q --with-mpi -m mpi "$@"
 done
+for k in 2 3 4; do
+  run "tcp-$k" python -m npddp.run --nproc "$k" -m pytest -q -p no:pytest_mpi "${TCP_TESTS[@]}" "$@"
+done
+NPDDP_RANKS_PER_NODE=2 run hier-mpi-4 ./mpi_run.sh -n 4 python -m pytest -q --with-mpi -m mpi -k hier tests/comm "$@"
+NPDDP_RANKS_PER_NODE=2 run hier-tcp-4 python -m npddp.run --nproc 4 -m pytest -q -p no:pytest_mpi -k hier tests/comm "$@"
 if [[ ${#failed[@]} -gt 0 ]]; then
   echo "FAILED runs: ${failed[*]}"
   exit 1
 fi
-echo "all runs passed: serial, mpi-1 (DDP), mpi-2, mpi-3, mpi-4"
+echo "all runs passed: serial, mpi-1 (DDP), mpi-2/3/4, tcp-2/3/4, hier-mpi-4, hier-tcp-4"

@@ -13,7 +13,7 @@ from npddp.ddp import SYNCS, DistributedDataParallel
 from npddp.nn import CrossEntropyLoss, mlp
 from npddp.optim import SGD, AdamW
 
-BACKENDS = ("mpi", "ring")
+BACKENDS = ("mpi", "ring", "shm")  # shm: gradient buckets in shared memory (comm.empty)
 GLOBAL_BATCH = 24  # divisible by 1, 2, 3 and 4 ranks
 IN, HIDDEN, OUT = 6, (7, 5), 3
 STEPS = 20

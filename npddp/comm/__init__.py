@@ -22,6 +22,7 @@ import os
 from ._common import DEFAULT_TIMEOUT, DTYPES, OPS, check_timeout
 from .base import Communicator, Work
 from .debug import CollectiveMismatchError
+from .progress import PROGRESS
 from .registry import ALGORITHMS, BACKENDS
 from .transport import TRANSPORTS, Transport, is_transport, resolve_transport
 
@@ -54,7 +55,7 @@ def timeout_from_env(environ=None) -> float:
 
 
 def create(name: str, group=None, debug: bool = False, timeout: float | None = None, *,
-           transport: str = "auto", tuning=None) -> Communicator:
+           transport: str = "auto", tuning=None, progress: str = "caller") -> Communicator:
     """Build the backend called ``name`` over ``group`` (default: every rank of the chosen transport).
 
     ``group`` is an mpi4py communicator (transport mpi), a :class:`Transport`, or None.
@@ -62,7 +63,11 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
     ``debug=True`` (or ``NPDDP_DEBUG=1``) checks every collective's arguments across ranks first.
     ``timeout``: seconds a blocking call may wait for its peers before TimeoutError; None takes
     ``NPDDP_TIMEOUT``, else ``DEFAULT_TIMEOUT``. ``tuning`` (``auto`` only): a tuning table path.
+    ``progress``: ``caller`` (non-blocking work moves when tested or waited on) or ``thread`` (a
+    background thread drives it; see :mod:`npddp.comm.progress`).
     """
+    if progress not in PROGRESS:
+        raise ValueError(f"unknown progress {progress!r}; valid: {', '.join(PROGRESS)}")
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; valid backends: {', '.join(BACKENDS)}")
     if not isinstance(debug, bool):
@@ -90,6 +95,9 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
     if debug:
         from .debug import DebugCommunicator
         comm = DebugCommunicator(comm)
+    if progress == "thread":
+        from .progress import ThreadedCommunicator
+        comm = ThreadedCommunicator(comm)
     return comm
 
 

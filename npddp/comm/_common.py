@@ -102,13 +102,12 @@ def block_bounds(n: int, size: int) -> np.ndarray:
     return bounds
 
 
-class RankedComm:
-    """Base of the backends: the wrapped MPI communicator with its rank and size, read once."""
+class Backend:
+    """Base of the backends: rank and size (read once by the subclass) and the timeout every wait honours."""
 
-    def __init__(self, mpi_comm):
-        self.comm = mpi_comm
-        self._rank = mpi_comm.Get_rank()
-        self._size = mpi_comm.Get_size()
+    _rank: int
+    _size: int
+    _timeout: float
 
     @property
     def rank(self) -> int:
@@ -119,3 +118,12 @@ class RankedComm:
     def size(self) -> int:
         """Number of ranks."""
         return self._size
+
+    @property
+    def timeout(self) -> float:
+        """Seconds a blocking call (or ``Work.wait``) may wait for its peers before TimeoutError."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, value) -> None:
+        self._timeout = check_timeout(value)

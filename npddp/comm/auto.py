@@ -30,11 +30,12 @@ import numpy as np
 
 from . import _common as c
 from .p2p import P2PCommunicator
-from .registry import ALGORITHMS, algorithm
+from .registry import ALGORITHMS, NODE_ALGORITHMS, algorithm, node_group
 
 FORMAT = "npddp-allreduce-tuning"
 VERSION = 1
-#: Algorithms ``auto`` chooses among (naive is the baseline to beat, never the best).
+#: Algorithms ``auto`` chooses among (naive is the baseline to beat, never the best); when every
+#: rank shares one node, ``shm`` too, and the model then takes it at every size.
 CANDIDATES = ("rd", "rabenseifner", "ring", "tree")
 #: Cost-model constants per transport: alpha (s per step), beta (s per byte sent), gamma (s per byte reduced).
 MODEL = {
@@ -89,7 +90,7 @@ def model_table(transport: str, size: int, segment_bytes: int = 1 << 20) -> list
     return steps
 
 
-def check_table(data, transport: str, size: int) -> dict:
+def check_table(data, transport: str, size: int, node: bool = False) -> dict:
     """The ``table`` of a parsed tuning file, validated for this job; ValueError naming what is wrong."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"not an npddp tuning file (format is not {FORMAT!r})")
@@ -110,9 +111,11 @@ def check_table(data, transport: str, size: int) -> dict:
         bounds = [s[0] for s in steps[:-1]]
         if any(not isinstance(b, int) or b < 0 for b in bounds) or bounds != sorted(bounds):
             raise ValueError(f"steps for {dtype!r}: max_bytes must be increasing integers")
-        unknown = [s[1] for s in steps if s[1] not in ALGORITHMS]
+        valid = [*ALGORITHMS, *NODE_ALGORITHMS] if node else list(ALGORITHMS)
+        unknown = [s[1] for s in steps if s[1] not in valid]
         if unknown:
-            raise ValueError(f"steps for {dtype!r} name unknown algorithms {unknown}; valid: {', '.join(ALGORITHMS)}")
+            raise ValueError(f"steps for {dtype!r} name algorithms {unknown} this job cannot run; valid: "
+                             f"{', '.join(valid)}" + ("" if node else " (shm needs every rank on one node)"))
     return table
 
 
@@ -122,13 +125,19 @@ class AutoCommunicator(P2PCommunicator):
     def __init__(self, transport, timeout: float = c.DEFAULT_TIMEOUT, tuning=None):
         super().__init__(transport, None, "auto", timeout)
         self.algorithms = {name: algorithm(name)(self) for name in ALGORITHMS}
+        self.node = node_group(self, self._begin("setup")) if os.environ.get("NPDDP_AUTO_SHM", "1") != "0" else None
+        if self.node is not None:  # one node: shared memory joins the candidates, and empty() is offered
+            self.algorithms["shm"] = algorithm("shm")(self)
+            self.empty = lambda shape, dtype=np.float32: self.node.empty(self._begin("empty"), shape, dtype)
         self.source, self.table = self._load(tuning if tuning is not None else os.environ.get("NPDDP_TUNING"))
+        self._setup_done()
         self._picks: dict = {}
 
     def _load(self, path) -> tuple[str, dict]:
         """``(where the table came from, table)``: the tuning file's, or the model's with one warning."""
         kind = self.transport.name
-        model = ("model", {"*": model_table(kind, self._size, self.segment_bytes)})
+        steps = [[None, "shm"]] if self.node is not None else model_table(kind, self._size, self.segment_bytes)
+        model = ("model", {"*": steps})
         if not path:
             return model
         raw, problem = b"", ""
@@ -143,7 +152,7 @@ class AutoCommunicator(P2PCommunicator):
             problem = raw
         else:
             try:
-                return f"tuning file {path}", check_table(json.loads(raw), kind, self._size)
+                return f"tuning file {path}", check_table(json.loads(raw), kind, self._size, self.node is not None)
             except (ValueError, TypeError, IndexError, KeyError) as exc:
                 problem = str(exc)
         if self._rank == 0:
@@ -154,13 +163,15 @@ class AutoCommunicator(P2PCommunicator):
         """Rank 0's file bytes (or its error text) on every rank."""
         head = np.array([len(raw), len(problem.encode())], dtype=np.int64)
         self.broadcast(head, root=0)
-        body = np.zeros(int(head.sum()), dtype=np.uint8)
+        total = int(head.sum())
+        body = np.zeros(-(-total // 8), dtype=np.int64)  # the bytes, in whole words
         if self._rank == 0:
-            body[:] = np.frombuffer(raw + problem.encode(), dtype=np.uint8)
+            body.view(np.uint8)[:total] = np.frombuffer(raw + problem.encode(), dtype=np.uint8)
         self.broadcast(body, root=0)
+        data = body.view(np.uint8)[:total].tobytes()
         if head[1]:
-            return bytes(body[head[0]:]).decode(errors="replace")
-        return bytes(body)
+            return data[head[0]:].decode(errors="replace")
+        return data
 
     def algorithm_for(self, nbytes: int, dtype) -> str:
         """The algorithm ``auto`` uses for an all-reduce of ``nbytes`` bytes of ``dtype``."""
@@ -177,3 +188,7 @@ class AutoCommunicator(P2PCommunicator):
     def _allreduce_work(self, call, src, dst, ufunc, result):
         """Start the chosen algorithm."""
         return self.algorithms[self.algorithm_for(src.nbytes, src.dtype)].start(call, src, dst, ufunc, result)
+
+    def _blocking_path(self, src):
+        """The chosen algorithm's blocking path, if it has one."""
+        return getattr(self.algorithms[self.algorithm_for(src.nbytes, src.dtype)], "run", None)

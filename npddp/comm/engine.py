@@ -11,8 +11,10 @@
 Waiting. Every wait polls its request with ``test()`` and yields the CPU between polls (when
 ranks outnumber cores, the rank we wait for gets to run); every ``CLOCK_EVERY`` polls it reads
 the clock. A call's deadline starts at its first clock read, so a call that never waits long
-never reads the clock. Past the deadline the wait raises :class:`Overdue`, which the
-communicator turns into a TimeoutError naming the operation and the ranks it waits for.
+never reads the clock. After ``SPIN_ROUNDS`` clock reads (about a millisecond) it naps
+``NAP_S`` between rounds, so long waits leave the core to others. Past the deadline the wait
+raises :class:`Overdue`, which the communicator turns into a TimeoutError naming the
+operation and the ranks it waits for.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ from . import _common as c
 
 #: Polls of a request between two reads of the clock.
 CLOCK_EVERY = 64
+#: Clock reads a wait spins through before it starts to nap between rounds of polls.
+SPIN_ROUNDS = 16
+#: Seconds of one nap: short beside a wait that has already lasted ~1 ms, long enough to let an
+#: oversubscribed core run the rank being waited for.
+NAP_S = 50e-6
 _POLLS = range(CLOCK_EVERY)
 _yield = os.sched_yield
 
@@ -55,18 +62,22 @@ class Overdue(Exception):
 class Call:
     """One collective (or send/recv) in progress: what to name in errors, and the deadline of its waits."""
 
-    __slots__ = ("owner", "operation", "number", "tag", "expires")
+    __slots__ = ("owner", "operation", "number", "tag", "expires", "rounds")
 
     def __init__(self, owner, operation: str, number: int | None, tag: int):
         self.owner, self.operation, self.number, self.tag = owner, operation, number, tag
         self.expires = 0.0  # set at the first clock read
+        self.rounds = 0     # clock reads so far
 
     def overdue(self) -> bool:
-        """Read the clock; the first read starts the deadline. True once it has passed."""
+        """Read the clock (the first read starts the deadline); nap once the wait is long. True past the deadline."""
         now = time.monotonic()
+        self.rounds += 1
         if not self.expires:
             self.expires = now + self.owner.timeout
             return False
+        if self.rounds > SPIN_ROUNDS:
+            time.sleep(NAP_S)
         return now > self.expires
 
     def wait(self, request) -> None:

@@ -37,6 +37,7 @@ class HierCommunicator(ShmCommunicator):
         index = [sum(1 for q in range(r) if nodes[q] == nodes[r]) for r in range(self._size)]  # local index
         from .registry import build
         self.inter = build(inter, transport.split(index), timeout) if self.nodes > 1 else None
+        self._setup_done()
 
     def _allreduce_work(self, call, src, dst, ufunc, result):
         inter = None
@@ -44,6 +45,10 @@ class HierCommunicator(ShmCommunicator):
             op = next(name for name, f in c.OPS.items() if f is ufunc)
             inter = lambda block: self.inter.iallreduce(block, op)  # noqa: E731
         return ShmWork(call, self.node, src, dst, ufunc, result, inter)
+
+    def _blocking_path(self, src):
+        """Only a single node may take the one-barrier path (across nodes every block crosses the network)."""
+        return super()._blocking_path(src) if self.inter is None else None
 
     def barrier(self) -> None:
         """Dissemination barrier over the transport."""

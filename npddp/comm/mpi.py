@@ -17,6 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _common as c
+from .engine import NAP_S, SPIN_ROUNDS
 
 _MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
 _CLOCK_EVERY = 64
@@ -47,26 +48,17 @@ class MPIWork:
         return self._result
 
 
-class MPICommunicator(c.RankedComm):
+class MPICommunicator(c.Backend):
     """Communicator over MPI's native collectives (Allreduce, Bcast, Iallreduce, ...)."""
 
     name = "mpi"
 
     def __init__(self, mpi_comm=None, timeout: float = c.DEFAULT_TIMEOUT):
-        super().__init__(MPI.COMM_WORLD if mpi_comm is None else mpi_comm)
+        self.comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+        self._rank, self._size = self.comm.Get_rank(), self.comm.Get_size()
         self.timeout = timeout
         self._calls = 0
         self._failure: str | None = None
-
-    @property
-    def timeout(self) -> float:
-        """Seconds a call may wait for its peers before TimeoutError (inf: blocking MPI calls)."""
-        return self._timeout
-
-    @timeout.setter
-    def timeout(self, value) -> None:
-        self._timeout = c.check_timeout(value)
-        self._blocking = math.isinf(self._timeout)
 
     def _check_usable(self) -> None:
         if self._failure is not None:
@@ -76,7 +68,7 @@ class MPICommunicator(c.RankedComm):
         """Run one call: ``blocking()`` without a deadline, else ``nonblocking()``'s request polled against it."""
         self._check_usable()
         self._calls += 1
-        if self._blocking:
+        if math.isinf(self._timeout):  # no deadline: MPI's blocking call
             blocking()
         else:
             self._wait(nonblocking(), what, waiting)
@@ -89,6 +81,8 @@ class MPICommunicator(c.RankedComm):
             polls += 1
             if not polls % _CLOCK_EVERY:
                 now = time.monotonic()
+                if polls > _CLOCK_EVERY * SPIN_ROUNDS:
+                    time.sleep(NAP_S)
                 if not expires:
                     expires = now + self._timeout
                 elif now > expires:

@@ -26,7 +26,7 @@ from . import _common as c
 from .engine import Call, DoneWork, Overdue, P2PWork, ScratchPool, TagSequence
 
 
-class P2PCommunicator:
+class P2PCommunicator(c.Backend):
     """Collectives built from a transport's point-to-point messages; all-reduce by ``algorithm``."""
 
     #: Ring steps and chain broadcasts are cut into segments of at most this many bytes.
@@ -49,25 +49,6 @@ class P2PCommunicator:
         self._empty = np.empty(0, dtype=np.uint8)
         self.algorithm = algorithm(self) if algorithm is not None else None
 
-    @property
-    def rank(self) -> int:
-        """This process's rank."""
-        return self._rank
-
-    @property
-    def size(self) -> int:
-        """Number of ranks."""
-        return self._size
-
-    @property
-    def timeout(self) -> float:
-        """Seconds a blocking call (or ``Work.wait``) may wait for its peers before TimeoutError."""
-        return self._timeout
-
-    @timeout.setter
-    def timeout(self, value) -> None:
-        self._timeout = c.check_timeout(value)
-
     # --- calls, waits and giving up --------------------------------------------------
     def _begin(self, operation: str, user_tag: int | None = None) -> Call:
         """Open a call (after its arguments were checked): a fresh collective tag, or the user's tag."""
@@ -77,6 +58,10 @@ class P2PCommunicator:
             return Call(self, operation, None, user_tag)
         tag = self._tags.next()
         return Call(self, operation, self._tags.count, tag)
+
+    def _setup_done(self) -> None:
+        """Number the user's collectives from 1, whatever the constructor exchanged before them."""
+        self._tags.count = 0
 
     def unusable(self) -> RuntimeError:
         """The error of any call after a failure."""
@@ -102,7 +87,9 @@ class P2PCommunicator:
         """After ``call`` timed out: abandon every request in flight; return the TimeoutError to raise."""
         recv_from = [peer for request, peer in recvs if not request.test()]
         send_to = [peer for request, peer in sends if not request.test()]
-        error = call.timeout_error(recv_from, send_to)
+        node = getattr(self, "node", None)  # shared-memory backends: who has not reached the node barrier
+        late = node.late(self._active) if node is not None and not recvs and not sends else ()
+        error = call.timeout_error(recv_from, send_to, late)
         self._abandon_all(str(error), recvs + sends, keep)
         return error
 
@@ -129,15 +116,27 @@ class P2PCommunicator:
 
     # --- all-reduce ------------------------------------------------------------------
     def allreduce(self, buf, op="sum", out=None):
-        """Start the all-reduce and wait for it."""
-        return self._start_allreduce(buf, op, out, "allreduce").wait()
+        """Check, open the call, then run it: the algorithm's blocking path when nothing else is in flight."""
+        prepared = self._prepare(buf, op, out, "allreduce")
+        if prepared.__class__ is DoneWork:
+            return prepared.wait()
+        call, src, dst, ufunc, result = prepared
+        if not self._active:
+            run = self._blocking_path(src)
+            if run is not None:
+                run(call, src, dst, ufunc)
+                return result
+        return self._allreduce_work(call, src, dst, ufunc, result).wait()
 
     def iallreduce(self, buf, op="sum"):
         """Start an in-place all-reduce; return its Work handle."""
-        return self._start_allreduce(buf, op, None, "iallreduce")
+        prepared = self._prepare(buf, op, None, "iallreduce")
+        if prepared.__class__ is DoneWork:
+            return prepared
+        return self._allreduce_work(*prepared)
 
-    def _start_allreduce(self, buf, op, out, operation):
-        """Check the arguments, open the call, then hand flat views to the algorithm."""
+    def _prepare(self, buf, op, out, operation):
+        """Check the arguments and open the call: ``(call, flat src, flat dst, ufunc, result)``, or a DoneWork."""
         ufunc = c.check_op(op)
         if out is None or out is buf:
             dst = c.check_buffer(buf)
@@ -149,7 +148,24 @@ class P2PCommunicator:
             if dst is not buf:
                 np.copyto(dst, buf)
             return DoneWork(dst)
-        return self._allreduce_work(call, buf.reshape(-1), dst.reshape(-1), ufunc, dst)
+        return call, buf.reshape(-1), dst.reshape(-1), ufunc, dst
+
+    def _blocking_path(self, src):
+        """The algorithm's ``run(call, src, dst, ufunc)`` for a blocking call, if it has one."""
+        return getattr(self.algorithm, "run", None)
+
+    def _exchange(self, call, got, send, peer: int) -> None:
+        """Receive ``got`` from and send ``send`` to ``peer`` under the call's tag; wait for both."""
+        transport, tag = self.transport, call.tag
+        recv = transport.irecv(got, peer, tag)
+        sent = transport.isend(send, peer, tag)
+        try:
+            call.wait(recv)
+            call.wait(sent)
+        except Overdue:
+            raise self.give_up(call, [(recv, peer)], [(sent, peer)], (got, send)) from None
+        except ConnectionError as exc:
+            raise self.fail(call, exc, [(recv, peer)], [(sent, peer)], (got, send)) from None
 
     def _allreduce_work(self, call, src, dst, ufunc, result):
         """Start reducing flat ``src`` over ranks into flat ``dst`` with this communicator's algorithm."""

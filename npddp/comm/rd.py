@@ -51,3 +51,31 @@ class RecursiveDoubling:
             if fold.partner >= 0:
                 rounds.append(([(dst, fold.partner)], (), None))
         return RoundWork(call, rounds, result, partial(pool.release, raw))
+
+    def run(self, call, src, dst, ufunc) -> None:
+        """The same schedule as :meth:`start`, run to completion at once (a blocking call's short path)."""
+        comm, fold = self.comm, self.fold
+        raw = comm.scratch.acquire(src.nbytes)
+        got = np.frombuffer(raw, dtype=src.dtype, count=src.size)  # (n,)
+        try:
+            if fold.vrank < 0:
+                comm._transfer(call, sends=[(src, fold.partner)])
+                comm._transfer(call, recvs=[(dst, fold.partner)])
+                return
+            cur = src
+            if fold.partner >= 0:
+                comm._transfer(call, recvs=[(got, fold.partner)])
+                ufunc(got, src, out=dst)
+                cur = dst
+            for peer, peer_first in self.steps:
+                comm._exchange(call, got, cur, peer)
+                if peer_first:
+                    ufunc(got, cur, out=dst)
+                else:
+                    ufunc(cur, got, out=dst)
+                cur = dst
+            if fold.partner >= 0:
+                comm._transfer(call, sends=[(dst, fold.partner)])
+        finally:
+            del got
+            comm.scratch.release(raw)

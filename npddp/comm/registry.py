@@ -17,6 +17,8 @@ ALGORITHMS = {
     "rabenseifner": ("rabenseifner", "Rabenseifner"),
     "tree": ("tree", "Tree"),
 }
+#: Algorithms among the ranks of one node through shared memory: name -> (module, class).
+NODE_ALGORITHMS = {"shm": ("shm", "Shm")}
 #: Backends built on a transport's point-to-point messages: name -> (module, communicator class).
 _P2P_COMMUNICATORS = {"naive": ("naive", "NaiveCommunicator")}
 #: Every backend ``npddp.comm.create`` accepts.
@@ -30,10 +32,19 @@ def _load(module: str, name: str):
 
 def algorithm(name: str):
     """The all-reduce algorithm class called ``name``; ValueError naming the valid ones otherwise."""
+    table = {**ALGORITHMS, **NODE_ALGORITHMS}
     try:
-        return _load(*ALGORITHMS[name])
+        return _load(*table[name])
     except KeyError:
-        raise ValueError(f"unknown all-reduce algorithm {name!r}; valid: {', '.join(ALGORITHMS)}") from None
+        raise ValueError(f"unknown all-reduce algorithm {name!r}; valid: {', '.join(table)}") from None
+
+
+def node_group(comm, call):
+    """Shared memory among all of ``comm``'s ranks, or None when they do not share one node."""
+    from .shmem import node_ids
+    if comm.size < 2 or len(set(node_ids(comm))) > 1:
+        return None
+    return _load("shm", "NodeGroup")(comm, list(range(comm.size)), call)
 
 
 def build(name: str, transport, timeout: float, tuning=None):

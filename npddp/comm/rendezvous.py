@@ -28,6 +28,8 @@ import struct
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 MAGIC = b"NPDD"
 VERSION = 1
 _NAME = 64                                                    # bytes for an address or a host name
@@ -81,6 +83,32 @@ def launch_env(environ=None) -> LaunchEnv:
     local_size = _int_var(environ, "LOCAL_WORLD_SIZE", 1, size, default=size)
     local_rank = _int_var(environ, "LOCAL_RANK", 0, local_size - 1, default=rank % local_size)
     return LaunchEnv(rank, size, addr, port, local_rank, local_size)
+
+
+def env_from_mpi(mpi_comm=None) -> LaunchEnv:
+    """For a TCP world inside an MPI job: rank and size from MPI, rank 0's address and a free port broadcast.
+
+    This lets one ``mpirun`` job put the TCP transport beside MPI's (the benchmarks do).
+    """
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+    rank, size = comm.Get_rank(), comm.Get_size()
+    names = np.zeros((size, _NAME // 8), dtype=np.int64)  # every rank's host name, to see if they share one
+    mine = np.zeros(_NAME // 8, dtype=np.int64)
+    mine.view(np.uint8)[:len(_pad(socket.gethostname()))] = np.frombuffer(_pad(socket.gethostname()), np.uint8)
+    comm.Allgather(mine, names)
+    one_host = bool((names == names[0]).all())
+    table = np.zeros(1 + _NAME // 8, dtype=np.int64)       # port, then rank 0's address
+    if rank == 0:
+        addr = "127.0.0.1" if one_host else socket.gethostbyname(socket.gethostname())
+        with socket.socket() as probe:
+            probe.bind((addr, 0))
+            table[0] = probe.getsockname()[1]
+        table[1:].view(np.uint8)[:len(addr)] = np.frombuffer(addr.encode(), np.uint8)
+    comm.Bcast(table, root=0)
+    addr = table[1:].view(np.uint8).tobytes().rstrip(b"\0").decode()
+    local = int((names == mine).all(axis=1).sum())
+    return LaunchEnv(rank, size, addr, int(table[0]), rank % local, local)
 
 
 def _pad(text: str) -> bytes:

@@ -52,18 +52,25 @@ class NodeGroup:
         self.li, self.n = local.index(comm.rank), len(local)
         ctrl = create_segment(comm, local, self.n * LINE * 8, call)
         self.sync = NodeSync(ctrl.array.view(np.int64), self.li, local)
-        self.segments = [ctrl]   # index 0: control lines; 1: staging; then the arrays of empty()
-        self.staging_index, self.big = 1, 0
-        self.segments.append(None)
+        self.segments = [ctrl]   # every segment, by the index published in control lines; never reordered
+        self.arrays: list[int] = []  # indices of the segments made by empty()
+        self.slots: dict[int, int] = {}  # staging segment index -> bytes per rank
+        self._views: dict = {}
+        self.staging_index, self.big = -1, 0
         self._make_staging(call, 0)
         self.seq = 0             # node barriers reserved so far: the same count on every rank of the node
         self.small_calls = 0
 
     def _make_staging(self, call, big: int) -> None:
-        """(Re)make the staging area: per rank two small slots and ``big`` bytes for one large vector."""
+        """Make a staging area: per rank two small slots and ``big`` bytes for one large vector.
+
+        A new area gets a new index: calls made before it keep using (and publishing) the old one.
+        """
         self.big = _aligned(big) if big else 0
-        self.slot = 2 * self.small_bytes + self.big
-        self.segments[self.staging_index] = create_segment(self.comm, self.local, self.slot * self.n, call)
+        slot = 2 * self.small_bytes + self.big
+        self.segments.append(create_segment(self.comm, self.local, slot * self.n, call))
+        self.staging_index = len(self.segments) - 1
+        self.slots[self.staging_index] = slot
 
     def ensure_staging(self, call, nbytes: int) -> None:
         """Grow the staging area to hold ``nbytes`` per rank (every rank of the node grows at the same call)."""
@@ -83,11 +90,12 @@ class NodeGroup:
         each = _aligned(nbytes)
         segment = create_segment(self.comm, self.local, each * self.n, call)
         self.segments.append(segment)
+        self.arrays.append(len(self.segments) - 1)
         return segment.array[self.li * each:self.li * each + nbytes].view(dtype).reshape(shape)
 
     def locate(self, buf: np.ndarray) -> tuple[int, int]:
         """``(segment index, byte offset)`` of ``buf`` in an array from :meth:`empty`, or ``(-1, -1)``."""
-        for index in range(self.staging_index + 1, len(self.segments)):
+        for index in self.arrays:
             offset = self.segments[index].contains(buf)
             if offset >= 0:
                 return index, offset
@@ -97,20 +105,58 @@ class NodeGroup:
         """``count`` elements of ``dtype`` at ``offset`` of segment ``index``."""
         return self.segments[index].array[offset:offset + count * dtype.itemsize].view(dtype)
 
-    def small_slot(self, local: int, parity: int) -> int:
-        """Byte offset of small slot ``parity`` of local rank ``local`` in the staging segment."""
-        return local * self.slot + parity * self.small_bytes
+    def small_views(self, staging: int, parity: int, dtype, count: int) -> list[np.ndarray]:
+        """Every local rank's small slot ``parity`` as ``count`` elements of ``dtype`` (cached)."""
+        key = (staging, parity, dtype, count)
+        views = self._views.get(key)
+        if views is None:
+            if len(self._views) >= 64:
+                self._views.clear()
+            views = self._views[key] = [self.view(staging, self.small_slot(staging, i, parity), dtype, count)
+                                        for i in range(self.n)]
+        return views
 
-    def big_slot(self, local: int) -> int:
-        """Byte offset of the large staging area of local rank ``local``."""
-        return local * self.slot + 2 * self.small_bytes
+    def wait(self, call, seq: int) -> None:
+        """Wait for node barrier ``seq``; the communicator's TimeoutError (naming who is late) or ConnectionError."""
+        try:
+            self.sync.wait(seq, call)
+        except Overdue:
+            raise self.comm.give_up(call, [], []) from None
+        except ConnectionError as exc:
+            raise self.comm.fail(call, exc) from None
+
+    def late(self, active) -> list[int]:
+        """Ranks that have not reached the barrier the oldest call in ``active`` waits for."""
+        works = [w for w in active if isinstance(w, ShmWork)]
+        return self.sync.late(works[0].target() if works else self.seq)
+
+    def small_allreduce(self, call, src, dst, ufunc) -> None:
+        """The one-barrier path, run to completion (a blocking call's short path; see ShmWork for the rules)."""
+        parity = self.small_calls % 2
+        self.small_calls += 1
+        seq = self.reserve(1)
+        views = self.small_views(self.staging_index, parity, src.dtype, src.size)
+        np.copyto(views[self.li], src)
+        self.sync.arrive(seq)
+        self.wait(call, seq)
+        ufunc(views[0], views[1], out=dst)
+        for v in views[2:]:
+            ufunc(dst, v, out=dst)
+
+    def small_slot(self, staging: int, local: int, parity: int) -> int:
+        """Byte offset of small slot ``parity`` of local rank ``local`` in staging segment ``staging``."""
+        return local * self.slots[staging] + parity * self.small_bytes
+
+    def big_slot(self, staging: int, local: int) -> int:
+        """Byte offset of the large staging area of local rank ``local`` in staging segment ``staging``."""
+        return local * self.slots[staging] + 2 * self.small_bytes
 
 
 class ShmWork(P2PWork):
     """One shared-memory all-reduce in progress; ``inter`` (hier) all-reduces each node's block across nodes."""
 
     __slots__ = ("_node", "_src", "_dst", "_ufunc", "_inter", "_inner", "_seq", "_state", "_small", "_parity",
-                 "_bounds", "_res", "_res_is_dst")
+                 "_bounds", "_res", "_res_is_dst", "_staging")
 
     def __init__(self, call, node: NodeGroup, src, dst, ufunc, result, inter=None):
         super().__init__(call, result)
@@ -119,6 +165,7 @@ class ShmWork(P2PWork):
         self._small = inter is None and src.nbytes <= node.small_bytes
         if not self._small and (node.locate(src)[0] < 0 or node.locate(dst)[0] < 0):
             node.ensure_staging(call, src.nbytes)
+        self._staging = node.staging_index  # this call's staging, even if a later call grows a new one
         self._seq = node.reserve(1 if self._small else 3)
         self._parity = -1
         if self._small:
@@ -170,26 +217,25 @@ class ShmWork(P2PWork):
     def _publish(self) -> None:
         """Stage the input if it is not shared; write where input and reduced block lie."""
         node, src, dst = self._node, self._src, self._dst
-        staging = node.staging_index
+        staging = self._staging
         if self._small:
-            np.copyto(node.view(staging, node.small_slot(node.li, self._parity), src.dtype, src.size), src)
+            np.copyto(node.view(staging, node.small_slot(staging, node.li, self._parity), src.dtype, src.size), src)
             return
         inp = node.locate(src)
         if inp[0] < 0:
-            inp = (staging, node.big_slot(node.li))
+            inp = (staging, node.big_slot(staging, node.li))
             np.copyto(node.view(*inp, src.dtype, src.size), src)
         res = node.locate(dst)
         self._res_is_dst = res[0] >= 0
         if not self._res_is_dst:
-            res = inp if inp[0] == staging else (staging, node.big_slot(node.li))
+            res = inp if inp[0] == staging else (staging, node.big_slot(staging, node.li))
         self._res = res
         node.sync.publish(*inp, *res)
 
     def _reduce_all(self) -> None:
         """Small path: reduce every rank's staged input into ``dst``, in rank order (the same on every rank)."""
         node, dst, ufunc = self._node, self._dst, self._ufunc
-        views = [node.view(node.staging_index, node.small_slot(i, self._parity), dst.dtype, dst.size)
-                 for i in range(node.n)]
+        views = node.small_views(self._staging, self._parity, dst.dtype, dst.size)
         ufunc(views[0], views[1], out=dst)
         for v in views[2:]:
             ufunc(dst, v, out=dst)
@@ -231,6 +277,24 @@ class ShmWork(P2PWork):
         return self._seq + {3: 1, 4: 2}.get(self._state, 0)
 
 
+class Shm:
+    """The shared-memory all-reduce as an algorithm of a communicator that has a node group (``auto``)."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def start(self, call, src, dst, ufunc, result):
+        return ShmWork(call, self.comm.node, src, dst, ufunc, result)
+
+    def run(self, call, src, dst, ufunc) -> None:
+        """Blocking: the one-barrier path for small vectors, else the three-barrier one."""
+        node = self.comm.node
+        if src.nbytes <= node.small_bytes:
+            node.small_allreduce(call, src, dst, ufunc)
+        else:
+            ShmWork(call, node, src, dst, ufunc, dst).wait()
+
+
 class ShmCommunicator(P2PCommunicator):
     """All-reduce and barrier through shared memory among ranks that all share one node."""
 
@@ -242,6 +306,7 @@ class ShmCommunicator(P2PCommunicator):
                              f"{len(set(nodes))} nodes; use backend 'hier' (shared memory on each node, "
                              "messages between nodes)")
         self.node = NodeGroup(self, list(range(self._size)), self._begin("setup"))
+        self._setup_done()
 
     def empty(self, shape, dtype=np.float32) -> np.ndarray:
         """A new array that the other ranks of this node can read in place (collective: same shape and dtype)."""
@@ -250,6 +315,10 @@ class ShmCommunicator(P2PCommunicator):
     def _allreduce_work(self, call, src, dst, ufunc, result):
         return ShmWork(call, self.node, src, dst, ufunc, result)
 
+    def _blocking_path(self, src):
+        """The one-barrier path for small vectors."""
+        return self.node.small_allreduce if src.nbytes <= self.node.small_bytes else None
+
     def barrier(self) -> None:
         """Every rank announces its arrival in its control line, then waits for all the others'."""
         for work in tuple(self._active):  # node barriers count up in call order: finish earlier calls first
@@ -257,23 +326,4 @@ class ShmCommunicator(P2PCommunicator):
         call = self._begin("barrier")
         seq = self.node.reserve(1)
         self.node.sync.arrive(seq)
-        self.wait_node(call, seq)
-
-    def wait_node(self, call, seq: int) -> None:
-        """Wait for node barrier ``seq``; TimeoutError naming the ranks that never arrived."""
-        try:
-            self.node.sync.wait(seq, call)
-        except Overdue:
-            error = call.timeout_error((), (), self.node.sync.late(seq))
-            self._abandon_all(str(error), [], None)
-            raise error from None
-        except ConnectionError as exc:
-            raise self.fail(call, exc) from None
-
-    def give_up(self, call, recvs, sends, keep=None):
-        """After a timeout: name the ranks of the node that have not arrived where the oldest call waits."""
-        active = [w for w in self._active if isinstance(w, ShmWork)]
-        late = self.node.sync.late(active[0].target()) if active else []
-        error = call.timeout_error((), (), late)
-        self._abandon_all(str(error), recvs + sends, keep)
-        return error
+        self.node.wait(call, seq)

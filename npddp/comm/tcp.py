@@ -19,6 +19,7 @@ involves it with ConnectionError, at once.
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 from collections import deque
@@ -327,6 +328,14 @@ class TCPWorld:
         self._remote = [p for p in self.peers if isinstance(p, Peer)]
         self._contexts = 0
 
+    def held_bytes(self) -> int:
+        """Bytes of the buffers kept for frames that arrive before their receive (in use and spare)."""
+        total = 0
+        for peer in self._remote:
+            total += sum(len(b) for b in peer.spare)
+            total += sum(len(f) for frames in peer.early.values() for f in frames)
+        return total
+
     def progress(self) -> None:
         """Move every peer's pending frames as far as the sockets allow, without blocking."""
         for peer in self._remote:
@@ -382,10 +391,19 @@ _WORLDS: dict = {}  # LaunchEnv -> TCPWorld: this process's connections, made on
 
 
 def world_from_env(timeout: float, environ=None) -> TCPTransport:
-    """The transport over every rank the launcher's environment describes; connects on first use."""
-    from .rendezvous import connect, launch_env
+    """The transport over every rank the launcher's environment describes; connects on first use.
 
-    env = launch_env(environ)
+    Inside an MPI job without those variables, MPI tells rank and size and carries rank 0's address.
+    """
+    from .rendezvous import connect, env_from_mpi, launch_env
+    from .transport import TCP_LAUNCHER_VARS, launched_by_mpi
+
+    environ = os.environ if environ is None else environ
+    if launched_by_mpi(environ) and not all(v in environ for v in TCP_LAUNCHER_VARS):
+        env = _WORLDS.get("mpi") or env_from_mpi()
+        _WORLDS["mpi"] = env
+    else:
+        env = launch_env(environ)
     world = _WORLDS.get(env)
     if world is None:
         socks, hosts = connect(env, timeout)

@@ -1,23 +1,25 @@
-"""Tests of benchmarks/allreduce.py: exact check data, argument errors, the sweep and its HDF5 dump.
+"""Tests of benchmarks/allreduce.py (and its exact data, benchmarks/_exact.py): argument errors,
+the sweep, its nccl-tests-style text, its HDF5 dump and CSV.
 
 Serial tests run the sweep on ``MPI.COMM_SELF``; the MPI tests run it in-process on
 ``COMM_WORLD`` and check that every rank agrees; one serial test launches the script under
 ``mpirun -n 2`` to see bad arguments end every rank with exit status 2.
 """
 
+import csv
 import json
 import os
 import shutil
 
-import h5py
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 import npddp.comm as npcomm
-from benchmarks import allreduce as ar
 from benchmarks import _common as bc
-from npddp import runinfo
+from benchmarks import _exact as ex
+from benchmarks import allreduce as ar
+from npddp import results
 
 TINY = ["-b", "4", "-e", "1K", "-f", "7", "--iters", "4", "--warmup", "2", "--budget", "0.001"]
 
@@ -35,11 +37,11 @@ def test_check_data_reduces_exactly_in_any_order(dtype):
     rng = np.random.default_rng(1)
     for op in npcomm.OPS:
         for n in (1, 2, 3, 4, 7, 64) + ((1024,) if dtype == "float16" and op == "sum" else ()):
-            f = ar.data_table(op, dtype, n)
+            f = ex.data_table(op, dtype, n)
             count = 2 * f.size + 5
-            inputs = [ar.periodic(f, r, count, dtype) for r in range(n)]
+            inputs = [ex.periodic(f, r, count, dtype) for r in range(n)]
             assert all(x.dtype == np.dtype(dtype) and x.shape == (count,) for x in inputs)
-            expected = ar.periodic(ar.reduced_table(f, op, n), 0, count, dtype)
+            expected = ex.periodic(ex.reduced_table(f, op, n), 0, count, dtype)
             for order in (list(range(n)), list(range(n))[::-1], list(rng.permutation(n))):
                 assert np.array_equal(_simulate(inputs, op, order), expected), (op, n, order)
             if f.size > 1:  # the data varies along the vector, so a shifted block is seen
@@ -47,8 +49,8 @@ def test_check_data_reduces_exactly_in_any_order(dtype):
 
 
 def test_check_data_sees_a_block_shifted_by_any_block_size():
-    f = ar.data_table("sum", "float32", 4)
-    data = ar.periodic(f, 0, 4096, "float32")
+    f = ex.data_table("sum", "float32", 4)
+    data = ex.periodic(f, 0, 4096, "float32")
     for shift in range(1, 1021):
         assert not np.array_equal(data[shift:], data[:-shift]), shift
 
@@ -58,7 +60,7 @@ def test_block_matches_array_split():
         for n in (1, 2, 3, 4):
             parts = np.array_split(np.arange(count), n)
             for rank in range(n):
-                lo, hi = ar.block(count, n, rank)
+                lo, hi = ex.block(count, n, rank)
                 assert np.array_equal(np.arange(lo, hi), parts[rank])
 
 
@@ -150,15 +152,15 @@ CASES = [(c, p) for c in bc.COLLECTIVES for p in ar.PLACES[c]]
 def test_check_counts_zero_for_every_backend_and_catches_faults(collective, place):
     dtype, op = "float32", ("sum" if collective in ar.REDUCING else "none")
     for name in npcomm.BACKENDS:
-        run, check = ar.kernel(npcomm.create(name, MPI.COMM_SELF), collective, place, 10, dtype, op)
+        run, check = ex.kernel(npcomm.create(name, MPI.COMM_SELF), collective, place, 10, dtype, op)
         run()
         run()  # timed iterations may leave anything in the buffers; the check starts afresh
         assert check() == 0, name
     inner = npcomm.create("mpi", MPI.COMM_SELF)
-    assert ar.kernel(Faulty(inner, "bump"), collective, place, 10, dtype, op)[1]() == 1
+    assert ex.kernel(Faulty(inner, "bump"), collective, place, 10, dtype, op)[1]() == 1
     if place == "outofplace" and collective == "allreduce":
-        assert ar.kernel(Faulty(inner, "ignore_out"), collective, place, 10, dtype, op)[1]() == 10
-        assert ar.kernel(Faulty(inner, "clobber_input"), collective, place, 10, dtype, op)[1]() == 1
+        assert ex.kernel(Faulty(inner, "ignore_out"), collective, place, 10, dtype, op)[1]() == 10
+        assert ex.kernel(Faulty(inner, "clobber_input"), collective, place, 10, dtype, op)[1]() == 1
 
 
 def test_measure_times_a_bounded_number_of_iterations():
@@ -171,13 +173,8 @@ def test_measure_times_a_bounded_number_of_iterations():
     assert times.shape == (ar.MIN_ITERS,) and np.all(times >= 0.02)
 
 
-DATASETS = {"bytes": np.int64, "count": np.int64, "iters": np.int64, "time_s": np.float64,
-            "time_min_s": np.float64, "time_median_s": np.float64, "time_max_s": np.float64,
-            "algbw_GBps": np.float64, "busbw_GBps": np.float64, "wrong": np.int64}
-
-
 def check_dump(path, argv, n, collective="allreduce", dtype="float32"):
-    """Problems found in a sweep dump (empty when it matches the documented layout)."""
+    """Problems found in a sweep dump (empty when it matches what the sweep ran)."""
     problems = []
 
     def expect(ok, what):
@@ -185,54 +182,96 @@ def check_dump(path, argv, n, collective="allreduce", dtype="float32"):
             problems.append(what)
     cfg = ar.parse_config(argv)
     counts = ar.sizes(cfg, n)
-    with h5py.File(path, "r") as f:
-        a = runinfo.read_attrs(f)
-        expect(a["kind"] == "allreduce_sweep" and a["collective"] == collective and a["dtype"] == dtype, "kind")
-        expect(a["schema_version"] == runinfo.SCHEMA_VERSION and a["world_size"] == n, "schema/world size")
-        expect(a["backends"] == list(cfg.backends) and a["places"] == list(ar.PLACES[collective]), "backends")
-        expect(json.loads(a["argv"]) == argv and json.loads(a["config"])["iters"] == cfg.iters, "argv/config")
-        expect(a["config.minbytes"] == cfg.minbytes and a["mpi_library"] and a["host"], "config/env attrs")
-        for backend in cfg.backends:
-            for place in ar.PLACES[collective]:
-                g = f[f"{backend}/{place}"]
-                for name, dt in DATASETS.items():
-                    expect(g[name].dtype == dt, f"{backend}/{place}/{name} dtype {g[name].dtype}")
-                d = {name: g[name][()] for name in DATASETS}
-                expect(d["count"].tolist() == counts.tolist(), "count")
-                expect(np.array_equal(d["bytes"], counts * np.dtype(dtype).itemsize), "bytes")
-                expect(d["time_s"].shape == (counts.size, cfg.iters), "time_s shape")
-                filled = np.isfinite(d["time_s"])
-                expect(np.array_equal(filled.sum(axis=1), d["iters"]) and np.all(d["iters"] >= ar.MIN_ITERS)
-                       and np.all(filled[:, :ar.MIN_ITERS]), "iters / NaN padding")
-                expect(np.all(d["time_s"][filled] > 0), "positive times")
-                expect(np.allclose(d["time_median_s"], np.nanmedian(d["time_s"], axis=1))
-                       and np.all(d["time_min_s"] <= d["time_median_s"])
-                       and np.all(d["time_median_s"] <= d["time_max_s"]), "min/median/max")
-                expect(np.allclose(d["algbw_GBps"], d["bytes"] / d["time_median_s"] / 1e9), "algbw")
-                factor = bc.busbw_factor(collective, n)
-                expect(np.allclose(d["busbw_GBps"], d["algbw_GBps"] * factor)
-                       and g.attrs["busbw_factor"] == pytest.approx(factor), "busbw")
-                expect(not d["wrong"].any(), f"{backend}/{place} wrong {d['wrong'].tolist()}")
+    a, df = results.read_meta(path), results.read_table(path)
+    raw = results.read_raw(path, "time_s")
+    expect(a["kind"] == "allreduce_sweep" and a["collective"] == collective and a["dtype"] == dtype, "kind")
+    expect(a["world_size"] == n and a["backends"] == list(cfg.backends), "world size / backends")
+    expect(json.loads(a["argv"]) == argv and json.loads(a["config"])["iters"] == cfg.iters, "argv/config")
+    groups = ar.groups(cfg)
+    expect(len(df) == counts.size * len(groups), f"{len(df)} rows")
+    want = [(int(c), g.backend, g.transport, g.place) for c in counts for g in groups]
+    expect(list(zip(df["count"], df["backend"], df["transport"], df["place"])) == want, "row order")
+    expect((df["bytes"] == df["count"] * np.dtype(dtype).itemsize).all(), "bytes")
+    fixed = df["backend"] != "auto"  # every other backend runs the algorithm it is named after
+    named = (set(npcomm.ALGORITHMS) | set(npcomm.BACKENDS)) - {"auto"}  # what auto may pick
+    expect((df["algorithm"][fixed] == df["backend"][fixed]).all() and df["algorithm"][~fixed].isin(named).all()
+           and (df["op"] == cfg.op).all(), f"algorithm / op: {sorted(set(df['algorithm']))}")
+    expect(raw.shape == (len(df), cfg.iters), f"raw shape {raw.shape}")
+    filled = np.isfinite(raw)
+    expect(np.array_equal(filled.sum(axis=1), df["iters"]) and (df["iters"] >= ar.MIN_ITERS).all()
+           and filled[:, :ar.MIN_ITERS].all(), "iters / NaN padding")
+    for q, column in ((0, "time_min_s"), (10, "time_p10_s"), (50, "time_median_s"), (90, "time_p90_s"),
+                      (100, "time_max_s")):
+        expect(np.allclose(np.nanpercentile(raw, q, axis=1), df[column]), column)
+    expect(np.allclose(df["algbw_GBps"], df["bytes"] / df["time_median_s"] / 1e9), "algbw")
+    expect(np.allclose(df["busbw_GBps"], df["algbw_GBps"] * bc.busbw_factor(collective, n)), "busbw")
+    expect(not df["wrong"].any(), f"wrong {df['wrong'].tolist()}")
     return problems
 
 
-def test_main_on_one_rank_prints_the_table_and_writes_the_layout(tmp_path, capsys):
-    path = tmp_path / "ar.h5"
-    argv = TINY + ["--out", str(path)]
+def test_main_on_one_rank_prints_nccl_style_rows_and_writes_the_dump_and_csv(tmp_path, capsys):
+    path, sheet = tmp_path / "ar.h5", tmp_path / "ar.csv"
+    argv = TINY + ["--out", str(path), "--csv", str(sheet)]
     assert ar.main(argv, mpi_comm=MPI.COMM_SELF) == 0
     assert check_dump(path, argv, 1) == []
-    out = capsys.readouterr().out
-    for backend in npcomm.BACKENDS:
-        assert f"{backend} in-place" in out and f"{backend} out-of-place" in out
-    assert "time(us)" in out and "busbw" in out and "#wrong" in out and "ring/mpi inplace" in out
-    assert os.listdir(tmp_path) == ["ar.h5"]
+    out = capsys.readouterr().out.splitlines()
+    df = results.read_table(path)
+    rows = [line.split() for line in out if not line.startswith("#")]
+    assert len(rows) == len(df) // 2  # one line per size and backend, both places side by side
+    assert max(len(line) for line in out if not line.startswith(("# npddp", "# time", "# wrote"))) <= 130
+    assert out[3].split() == ["#", "size", "count", "type", "redop", "backend", "algorithm"] + \
+        ["time", "algbw", "busbw", "#wrong"] * 2
+    assert out[2].split() == ["#", "out-of-place", "in-place"]
+    for line, (_, r) in zip(rows, df[df["place"] == "outofplace"].iterrows()):
+        assert line[:6] == [str(r["bytes"]), str(r["count"]), "float32", "sum", r["backend"], r["algorithm"]]
+        assert float(line[6]) == pytest.approx(r["time_median_s"] * 1e6, abs=0.006) and line[9] == "0"
+    assert "# Wrong values       : 0 OK" in out
+    averages = [line.split() for line in out if line.startswith("# Avg bus bandwidth")]
+    assert [a[-1] for a in averages] == list(npcomm.BACKENDS)
+    for a in averages:  # awk '{print $6}' takes the value, as with nccl-tests
+        assert float(a[5]) == pytest.approx(df[df["backend"] == a[-1]]["busbw_GBps"].mean(), abs=1e-4)
+    with open(sheet, newline="", encoding="utf-8") as f:
+        table = list(csv.reader(f))
+    assert table[0] == list(df.columns) and len(table) == len(df) + 1
+    assert [row[1] for row in table[1:]] == df["backend"].tolist()
+    assert [float(row[13]) for row in table[1:]] == df["time_median_s"].tolist()  # full precision
+    assert sorted(os.listdir(tmp_path)) == ["ar.csv", "ar.h5"]
+
+
+class Picking:
+    """A backend that says which algorithm it runs per size (as an 'auto' backend does)."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def algorithm_for(self, nbytes, dtype):
+        return "small-alg" if nbytes < 64 else f"big-alg-{np.dtype(dtype).name}"
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def test_the_algorithm_column_asks_the_backend_which_algorithm_ran(monkeypatch, tmp_path, capsys):
+    real = bc.create_comm
+    monkeypatch.setattr(bc, "create_comm", lambda name, c, transport="mpi": Picking(real("ring", c)))
+    path = tmp_path / "ar.h5"
+    assert ar.main(TINY + ["--backends", "ring", "--out", str(path)], mpi_comm=MPI.COMM_SELF) == 0
+    df = results.read_table(path)
+    assert df["algorithm"].tolist() == ["small-alg" if b < 64 else "big-alg-float32" for b in df["bytes"]]
+    assert "big-alg-float32" in capsys.readouterr().out
+
+
+def test_every_backend_that_npddp_lists_is_swept():
+    cfg = ar.parse_config([])
+    assert cfg.backends == npcomm.BACKENDS and cfg.transports == (bc.DEFAULT_TRANSPORT,)
+    assert len(ar.groups(cfg)) == 2 * len(npcomm.BACKENDS)
 
 
 def test_main_returns_1_when_any_result_is_wrong(monkeypatch, capsys):
     real = npcomm.create
-    monkeypatch.setattr(npcomm, "create", lambda name, c=None: Faulty(real("mpi", c), "bump"))
+    monkeypatch.setattr(npcomm, "create", lambda name, c=None, **kw: Faulty(real("mpi", c), "bump"))
     assert ar.main(TINY + ["--backends", "ring"], mpi_comm=MPI.COMM_SELF) == 1
-    assert "FAILED" in capsys.readouterr().out
+    assert "# Wrong values       : " in capsys.readouterr().out
 
 
 def test_script_bad_arguments_exit_2_on_every_rank_without_hanging(run_script):
@@ -246,6 +285,7 @@ def test_script_bad_arguments_exit_2_on_every_rank_without_hanging(run_script):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.needs_mpi  # the benchmarks time over mpi4py communicators
 def test_sweep_dump_written_by_rank_0(assert_all_ranks, agreed_tmpdir):
     comm = MPI.COMM_WORLD
     directory = agreed_tmpdir
@@ -260,6 +300,7 @@ def test_sweep_dump_written_by_rank_0(assert_all_ranks, agreed_tmpdir):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.needs_mpi  # the benchmarks time over mpi4py communicators
 def test_every_backend_is_exact_and_ranks_agree_on_the_results(assert_all_ranks, assert_ranks_agree):
     comm = MPI.COMM_WORLD
     combos = list(zip(npcomm.DTYPES, ["sum", "prod", "max", "min", "sum"]))  # every dtype, every op
@@ -272,10 +313,10 @@ def test_every_backend_is_exact_and_ranks_agree_on_the_results(assert_all_ranks,
             if collective in ar.REDUCING:
                 argv += ["--op", op]
             cfg = ar.parse_config(argv, verbose=False)
-            results = ar.run_sweep(cfg, comm)
-            for r in results:
-                if r.wrong.any():
-                    failures.append(f"{collective} {dtype} {op} {r.backend} {r.place}: wrong {r.wrong.tolist()}")
-            times = np.stack([r.time_s for r in results])
-            assert_ranks_agree(np.nan_to_num(times, nan=-1.0))  # max over ranks, so identical everywhere
+            rows, raw = ar.run_sweep(cfg, comm)
+            for r in rows:
+                if r["wrong"]:
+                    failures.append(f"{collective} {dtype} {op} {r['backend']} {r['place']} {r['bytes']} B: "
+                                    f"wrong {r['wrong']}")
+            assert_ranks_agree(np.nan_to_num(raw, nan=-1.0))  # max over ranks, so identical everywhere
     assert_all_ranks(not failures, "; ".join(failures))

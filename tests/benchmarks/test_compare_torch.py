@@ -11,20 +11,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 from benchmarks import compare_torch as ct
-from npddp import runinfo
+from npddp import results
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "compare_torch.py"
 TINY = ["--model", "tiny", "--batch", "4", "--steps", "1", "--reps", "3", "--warmup", "2"]
-COLUMNS = ("framework", "backend", "sync", "model_size", "params", "world_size", "batch", "steps", "reps",
-           "samples_per_s", "samples_per_s_min", "samples_per_s_max", "step_ms", "ratio_to_torch",
-           "max_param_diff")
 
 
 def clean_env():
@@ -55,7 +51,8 @@ def test_bad_arguments_exit_2_before_torch_is_looked_for(monkeypatch, capsys):
 
 
 def test_script_without_torch_exits_3_with_the_message():
-    code = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = [sys.argv[1]] + sys.argv[2:]; "
+    code = ("import os, runpy, sys; sys.modules['torch'] = None; sys.argv = [sys.argv[1]] + sys.argv[2:]; "
+            "sys.path[0] = os.path.dirname(sys.argv[0]); "  # as `python benchmarks/compare_torch.py` sets it
             "runpy.run_path(sys.argv[0], run_name='__main__')")
     done = subprocess.run([sys.executable, "-c", code, str(SCRIPT), "--model", "tiny"], capture_output=True,
                           text=True, timeout=120, env=clean_env(), cwd=ROOT)
@@ -82,18 +79,14 @@ def test_npddp_never_imports_torch():
 def check_dump(path, argv, n):
     """Problems found in a torch_compare dump (empty when it matches the documented layout)."""
     cfg = ct.parse_config(argv, verbose=False)
-    problems = []
-    with h5py.File(path, "r") as f:
-        attrs = runinfo.read_attrs(f)
-        if attrs["kind"] != "torch_compare" or attrs["world_size"] != n or not attrs["torch_version"]:
-            problems.append(f"attrs {attrs['kind']} {attrs['world_size']}")
-        missing = [c for c in COLUMNS if c not in f["rows"]]
-        if missing:
-            return problems + [f"missing columns {missing}"]
-        rows = {c: f["rows"][c][()] for c in COLUMNS}
-        raw = f["raw/samples_per_s"][()]
-    frameworks = [v.decode() for v in rows["framework"]]
-    backends = [v.decode() for v in rows["backend"]]
+    problems = results.check(path)
+    if problems:
+        return problems
+    attrs, rows = results.read_meta(path), results.read_table(path)
+    raw = results.read_raw(path, "samples_per_s")
+    if attrs["kind"] != "torch_compare" or attrs["world_size"] != n or not attrs["torch_version"]:
+        problems.append(f"attrs {attrs['kind']} {attrs['world_size']}")
+    frameworks, backends = rows["framework"].tolist(), rows["backend"].tolist()
     if frameworks != ["torch"] + ["npddp"] * len(cfg.backends) or backends != ["gloo", *cfg.backends]:
         problems.append(f"sides {frameworks} {backends}")
     if raw.shape != (cfg.reps, 1 + len(cfg.backends)) or not np.all(raw > 0):
@@ -124,6 +117,7 @@ def test_one_rank_run_with_torch(tmp_path, capsys):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.needs_mpi  # the benchmarks time over mpi4py communicators
 def test_every_rank_runs_the_comparison(assert_all_ranks, agreed_tmpdir):
     pytest.importorskip("torch")
     comm = MPI.COMM_WORLD

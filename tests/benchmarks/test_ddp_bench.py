@@ -13,14 +13,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 from mpi4py import MPI
 
+from benchmarks import _common as bc
 from benchmarks import ddp as bd
-from benchmarks import report
-from npddp import runinfo
+from npddp import results
+from npddp.columns import KINDS
 from npddp.ddp import SYNCS
 from npddp.nn import mlp
 
@@ -33,14 +33,8 @@ BUCKETS = ["--bucket-mb", "0.001,1000"]
 
 
 def read_dump(path):
-    """(root attributes, {column: 1-D array with bytes decoded to str})."""
-    with h5py.File(path, "r") as f:
-        attrs = runinfo.read_attrs(f)
-        rows = {}
-        for name, ds in f["rows"].items():
-            values = ds[()]
-            rows[name] = [v.decode() for v in values] if values.dtype.kind == "S" else values
-    return attrs, rows
+    """(root attributes, the table as a DataFrame)."""
+    return results.read_meta(path), results.read_table(path)
 
 
 def expected_ops(sync, bucket_mb, tensors):
@@ -55,11 +49,11 @@ def expected_ops(sync, bucket_mb, tensors):
 def test_model_sizes_are_as_documented():
     for name, (low, high, tensors) in {"tiny": (0.9e6, 1.2e6, 6), "small": (4.5e6, 5.5e6, 12),
                                        "medium": (15e6, 25e6, 12)}.items():
-        count = bd.param_count(name)
+        count = bc.param_count(name)
         assert low <= count <= high, (name, count)
         assert f"{count:,}" in bd.__doc__
         if name != "medium":  # building it takes a second; its count follows from the same formula
-            model = mlp(bd.IN_FEATURES, bd.MODELS[name], bd.OUT_FEATURES, seed=0)
+            model = mlp(bc.IN_FEATURES, bc.MODELS[name], bc.OUT_FEATURES, seed=0)
             assert model.num_parameters() == count and len(model.parameters()) == tensors
 
 
@@ -81,8 +75,12 @@ def test_defaults_differ_between_breakdown_and_weak_scaling():
     cfg = bd.parse_config([])
     assert cfg.models == ("tiny", "small", "medium") and cfg.syncs == SYNCS
     assert cfg.backends == ("mpi", "ring") and cfg.bucket_mb == (1.0, 25.0) and not cfg.weak_scaling
+    assert cfg.repeats == 1 and not cfg.no_comm and all(c.backend != "none" for c in bd.combos(cfg))
     ws = bd.parse_config(["--weak-scaling"])
     assert ws.models == ("small",) and ws.syncs == ("overlap",) and ws.bucket_mb == (25.0,) and ws.weak_scaling
+    assert ws.repeats == 3
+    nc = bd.combos(bd.parse_config(["--no-comm", "--models", "tiny", "--syncs", "flat"]))
+    assert [c.backend for c in nc] == ["mpi", "ring", "none"]  # the ceiling interleaved with the backends
     assert bd.parse_config(["--weak-scaling", "--models", "tiny"]).models == ("tiny",)
 
 
@@ -97,6 +95,8 @@ def test_defaults_differ_between_breakdown_and_weak_scaling():
     (["--steps", "two"], "expected an integer, got 'two'"),
     (["--warmup", "-1"], "must be >= 0, got -1"),
     (["--dtype", "float16"], "invalid choice: 'float16'"),
+    (["--repeats", "2"], "--repeats applies to --weak-scaling only"),
+    (["--weak-scaling", "--repeats", "0"], "must be >= 1, got 0"),
 ])
 def test_bad_arguments_exit_2_with_a_clear_message(capsys, argv, message):
     with pytest.raises(SystemExit) as e:
@@ -121,7 +121,8 @@ def test_scaling_sizes_are_powers_of_two_then_the_world():
 def test_rows_take_the_slowest_rank_for_the_step_and_the_mean_for_its_parts():
     rng = np.random.default_rng(0)
     f = {name: i for i, name in enumerate(bd.FIELDS)}
-    todo = [bd.Combo("tiny", "overlap", "mpi", 25.0), bd.Combo("small", "flat", "ring", 0.0)]
+    todo = [bd.Combo("tiny", "overlap", "mpi", 25.0), bd.Combo("small", "flat", "ring", 0.0),
+            bd.Combo("small", "flat", "none", 0.0)]
     for n, steps in itertools.product((1, 2, 3, 4), (1, 2, 5)):
         ranks = np.zeros((n, len(todo), steps, len(bd.FIELDS)))  # (ranks, combos, steps, fields)
         parts = rng.uniform(0.001, 0.01, size=(n, len(todo), steps, 4))  # forward, compute-backward, issue, exposed
@@ -137,62 +138,82 @@ def test_rows_take_the_slowest_rank_for_the_step_and_the_mean_for_its_parts():
         rows = bd.breakdown_rows(todo, ranks.max(axis=0), ranks.mean(axis=0), n, 8)
         for c, row in enumerate(rows):
             total = ranks[:, c, :, f["total_s"]].max(axis=0)  # (steps,) slowest rank per step
-            assert row["total_time_ms"] == pytest.approx(np.median(total) * 1e3)
-            assert row["total_time_ms_min"] <= row["total_time_ms_p10"] <= row["total_time_ms"]
-            assert row["total_time_ms"] <= row["total_time_ms_p90"] <= row["total_time_ms_max"]
+            assert row["step_ms"] == pytest.approx(np.median(total) * 1e3)
+            order = [row[k] for k in ("step_ms_min", "step_ms_p10", "step_ms", "step_ms_p90", "step_ms_max")]
+            assert order == sorted(order)
+            assert row["step_ms_min"] == pytest.approx(total.min() * 1e3) and row["steps"] == steps
             comm = (parts[:, c, :, 2] + parts[:, c, :, 3]).mean(axis=0)
-            assert row["comm_time_ms"] == pytest.approx(np.median(comm) * 1e3)
-            assert row["backward_time_ms"] == pytest.approx(np.median(parts[:, c, :, 1].mean(axis=0)) * 1e3)
+            assert row["comm_ms"] == pytest.approx(np.median(comm) * 1e3)
+            assert row["comm_issued_ms"] == pytest.approx(np.median(parts[:, c, :, 2].mean(axis=0)) * 1e3)
+            assert row["comm_exposed_ms"] == pytest.approx(np.median(parts[:, c, :, 3].mean(axis=0)) * 1e3)
+            assert row["backward_ms"] == pytest.approx(np.median(parts[:, c, :, 1].mean(axis=0)) * 1e3)
             compute = (parts[:, c, :, 0] + parts[:, c, :, 1] + opt[:, c]).mean(axis=0)
-            assert row["compute_time_ms"] == pytest.approx(np.median(compute) * 1e3)
-            assert 0 <= row["comm_fraction"] <= 1
-            assert row["comm_fraction"] == pytest.approx(row["comm_time_ms"] / row["total_time_ms"])
+            assert row["compute_ms"] == pytest.approx(np.median(compute) * 1e3)
+            assert row["comm_fraction"] == pytest.approx(row["comm_ms"] / row["step_ms"])
             assert row["samples_per_s"] == pytest.approx(n * 8 / np.median(total))
-            assert row["num_comm_ops"] == 3 and row["comm_bytes"] == 4000 and row["world_size"] == n
-            assert row["params"] == bd.param_count(todo[c].model) and row["bucket_mb"] == todo[c].bucket_mb
+            silent = todo[c].backend == "none"
+            assert (row["num_comm_ops"], row["comm_bytes"]) == ((0, 0) if silent else (3, 4000))
+            assert row["world_size"] == n and row["transport"] == ("none" if silent else "mpi")
+            assert row["params"] == bc.param_count(todo[c].model) and row["bucket_mb"] == todo[c].bucket_mb
+        assert np.isnan(rows[0]["ddp_efficiency"])  # no ceiling measured for tiny overlap
+        assert rows[1]["ddp_efficiency"] == pytest.approx(rows[2]["step_ms"] / rows[1]["step_ms"])
+        assert rows[2]["ddp_efficiency"] == 1.0
+
+
+def test_weak_scaling_efficiency_shares_one_reference_per_repeat():
+    rows = []
+    for repeat, base in ((0, 100.0), (1, 50.0)):  # the second repeat ran on a machine twice as slow
+        for n in (1, 2, 4):
+            for backend, sps in (("mpi", 0.9 * base), ("ring", 1.1 * base), ("none", base)):
+                rows.append({"model": "tiny", "sync": "flat", "bucket_mb": 0.0, "world_size": n, "repeat": repeat,
+                             "backend": backend, "samples_per_s": sps * n * (0.8 if n > 1 else 1.0),
+                             "step_ms": 1e3 / sps})
+    bd.add_efficiency(rows)
+    for r in rows:
+        base = 100.0 if r["repeat"] == 0 else 50.0  # the median of the three one-rank figures
+        assert r["efficiency"] == pytest.approx(r["samples_per_s"] / (r["world_size"] * base))
+        ceiling = 1e3 / (100.0 if r["repeat"] == 0 else 50.0)
+        assert r["ddp_efficiency"] == pytest.approx(ceiling / r["step_ms"])
+    one = [r["efficiency"] for r in rows if r["world_size"] == 1]
+    assert sorted(set(np.round(one, 6))) == [0.9, 1.0, 1.1]  # one reference: the backends keep their differences
 
 
 # ----------------------------------------------------------------------------- one rank
 
 def check_breakdown(path, argv, n):
-    """Problems found in a breakdown dump (empty when it matches the documented layout)."""
+    """Problems found in a breakdown dump (empty when it matches the sweep's combinations)."""
     cfg = bd.parse_config(argv, verbose=False)
     todo = bd.combos(cfg)
+    problems = results.check(path)
+    if problems:
+        return problems
     attrs, rows = read_dump(path)
-    problems = []
 
     def expect(ok, what):
         if not ok:
             problems.append(what)
-    expect(attrs["kind"] == "ddp_breakdown" and attrs["schema_version"] == runinfo.SCHEMA_VERSION, "kind")
+    expect(attrs["kind"] == "ddp_breakdown" and attrs["schema_version"] == results.SCHEMA_VERSION, "kind")
     expect(attrs["world_size"] == n and attrs["backend"] == ",".join(cfg.backends), "world size / backend")
     expect(json.loads(attrs["argv"]) == argv and attrs["config.steps"] == cfg.steps, "argv / config")
-    expect(set(report.BREAKDOWN_COLUMNS + report.SPLIT_COLUMNS) <= set(rows), "report's columns")
-    expect({len(v) for v in rows.values()} == {len(todo)}, "one row per combination")
-    got = list(zip(rows["model_size"], rows["sync"], rows["backend"], rows["bucket_mb"]))
+    expect(list(rows.columns) == list(KINDS["ddp_breakdown"].names), "columns")
+    expect(len(rows) == len(todo), "one row per combination")
+    got = list(zip(rows["model"], rows["sync"], rows["backend"], rows["bucket_mb"]))
     expect(got == [(c.model, c.sync, c.backend, c.bucket_mb) for c in todo], f"combinations {got}")
-    tensors = len(mlp(bd.IN_FEATURES, bd.MODELS["tiny"], bd.OUT_FEATURES).parameters())
+    tensors = len(mlp(bc.IN_FEATURES, bc.MODELS["tiny"], bc.OUT_FEATURES).parameters())
     for i, c in enumerate(todo):
-        ops = expected_ops(c.sync, c.bucket_mb, tensors) if n > 1 else 0
+        moves = n > 1 and c.backend != "none"
+        ops = expected_ops(c.sync, c.bucket_mb, tensors) if moves else 0
         expect(rows["num_comm_ops"][i] == ops, f"{c}: {rows['num_comm_ops'][i]} ops, expected {ops}")
-        expect(rows["comm_bytes"][i] == (bd.param_count("tiny") * 4 if n > 1 else 0), f"{c}: comm_bytes")
+        expect(rows["comm_bytes"][i] == (bc.param_count("tiny") * 4 if moves else 0), f"{c}: comm_bytes")
         expect(0 <= rows["comm_fraction"][i] <= 1, f"{c}: comm_fraction {rows['comm_fraction'][i]}")
-        expect(rows["total_time_ms"][i] > 0 and rows["compute_time_ms"][i] > 0, f"{c}: times")
-        expect(rows["samples_per_s"][i] == pytest.approx(n * cfg.batch / rows["total_time_ms"][i] * 1e3), "samples/s")
-    for name in ("params", "num_comm_ops", "comm_bytes", "world_size", "batch"):
-        expect(rows[name].dtype == np.int64, f"{name} dtype")
-    for name in ("bucket_mb", "total_time_ms", "comm_fraction", "samples_per_s"):
-        expect(rows[name].dtype == np.float64, f"{name} dtype")
-    try:
-        report.load(path)
-    except report.DumpError as e:
-        problems.append(f"report cannot read it: {e}")
+        expect(rows["samples_per_s"][i] == pytest.approx(n * cfg.batch / rows["step_ms"][i] * 1e3), "samples/s")
+        expect(cfg.no_comm == np.isfinite(rows["ddp_efficiency"][i]), f"{c}: ddp_efficiency")
     return problems
 
 
 def test_one_rank_sweep_prints_the_table_and_writes_the_layout(tmp_path, capsys):
     path = tmp_path / "ddp.h5"
-    argv = TINY + BUCKETS + ["--backends", "mpi", "--out", str(path)]
+    argv = TINY + BUCKETS + ["--backends", "mpi", "--no-comm", "--out", str(path)]
     assert bd.main(argv, mpi_comm=MPI.COMM_SELF) == 0
     assert check_breakdown(path, argv, 1) == []
     out = capsys.readouterr().out
@@ -200,8 +221,8 @@ def test_one_rank_sweep_prints_the_table_and_writes_the_layout(tmp_path, capsys)
     at = [i for i, line in enumerate(lines) if line.split()[:1] == ["model"]]
     assert len(at) == 1, out
     header = lines[at[0]].split()
-    for head in ("step_ms", "p10", "p90", "fwd", "bwd", "comm", "exposed", "opt", "compute", "comm%", "ops",
-                 "samples/s"):
+    for head in ("step_ms", "p10", "p90", "fwd", "bwd", "issued", "exposed", "opt", "comm%", "ops", "samples/s",
+                 "ddp_eff"):
         assert head in header, head
     table = [line.split() for line in lines[at[0] + 1:at[0] + 1 + len(bd.combos(bd.parse_config(argv)))]]
     assert [(r[0], r[1], r[2], float(r[3])) for r in table] == [
@@ -235,6 +256,7 @@ def test_script_bad_arguments_exit_2_on_every_rank_without_hanging():
 # ----------------------------------------------------------------------------- MPI
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.needs_mpi  # the benchmarks time over mpi4py communicators
 def test_records_reduce_to_the_max_and_the_mean_over_ranks(assert_ranks_agree):
     comm = MPI.COMM_WORLD
     n, rank = comm.Get_size(), comm.Get_rank()
@@ -245,11 +267,12 @@ def test_records_reduce_to_the_max_and_the_mean_over_ranks(assert_ranks_agree):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.needs_mpi  # the benchmarks time over mpi4py communicators
 def test_breakdown_sweep_dump_matches_the_combinations(assert_all_ranks, agreed_tmpdir):
     comm = MPI.COMM_WORLD
     directory = agreed_tmpdir
     path = directory / "ddp.h5"
-    argv = TINY + BUCKETS + ["--out", str(path)]
+    argv = TINY + BUCKETS + ["--no-comm", "--out", str(path)]
     rc = bd.main(argv, mpi_comm=comm)
     comm.Barrier()
     problems = check_breakdown(path, argv, comm.Get_size()) if comm.Get_rank() == 0 else []
@@ -260,34 +283,34 @@ def test_breakdown_sweep_dump_matches_the_combinations(assert_all_ranks, agreed_
 
 
 @pytest.mark.mpi(min_size=2)
-def test_weak_scaling_runs_each_size_and_is_1_at_one_rank(assert_all_ranks, agreed_tmpdir):
+@pytest.mark.needs_mpi  # the benchmarks time over mpi4py communicators
+def test_weak_scaling_runs_each_size_and_repeat(assert_all_ranks, agreed_tmpdir):
     comm = MPI.COMM_WORLD
     n = comm.Get_size()
     directory = agreed_tmpdir
     path = directory / "ws.h5"
-    argv = ["--weak-scaling"] + TINY + ["--syncs", "flat,overlap", "--backends", "mpi,ring", "--out", str(path)]
+    argv = ["--weak-scaling"] + TINY + ["--syncs", "flat", "--backends", "mpi,ring", "--no-comm", "--repeats", "2",
+                                        "--out", str(path)]
     rc = bd.main(argv, mpi_comm=comm)
     comm.Barrier()
     problems = []
     if comm.Get_rank() == 0:
+        problems = results.check(path)
         attrs, rows = read_dump(path)
         todo = bd.combos(bd.parse_config(argv))
         sizes = bd.scaling_sizes(n)
         if attrs["kind"] != "weak_scaling" or attrs["world_size"] != n:
             problems.append(f"attrs {attrs['kind']} {attrs['world_size']}")
-        if list(rows["world_size"]) != [k for k in sizes for _ in todo]:
-            problems.append(f"world sizes {list(rows['world_size'])}")
+        if list(zip(rows["repeat"], rows["world_size"], rows["backend"])) != [
+                (r, k, c.backend) for r in range(2) for k in sizes for c in todo]:
+            problems.append(f"rows {list(zip(rows['repeat'], rows['world_size']))}")
         for i, k in enumerate(rows["world_size"]):
-            base = rows["samples_per_s"][i % len(todo)]
-            if rows["efficiency"][i] != pytest.approx(rows["samples_per_s"][i] / (k * base)):
+            ones = rows[(rows["world_size"] == 1) & (rows["repeat"] == rows["repeat"][i])]["samples_per_s"]
+            if rows["efficiency"][i] != pytest.approx(rows["samples_per_s"][i] / (k * np.median(ones))):
                 problems.append(f"row {i}: efficiency")
             if rows["step_ms"][i] != pytest.approx(k * 4 / rows["samples_per_s"][i] * 1e3):
                 problems.append(f"row {i}: step_ms")
-        if not all(e == 1.0 for e, k in zip(rows["efficiency"], rows["world_size"]) if k == 1):
-            problems.append("efficiency at one rank is not 1.0")
-        try:
-            report.load(path)
-        except report.DumpError as e:
-            problems.append(f"report cannot read it: {e}")
+        if not (rows[rows["backend"] == "none"]["ddp_efficiency"] == 1.0).all():
+            problems.append("the ceiling's own DDP efficiency is not 1.0")
         shutil.rmtree(directory)
     assert_all_ranks(rc == 0 and not problems, f"rc={rc}, problems: {problems}")

@@ -18,8 +18,8 @@ def rank_array(rank: int, shape, dtype) -> np.ndarray:
     return ((np.arange(n) % 500) + 1000 * rank).astype(dtype).reshape(shape)
 
 
-def test_broadcast_from_every_root(comm, group, assert_all_ranks, assert_ranks_agree):
-    problems = []
+def test_broadcast_from_every_root(comm, group, assert_all_ranks, assert_ranks_agree_on_all):
+    problems, results = [], []
     for root in range(comm.size):
         for shape in [(0,), (1,), (5,), (1009,), (3, 4)]:
             for dtype in DTYPES:
@@ -28,14 +28,15 @@ def test_broadcast_from_every_root(comm, group, assert_all_ranks, assert_ranks_a
                 got = comm.broadcast(buf, root=root)
                 if got is not buf or not np.array_equal(buf, expected):
                     problems.append(f"root={root} shape={shape} {dtype}")
-                assert_ranks_agree(buf, group)
+                results.append(buf)
+    assert_ranks_agree_on_all(results, group)
     assert_all_ranks(not problems, "; ".join(problems[:4]), group)
 
 
-def test_ring_broadcast_tree_and_chain(group, assert_all_ranks, assert_ranks_agree):
+def test_ring_broadcast_tree_and_chain(group, assert_all_ranks, assert_ranks_agree_on_all):
     """Large broadcasts go down a pipelined chain of segments; small ones down a binomial tree."""
     comm = create("ring", group)
-    problems = []
+    problems, results = [], []
     for chain_bytes, segment_bytes in ((1 << 30, 1 << 20), (0, 64), (0, 1 << 20)):
         comm.chain_bytes, comm.segment_bytes = chain_bytes, segment_bytes
         for root in range(comm.size):
@@ -45,7 +46,8 @@ def test_ring_broadcast_tree_and_chain(group, assert_all_ranks, assert_ranks_agr
                 comm.broadcast(buf, root=root)
                 if not np.array_equal(buf, expected):
                     problems.append(f"chain_bytes={chain_bytes} segment_bytes={segment_bytes} root={root} n={n}")
-                assert_ranks_agree(buf, group)
+                results.append(buf)
+    assert_ranks_agree_on_all(results, group)
     assert_all_ranks(not problems, "; ".join(problems[:4]), group)
 
 
@@ -64,15 +66,16 @@ def test_reduce_scatter_exact_blocks(comm, group, values, assert_all_ranks):
     assert_all_ranks(not problems, "; ".join(problems[:4]), group)
 
 
-def test_allgather_uneven_shapes(comm, group, assert_all_ranks, assert_ranks_agree):
-    problems = []
+def test_allgather_uneven_shapes(comm, group, assert_all_ranks, assert_ranks_agree_on_all):
+    problems, results = [], []
     for shape in [(), (0,), (1,), (comm.size + 1,), (1009,), (2, 3)]:
         for dtype in DTYPES:
             got = comm.allgather(rank_array(comm.rank, shape, dtype))
             want = np.stack([rank_array(r, shape, dtype) for r in range(comm.size)])
             if got.shape != want.shape or got.dtype != want.dtype or not np.array_equal(got, want):
                 problems.append(f"shape={shape} {dtype}")
-            assert_ranks_agree(got, group)
+            results.append(got)
+    assert_ranks_agree_on_all(results, group)
     assert_all_ranks(not problems, "; ".join(problems[:4]), group)
 
 

@@ -87,6 +87,8 @@ def test_steady_state_allocates_nothing(backend, group, assert_all_ranks):
     for _ in range(5):  # warms up what two handles in flight need: a second scratch buffer, early-frame buffers
         two_outstanding()
     warm = (comm.scratch.nbuffers, comm.scratch.nbytes)
+    world = getattr(group, "world", None)  # TCP keeps buffers for frames that come before their receive
+    held = world.held_bytes() if world is not None else 0
     tracemalloc.start()
     try:
         base, _ = tracemalloc.get_traced_memory()
@@ -99,12 +101,13 @@ def test_steady_state_allocates_nothing(backend, group, assert_all_ranks):
     finally:
         tracemalloc.stop()
     grown = comm.scratch.nbytes - warm[1]  # a second handle may need a second scratch buffer, never a third
+    grown += (world.held_bytes() - held) if world is not None else 0  # ... and TCP a bounded set of early buffers
     bounded = comm.scratch.nbuffers <= 2 * pool[0] and comm.scratch.nbytes <= 2 * pool[1]
     ok = (bounded and single[0] - base < 16_384 and single[1] - base < 65_536
           and double[0] - base < grown + 16_384 and double[1] - base < grown + 65_536)
     assert_all_ranks(ok, f"pool {pool} -> {warm} -> {(comm.scratch.nbuffers, comm.scratch.nbytes)}; traced memory "
                          f"above start (current, peak): one at a time {single[0] - base}, {single[1] - base} B; "
                          f"two outstanding {double[0] - base}, {double[1] - base} B", group)
-    if comm.size > 1:  # naive reduces on rank 0 only
+    if comm.size > 1 and getattr(comm, "node", None) is None:  # shared memory needs no receive buffers
         used = comm.scratch.nbytes > 0 or (backend == "naive" and comm.rank != 0)
         assert_all_ranks(used, "no scratch was used", group)

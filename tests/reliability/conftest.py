@@ -1,8 +1,9 @@
-"""Fixtures for the reliability tests: MPI jobs launched as subprocesses and watched from outside.
+"""Fixtures for the reliability tests: jobs launched as subprocesses and watched from outside.
 
 ``launch(args, n=2, cwd=...)`` starts ``mpirun -n n python ARGS`` (the mpirun beside the
-interpreter) and returns a :class:`Job`: its output lines with their arrival times, and the
-python rank processes it has ever had, found by walking ``/proc``. At teardown every job is
+interpreter; ``launcher="npddp.run"``: ``python -m npddp.run --nproc n ARGS``, no MPI) and
+returns a :class:`Job`: its output lines with their arrival times, and the python rank
+processes it has ever had, found by walking ``/proc``. At teardown every job is
 ended and any rank process still alive is killed, by pid. ``run_job(args, n=2, cwd=...)``
 runs one to completion and returns the ``subprocess.CompletedProcess``.
 """
@@ -32,7 +33,8 @@ def mpirun() -> str:
 def job_env(**extra) -> dict:
     """This environment minus an enclosing MPI job's variables, one BLAS thread per rank, plus ``extra``."""
     skip = ("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_", "NPDDP_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(skip)}
+    launcher = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(skip) and k not in launcher}
     env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
     return env
 
@@ -48,12 +50,12 @@ def _stat(pid: int) -> tuple[int, int, str] | None:
 
 
 def _rank_of(pid: int) -> int | None:
-    """The PMI rank in a process's environment, or None."""
+    """The rank in a process's environment (PMI_RANK from mpirun, RANK from npddp.run), or None."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             for item in f.read().split(b"\0"):
-                if item.startswith(b"PMI_RANK="):
-                    return int(item[9:])
+                if item.startswith((b"PMI_RANK=", b"RANK=")):
+                    return int(item.split(b"=", 1)[1])
     except (OSError, ValueError):
         pass
     return None
@@ -78,9 +80,12 @@ def descendants(root: int) -> list[int]:
 class Job:
     """A background ``mpirun`` job: timed output lines, and every python rank process it had."""
 
-    def __init__(self, args, n: int, cwd, env: dict):
+    def __init__(self, args, n: int, cwd, env: dict, launcher: str = "mpirun"):
         self.n = n
-        self.command = [mpirun(), "-n", str(n), sys.executable, *map(str, args)]
+        if launcher == "mpirun":
+            self.command = [mpirun(), "-n", str(n), sys.executable, *map(str, args)]
+        else:
+            self.command = [sys.executable, "-m", "npddp.run", "--nproc", str(n), *map(str, args)]
         self.proc = subprocess.Popen(self.command, cwd=cwd, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
         self.lines: list[tuple[float, str]] = []
@@ -152,11 +157,11 @@ class Job:
 
 @pytest.fixture
 def launch():
-    """``launch(args, n=2, cwd=None, **env)`` -> a running :class:`Job`; every job is ended at teardown."""
+    """``launch(args, n=2, cwd=None, launcher="mpirun", **env)`` -> a running :class:`Job`; all ended at teardown."""
     jobs: list[Job] = []
 
-    def start(args, n: int = 2, cwd=None, **env) -> Job:
-        jobs.append(Job(args, n, cwd, job_env(**env)))
+    def start(args, n: int = 2, cwd=None, launcher: str = "mpirun", **env) -> Job:
+        jobs.append(Job(args, n, cwd, job_env(**env), launcher))
         return jobs[-1]
 
     yield start

@@ -52,7 +52,7 @@ def test_sigkill_of_one_rank_ends_the_job_and_the_checkpoint_resumes(launch, run
     assert (final.step, final.epochs_done, final.batches_done) == (EPOCHS * STEPS_PER_EPOCH, EPOCHS, 0)
 
 
-@pytest.mark.parametrize("backend", ["ring", "naive"])
+@pytest.mark.parametrize("backend", ["ring", "naive", "mpi", "shm"])
 def test_a_hung_rank_makes_the_others_time_out_and_end_the_job(launch, tmp_path, backend):
     """SIGSTOP freezes rank 1 (a hang, not a crash): rank 0 raises TimeoutError after --timeout and aborts the job."""
     timeout = 1.0

@@ -110,7 +110,9 @@ def test_a_peer_that_never_arrives_raises_timeout_error_on_the_waiting_ranks(bac
             except Exception as err:  # noqa: BLE001  (reported below, on every rank)
                 problems.append(f"{operation}: {err!r}")
         world.barrier()
-        named = world.allgather(np.array([f"from rank {skipper}" in text], dtype=np.int8))[:, 0]  # (size,)
+        names = (f"from rank {skipper}" in text or f"for rank {skipper} to arrive" in text
+                 or f"ranks {skipper - 1}, {skipper} to arrive" in text)
+        named = world.allgather(np.array([names], dtype=np.int8))[:, 0]  # (size,)
         if rank == 0 and not named.any() and backend != "mpi":  # MPI's collectives cannot say who is missing
             problems.append(f"{operation}: no rank named rank {skipper} as the one it waits for")
         if text:

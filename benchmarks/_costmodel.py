@@ -1,0 +1,208 @@
+"""Alpha-beta cost models of collectives, their least-squares fit, and a projection of DDP to big clusters.
+
+A collective on ``n`` ranks moving ``S`` bytes takes ``T = steps * alpha + fraction * S / beta``:
+``alpha`` is the per-message latency, ``beta`` the link bandwidth, ``steps`` the sequential
+messages on the critical path and ``fraction`` the multiple of ``S`` the busiest link carries.
+All-reduce algorithms (textbook costs; ``p = ceil(log2 n)``, non-power-of-two fix-ups left out):
+
+==============  ============  ==================  ==============================================
+algorithm       steps         fraction            schedule
+==============  ============  ==================  ==============================================
+ring            2(n-1)        2(n-1)/n            reduce-scatter then all-gather around a ring
+naive           2(n-1)        2(n-1)              gather to rank 0, reduce, send to every rank
+rd              p             p                   recursive doubling: whole buffer each round
+rabenseifner    2p            2(n-1)/n            recursive halving, then doubling
+tree            2p            2p                  binomial reduce, then binomial broadcast
+==============  ============  ==================  ==============================================
+
+Other collectives use the ring (chain for broadcast): reduce-scatter and all-gather n-1 steps
+and (n-1)/n, broadcast n-1 steps and 1. An algorithm without a model here (e.g. ``mpi``, whose
+schedule MPI chooses) is fitted with the ring's shape and left out of projections.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+if __package__:
+    from ._common import GB, busbw_factor, check_collective
+else:  # run by path: this directory is sys.path[0]
+    from _common import GB, busbw_factor, check_collective
+
+
+def _log2(n: int) -> int:
+    """ceil(log2 n), 0 for n = 1."""
+    return (n - 1).bit_length()
+
+
+#: All-reduce cost models: algorithm -> n -> (steps, fraction).
+ALLREDUCE_MODELS = {
+    "ring": lambda n: (2 * (n - 1), 2.0 * (n - 1) / n),
+    "naive": lambda n: (2 * (n - 1), 2.0 * (n - 1)),
+    "rd": lambda n: (_log2(n), float(_log2(n))),
+    "rabenseifner": lambda n: (2 * _log2(n), 2.0 * (n - 1) / n),
+    "tree": lambda n: (2 * _log2(n), 2.0 * _log2(n)),
+}
+
+
+def terms(collective: str, n: int, algorithm: str = "ring") -> tuple[int, float]:
+    """(steps, fraction) of ``algorithm`` (ring when it has no model, or for other collectives)."""
+    check_collective(collective, n)
+    if collective == "allreduce":
+        return ALLREDUCE_MODELS.get(algorithm, ALLREDUCE_MODELS["ring"])(n)
+    steps = n - 1
+    return steps, busbw_factor(collective, n)
+
+
+def modelled(algorithm: str) -> bool:
+    """True if the all-reduce ``algorithm`` has a cost model here."""
+    return algorithm in ALLREDUCE_MODELS
+
+
+def model_time(nbytes, collective: str, n: int, alpha: float, beta: float, calls=1, algorithm: str = "ring"):
+    """Alpha-beta time (s) of ``calls`` collectives moving ``nbytes`` in total (beta in bytes/s)."""
+    steps, fraction = terms(collective, n, algorithm)
+    return calls * steps * alpha + fraction * np.asarray(nbytes) / beta
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Fitted alpha (s per message) and beta (bytes/s) with the fit's relative RMS error."""
+
+    alpha: float
+    beta: float
+    rel_rms: float
+
+
+def fit_alpha_beta(nbytes, times, collective: str, n: int, algorithm: str = "ring") -> Fit:
+    """Least-squares fit of ``times = steps*alpha + fraction*nbytes/beta``, weighted by 1/time.
+
+    Minimises the relative error, so small and large messages count alike; alpha and 1/beta
+    are kept non-negative (beta = inf when the times show no size dependence). Needs n >= 2
+    and at least two distinct sizes with positive times.
+    """
+    b = np.asarray(nbytes, dtype=np.float64).ravel()
+    t = np.asarray(times, dtype=np.float64).ravel()
+    if b.shape != t.shape:
+        raise ValueError(f"nbytes and times differ in length: {b.size} vs {t.size}")
+    keep = np.isfinite(t) & (t > 0)
+    b, t = b[keep], t[keep]
+    if n < 2:
+        raise ValueError(f"the alpha-beta fit needs a world size >= 2 (got {n}): one rank sends nothing")
+    if np.unique(b).size < 2:
+        raise ValueError("the alpha-beta fit needs at least two distinct sizes with positive times")
+    steps, fraction = terms(collective, n, algorithm)
+    cols = np.stack([np.full_like(b, steps), fraction * b], axis=1) / t[:, None]  # (sizes, 2)
+    y = np.ones_like(t)  # (model - t) / t = cols @ x - 1
+    best = None
+    for active in ((0, 1), (0,), (1,)):  # unconstrained, then each non-negative boundary
+        a = cols[:, active]
+        scale = np.linalg.norm(a, axis=0)
+        scale[scale == 0] = 1.0
+        sol = np.linalg.lstsq(a / scale, y, rcond=None)[0] / scale
+        if np.any(sol < 0):
+            continue
+        x = np.zeros(2)
+        x[list(active)] = sol
+        err = float(np.sqrt(np.mean((cols @ x - y) ** 2)))
+        if best is None or err < best[1] - 1e-15:
+            best = (x, err)
+        if len(active) == 2:
+            break
+    if best is None:
+        raise ValueError("the alpha-beta fit found no non-negative solution")
+    x, err = best
+    return Fit(alpha=float(x[0]), beta=float(1.0 / x[1]) if x[1] > 0 else math.inf, rel_rms=err)
+
+
+# ----------------------------------------------------------------------------- DDP projection
+
+@dataclass(frozen=True)
+class Network:
+    """An interconnect described by per-message latency (s) and bandwidth (bytes/s)."""
+
+    name: str
+    alpha: float
+    beta: float
+
+
+#: Typical published figures, not measurements: per-message latency of an MPI
+#: point-to-point exchange and per-link bandwidth.
+NETWORKS = (
+    Network("10 GbE", alpha=50e-6, beta=1.25 * GB),
+    Network("100 GbE", alpha=10e-6, beta=12.5 * GB),
+    Network("InfiniBand HDR", alpha=1.5e-6, beta=25.0 * GB),
+)
+
+
+@dataclass(frozen=True)
+class Projection:
+    """Projected DDP step of one model on ``n`` ranks of one network with one algorithm (seconds)."""
+
+    network: str
+    algorithm: str
+    params: int
+    n: int
+    buckets: int
+    compute: float
+    comm: float
+
+    @property
+    def step_serial(self) -> float:
+        """Step time when communication starts after compute (no overlap)."""
+        return self.compute + self.comm
+
+    @property
+    def step_overlap(self) -> float:
+        """Step time when communication hides perfectly behind compute."""
+        return max(self.compute, self.comm)
+
+    @property
+    def overhead_serial(self) -> float:
+        """comm / (comm + compute): share of the step spent communicating, no overlap."""
+        return self.comm / self.step_serial if self.step_serial > 0 else 0.0
+
+    @property
+    def overhead_overlap(self) -> float:
+        """Exposed communication share of the step with perfect overlap."""
+        return (self.step_overlap - self.compute) / self.step_overlap if self.step_overlap > 0 else 0.0
+
+    @property
+    def efficiency_serial(self) -> float:
+        """Scaling efficiency (compute / step), no overlap."""
+        return self.compute / self.step_serial if self.step_serial > 0 else 1.0
+
+    @property
+    def efficiency_overlap(self) -> float:
+        """Scaling efficiency with perfect overlap."""
+        return self.compute / self.step_overlap if self.step_overlap > 0 else 1.0
+
+
+def project_ddp(params, world_sizes, compute_s_per_param: float, networks=NETWORKS, algorithms=("ring",),
+                bytes_per_param: int = 4, bucket_bytes: int = 25 << 20) -> list[Projection]:
+    """Project DDP's per-step gradient all-reduce for each network x algorithm x model size x world size.
+
+    Gradients (``params * bytes_per_param`` bytes) go in ``ceil(bytes / bucket_bytes)``
+    all-reduces: ``buckets * steps * alpha + fraction * bytes / beta``. Compute per step is
+    ``compute_s_per_param * params`` (FLOPs, hence time, scale with parameters at a fixed batch).
+    """
+    if compute_s_per_param < 0 or bytes_per_param < 1 or bucket_bytes < 1:
+        raise ValueError("compute time, bytes per parameter and bucket size must be positive")
+    unknown = [a for a in algorithms if not modelled(a)]
+    if unknown:
+        raise ValueError(f"no cost model for {', '.join(unknown)}; modelled: {', '.join(ALLREDUCE_MODELS)}")
+    out = []
+    for net in networks:
+        for algorithm in algorithms:
+            for p in params:
+                nbytes = int(p) * bytes_per_param
+                buckets = max(1, math.ceil(nbytes / bucket_bytes))
+                for n in world_sizes:
+                    comm = float(model_time(nbytes, "allreduce", int(n), net.alpha, net.beta, calls=buckets,
+                                            algorithm=algorithm))
+                    out.append(Projection(net.name, algorithm, int(p), int(n), buckets,
+                                          compute_s_per_param * int(p), comm))
+    return out

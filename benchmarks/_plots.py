@@ -1,0 +1,254 @@
+"""The report's figures, drawn from the dumps' tables (pandas DataFrames) with matplotlib.
+
+Every function returns a ``matplotlib.figure.Figure`` (no pyplot, so no global state); the
+report saves it. Titles say what was measured, then where and when (host, CPU, N, MPI
+library, package versions, date); axes carry units; sizes and rank counts are on log axes.
+Series names come from the data (backends, algorithms, models), never from a fixed list.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
+
+from npddp.columns import NO_COMM
+
+if __package__:
+    from ._common import format_count, format_size
+else:  # run by path: this directory is sys.path[0]
+    from _common import format_count, format_size
+
+#: Relative spread (max - min) / median over repeats above which the scaling plot warns.
+SPREAD_WARNING = 0.20
+_PLACE = {"inplace": "in-place", "outofplace": "out-of-place"}
+
+
+def where_when(meta: dict, world_size=None) -> str:
+    """Two lines from a dump's attributes: 'host, CPU, N=2 ranks, 2025-01-31' and 'MPICH 5.0.2, npddp 0.1.0, ...'."""
+    cpu = str(meta.get("cpu_model", "?"))
+    cpu = cpu if len(cpu) <= 48 else cpu[:47] + "..."
+    words = [w for w in str(meta.get("mpi_library", "MPI ?")).replace(",", " ").split() if w != "Version:"]
+    versions = ", ".join(f"{k} {meta.get(k + '_version', '?')}" for k in ("npddp", "numpy", "mpi4py"))
+    n = meta.get("world_size", "?") if world_size is None else world_size
+    return (f"{meta.get('host', '?')}, {cpu}, N={n} ranks, {str(meta.get('time_utc', '?'))[:10]}\n"
+            f"{' '.join(words[:2])}, {versions}")
+
+
+def _figure(width: float, height: float, what: str, meta: dict, world_size=None) -> Figure:
+    """A figure titled with ``what`` over where and when."""
+    fig = Figure(figsize=(width, height), layout="constrained")
+    fig.suptitle(f"{what}\n{where_when(meta, world_size)}", fontsize=10)
+    return fig
+
+
+def _size_axis(ax) -> None:
+    """Log-2 x axis of message sizes labelled 8, 1K, 64M."""
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: format_size(int(round(x))) if x >= 1 else ""))
+    ax.set_xlabel("message size (bytes)")
+    ax.grid(True, which="major", alpha=0.3)
+
+
+def _ranks_axis(ax, ns) -> None:
+    """Log-2 x axis of rank counts with a tick at each one present."""
+    ax.set_xscale("log", base=2)
+    ns = sorted({int(n) for n in ns})
+    ax.set_xticks(ns, labels=[str(n) for n in ns])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("world size N (ranks)")
+    ax.grid(True, alpha=0.3)
+
+
+def _series(df, keys):
+    """(label, rows) per distinct value of ``keys`` in first-seen order; rows sorted as they come."""
+    for values, part in df.groupby(list(keys), sort=False):
+        values = values if isinstance(values, tuple) else (values,)
+        yield " ".join(_PLACE.get(str(v), f"{v:g} MiB" if isinstance(v, float) else str(v)) for v in values), part
+
+
+def _colours(df, keys) -> dict:
+    """A colour per series without its place (in- and out-of-place of one backend share a colour)."""
+    keys = [k for k in keys if k != "place"]
+    names = [label for label, _ in _series(df, keys)]
+    return {name: f"C{i % 10}" for i, name in enumerate(names)}
+
+
+def _style(label: str, colours: dict) -> dict:
+    """Line colour from the series without its place (or what it ran); dashed out of place."""
+    label = label.split(" (ran ")[0]
+    base = label.replace(" out-of-place", "").replace(" in-place", "")
+    return {"color": colours.get(base), "ls": "--" if label.endswith("out-of-place") else "-"}
+
+
+def _sweep_keys(df) -> list:
+    """Series keys of a sweep: backend, transport where it varies, place."""
+    keys = ["backend"] + (["transport"] if df["transport"].nunique() > 1 else [])
+    return keys + (["place"] if df["place"].nunique() > 1 else [])
+
+
+def _sweep_series(df):
+    """(label, rows) per series; a backend that picks its algorithm per call names what it ran."""
+    for label, part in _series(df, _sweep_keys(df)):
+        ran = list(dict.fromkeys(part["algorithm"]))
+        yield label + (f" (ran {', '.join(ran)})" if ran != list(dict.fromkeys(part["backend"])) else ""), part
+
+
+def _legend_below(fig, ax) -> None:
+    """The axes' series in a figure legend under the plot, in as many columns as keep it short."""
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(4, max(1, (len(labels) + 2) // 3)),
+               fontsize=8)
+    fig.set_figheight(fig.get_figheight() + 0.17 * -(-len(labels) // 4))
+
+
+def sweep_busbw(df, meta: dict) -> Figure:
+    """Bus bandwidth (algorithm bandwidth on one rank) vs size per series, p10-p90 bands from the time spread."""
+    one = int(meta["world_size"]) == 1
+    what = "algorithm" if one else "bus"
+    fig = _figure(9, 5, f"{meta['collective']} {what} bandwidth vs size, {meta['dtype']} "
+                        f"(line: median time; band: p10-p90)", meta)
+    ax = fig.add_subplot()
+    column = "algbw_GBps" if one else "busbw_GBps"
+    colours = _colours(df, _sweep_keys(df))
+    for label, part in _sweep_series(df):
+        part = part.sort_values("bytes")
+        bw = part[column].to_numpy()
+        median = part["time_median_s"].to_numpy()
+        line, = ax.plot(part["bytes"], bw, marker="o", ms=3, label=label, **_style(label, colours))
+        ax.fill_between(part["bytes"], bw * median / part["time_p90_s"].to_numpy(),
+                        bw * median / part["time_p10_s"].to_numpy(), color=line.get_color(), alpha=0.12, lw=0)
+    _size_axis(ax)
+    ax.set_yscale("log")
+    ax.set_ylabel(f"{what} bandwidth (GB/s, GB = 1e9 B)")
+    _legend_below(fig, ax)
+    return fig
+
+
+def sweep_ratio(df, meta: dict, baseline: str):
+    """Median time over the ``baseline`` backend's at the same size and place, per other series; None without it."""
+    base = df[df["backend"] == baseline]
+    others = df[df["backend"] != baseline]
+    if base.empty or others.empty:
+        return None
+    fig = _figure(9, 5, f"{meta['collective']} time relative to {baseline}, {meta['dtype']}", meta)
+    ax = fig.add_subplot()
+    ref = base.groupby(["place", "bytes"])["time_median_s"].median()
+    colours = _colours(others, _sweep_keys(others))
+    for label, part in _sweep_series(others):
+        part = part.sort_values("bytes")
+        ratio = part["time_median_s"].to_numpy() / ref.reindex(list(zip(part["place"], part["bytes"]))).to_numpy()
+        ax.plot(part["bytes"], ratio, marker="o", ms=3, label=label, **_style(label, colours))
+    ax.axhline(1.0, color="black", lw=1, label=f"{baseline} (1.0)")
+    _size_axis(ax)
+    ax.set_yscale("log", base=2)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.set_ylabel(f"median time / {baseline} median time (> 1: slower)")
+    _legend_below(fig, ax)
+    return fig
+
+
+#: Segments of a step bar: (label, column or None for the remainder, colour, hatch).
+SEGMENTS = (("forward", "forward_ms", "C0", ""),
+            ("backward (compute)", "backward_ms", "C1", ""),
+            ("comm issued inside backward", "comm_issued_ms", "C1", "///"),
+            ("exposed comm (after backward)", "comm_exposed_ms", "C3", ""),
+            ("optimizer", "optimizer_ms", "C2", ""),
+            ("other (slowest rank, barrier skew)", None, "0.75", ""))
+
+
+def breakdown(df, meta: dict) -> Figure:
+    """Per model, one bar per row: the step split into its parts as % of the step, absolute ms on the bars."""
+    models = list(dict.fromkeys(df["model"]))
+    heights = [max(1, (df["model"] == m).sum()) for m in models]
+    fig = _figure(10, 1.6 + 0.32 * sum(heights) + 0.5 * len(models),
+                  "DDP step breakdown (% of the step; ms on the bars; eff = step(none) / step)", meta)
+    axes = fig.subplots(len(models), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
+    for ax, model in zip(axes, models):
+        part = df[df["model"] == model]
+        several = part.loc[part["backend"] != NO_COMM, "transport"].nunique() > 1  # name it only if it varies
+        labels = [f"{s} {b}" + (f"/{t}" if several and b != NO_COMM else "") + (f" {mb:g} MiB" if mb else "")
+                  for s, b, t, mb in zip(part["sync"], part["backend"], part["transport"], part["bucket_mb"])]
+        step = part["step_ms"].to_numpy()
+        left = np.zeros(len(part))
+        for name, column, colour, hatch in SEGMENTS:
+            ms = part[column].to_numpy() if column else np.maximum(step - left * step / 100, 0.0)
+            share = 100 * ms / step
+            bars = ax.barh(labels, share, left=left, color=colour, hatch=hatch, edgecolor="white", lw=0.5,
+                           label=name if ax is axes[0] else None)
+            for bar, value, width in zip(bars, ms, share):
+                if width >= 7:
+                    ax.text(bar.get_x() + width / 2, bar.get_y() + bar.get_height() / 2, f"{value:.1f}",
+                            ha="center", va="center", fontsize=7)
+            left += share
+        for y, (total, eff) in enumerate(zip(step, part["ddp_efficiency"])):
+            note = f"{total:.1f} ms" + (f", eff {eff:.2f}" if np.isfinite(eff) else "")
+            ax.text(max(left[y], 100) + 1, y, note, va="center", fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlim(0, 135)
+        ax.set_xticks(range(0, 101, 20))
+        ax.set_title(f"{model} ({format_count(int(part['params'].iloc[0]))} parameters, batch "
+                     f"{int(part['batch'].iloc[0])} per rank)", fontsize=9, loc="left")
+        ax.tick_params(axis="y", labelsize=8)
+    axes[-1].set_xlabel("share of the step time (%)")
+    fig.legend(loc="outside lower center", ncols=3, fontsize=8)
+    return fig
+
+
+def scaling(df, meta: dict) -> Figure:
+    """Efficiency vs N with min-max error bars over repeats, the no-comm ceiling, and a warning on wide spreads."""
+    ceiling = (df["backend"] == NO_COMM).any()
+    repeats = df["repeat"].nunique()
+    fig = _figure(12 if ceiling else 7, 5, f"DDP weak scaling, {repeats} repeat(s): median, bars min-max",
+                  meta, world_size=f"1..{int(df['world_size'].max())}")
+    axes = fig.subplots(1, 2 if ceiling else 1, squeeze=False)[0]
+    keys = [k for k in ("model", "sync", "backend", "bucket_mb") if df[k].nunique() > 1] or ["backend"]
+    flagged = []
+    panels = [(axes[0], "efficiency", "weak-scaling efficiency (samples/s / (N x one rank))")]
+    if ceiling:
+        panels.append((axes[1], "ddp_efficiency", "DDP efficiency (step with no comm / step)"))
+    for ax, column, ylabel in panels:
+        for label, part in _series(df, keys):
+            is_ceiling = (part["backend"] == NO_COMM).all()
+            if column == "ddp_efficiency" and is_ceiling:
+                continue
+            stats = part.groupby("world_size")[column].agg(["median", "min", "max"])
+            ns = stats.index.to_numpy()
+            err = np.vstack([stats["median"] - stats["min"], stats["max"] - stats["median"]])
+            name = "no-comm ceiling" + (f" ({label})" if len(keys) > 1 else "") if is_ceiling else label
+            ax.errorbar(ns, stats["median"], yerr=err, marker="o", capsize=4, label=name,
+                        color="black" if is_ceiling else None, ls="--" if is_ceiling else "-")
+            spread = (stats["max"] - stats["min"]) / stats["median"]
+            for n, s, y in zip(ns, spread, stats["median"]):
+                if s > SPREAD_WARNING:
+                    ax.plot(n, y, "o", ms=14, mfc="none", mec="red")
+                    flagged.append(f"{name} N={n} ({s:.0%})")
+        ax.axhline(1.0, color="gray", lw=1)
+        _ranks_axis(ax, df["world_size"])
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(0, max(1.15, float(df[column].max()) * 1.05))
+        ax.legend(fontsize=8, loc="lower left")
+    if flagged:  # a figure-level x label: the layout keeps room for it under the axes
+        where = "; ".join(flagged[:4]) + (" ..." if len(flagged) > 4 else "")
+        fig.supxlabel(f"Warning: spread over repeats > {SPREAD_WARNING:.0%} at {where}: treat these points as noise",
+                      color="red", fontsize=8, wrap=True).set_gid("spread-warning")
+    return fig
+
+
+def projection(df, meta: dict, params: int, note: str) -> Figure:
+    """Projected efficiency vs N, one panel per network, one line per algorithm in ``df`` (at ``params``)."""
+    df = df[df["params"] == params]
+    nets = list(dict.fromkeys(df["network"]))
+    fig = _figure(4.5 * len(nets) + 1, 4.5, f"Projected DDP efficiency (compute / (compute + comm)), "
+                                            f"{format_count(params)}-parameter model; {note}", meta)
+    axes = fig.subplots(1, len(nets), squeeze=False, sharey=True)[0]
+    for ax, net in zip(axes, nets):
+        rows = df[df["network"] == net]
+        for algorithm, part in rows.groupby("algorithm", sort=False):
+            ax.plot(part["n"], part["efficiency_serial"], marker="o", label=algorithm)
+        _ranks_axis(ax, rows["n"])
+        ax.set_title(net, fontsize=9)
+        ax.set_ylim(0, 1.05)
+    axes[0].set_ylabel("projected efficiency, no overlap")
+    axes[0].legend(title="algorithm", fontsize=8)
+    return fig

@@ -1,0 +1,111 @@
+"""Progress outstanding non-blocking all-reduces from a background thread (``create(..., progress="thread")``).
+
+By default a non-blocking all-reduce moves only when its owner calls ``test()`` or ``wait()``
+(DDP polls between layers). With a progress thread, a daemon thread keeps calling ``test()`` on
+every outstanding handle, so a bucket's reduction runs while backward computes, on another
+core, the way Horovod's and oneCCL's background threads do. NumPy's reductions and copies, and
+MPI's calls, release the GIL, so the thread's work overlaps the main thread's BLAS work. It
+helps only when the rank has a core to spare; on a node where every core runs a rank it costs a
+little (the thread competes for the rank's own core), which is why it is off by default.
+
+:class:`ThreadedCommunicator` wraps any backend: every call into the wrapped communicator holds
+one lock, so the thread and the caller never drive it at the same time.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+
+PROGRESS = ("caller", "thread")
+_IDLE_S = 0.0005  # seconds between two sweeps over outstanding handles
+
+
+class ThreadedWork:
+    """Handle of an all-reduce the progress thread drives; ``wait()`` sleeps until it is done."""
+
+    __slots__ = ("inner", "done", "error", "_owner")
+
+    def __init__(self, owner, inner):
+        self._owner, self.inner = owner, inner
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def test(self) -> bool:
+        """True once the thread has completed it."""
+        if self.error is not None:
+            raise self.error
+        return self.done.is_set()
+
+    def wait(self) -> np.ndarray:
+        """Block (at most the communicator's timeout) until complete; return the result."""
+        timeout = self._owner.timeout
+        if not self.done.wait(None if timeout == float("inf") else timeout):
+            raise TimeoutError(f"[rank {self._owner.rank}] {self._owner.name} iallreduce did not complete within "
+                               f"{timeout:g} s (driven by the progress thread): a peer crashed, hangs, or called a "
+                               "different collective")
+        if self.error is not None:
+            raise self.error
+        return self.inner.wait()
+
+
+class ThreadedCommunicator:
+    """Any communicator, with its outstanding all-reduces driven by a background thread."""
+
+    def __init__(self, inner):
+        object.__setattr__(self, "inner", inner)
+        object.__setattr__(self, "lock", threading.RLock())
+        object.__setattr__(self, "_works", [])
+        object.__setattr__(self, "_wake", threading.Event())
+        thread = threading.Thread(target=self._run, name="npddp-progress", daemon=True)
+        object.__setattr__(self, "_thread", thread)
+        thread.start()
+
+    def __getattr__(self, name):
+        attr = getattr(self.inner, name)
+        if not callable(attr) or name in ("iallreduce",):
+            return attr
+
+        def locked(*args, **kwargs):
+            with self.lock:
+                return attr(*args, **kwargs)
+        locked.__doc__ = attr.__doc__
+        return locked
+
+    def __setattr__(self, name, value):
+        setattr(self.inner, name, value)
+
+    @property
+    def progress(self) -> str:
+        """``thread``."""
+        return "thread"
+
+    def iallreduce(self, buf, op="sum") -> ThreadedWork:
+        """Start the all-reduce; the progress thread drives it from now on."""
+        with self.lock:
+            work = ThreadedWork(self, self.inner.iallreduce(buf, op))
+            self._works.append(work)
+        self._wake.set()
+        return work
+
+    def _run(self) -> None:
+        """Sweep the outstanding handles until none is left, then sleep until one arrives."""
+        while True:
+            self._wake.wait()
+            with self.lock:
+                for work in tuple(self._works):
+                    try:
+                        finished = work.inner.test()
+                    except BaseException as exc:  # noqa: BLE001  (handed to the waiting caller)
+                        work.error, finished = exc, True
+                    if finished:
+                        self._works.remove(work)
+                        work.done.set()
+                if not self._works:
+                    self._wake.clear()
+            if self._works:
+                os.sched_yield()
+                time.sleep(_IDLE_S)

@@ -1,0 +1,152 @@
+"""Measure every all-reduce algorithm on this job and write the table ``auto`` picks from.
+
+    mpirun -n 4 python -m npddp.tune --out tuning.json            # over MPI's point-to-point layer
+    python -m npddp.run --nproc 4 -m npddp.tune --out tuning.json  # over TCP
+    NPDDP_TUNING=tuning.json mpirun -n 4 python -m npddp.train --backend auto
+
+For each size (``-b`` to ``-e``, times ``-f``) every candidate algorithm runs ``--iters`` timed
+all-reduces (after warm-up), the candidates interleaved, each iteration's time the slowest
+rank's; the fastest median wins the size. Neighbouring sizes won by the same algorithm merge
+into one step, and a step ends halfway (geometrically) between the last size it won and the
+next size. The file is valid for this transport and world size only (``auto`` checks both);
+rank 0 writes it. See :mod:`npddp.comm.auto` for the format.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+from .comm import DTYPES, create
+from .comm.auto import CANDIDATES, FORMAT, VERSION, check_table
+from .comm.registry import node_group
+from .comm.transport import resolve_transport
+from .launch import abort_on_exception
+
+PROG = "python -m npddp.tune"
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``8``, ``1K``, ``64M`` (binary multiples)."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    raw = text.strip().upper()
+    head, unit = (raw[:-1], raw[-1]) if raw and raw[-1] in units else (raw, "")
+    if not head.isdigit() or int(head) < 1:
+        raise argparse.ArgumentTypeError(f"size {text!r} is not a positive number of bytes (e.g. 8, 1K, 64M)")
+    return int(head) * units[unit]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The tuner's options."""
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="npddp-tuning.json", metavar="PATH",
+                   help="where rank 0 writes the table (default: npddp-tuning.json)")
+    p.add_argument("--transport", default="auto", choices=("auto", "mpi", "tcp"),
+                   help="transport to tune (default: tcp under npddp.run, else mpi)")
+    p.add_argument("-b", "--min-bytes", type=parse_size, default=parse_size("1K"), metavar="SIZE",
+                   help="smallest size (default: 1K)")
+    p.add_argument("-e", "--max-bytes", type=parse_size, default=parse_size("64M"), metavar="SIZE",
+                   help="largest size (default: 64M)")
+    p.add_argument("-f", "--factor", type=int, default=4, metavar="F", help="size step factor (default: 4)")
+    p.add_argument("--dtype", default="float32", choices=DTYPES, help="element type (default: float32)")
+    p.add_argument("--iters", type=int, default=20, metavar="N", help="timed iterations per size (default: 20)")
+    p.add_argument("--budget", type=float, default=0.3, metavar="SECONDS",
+                   help="time per size and algorithm; fewer iterations when it runs out (default: 0.3)")
+    args = p.parse_args(argv)
+    if args.max_bytes < args.min_bytes:
+        p.error(f"-e {args.max_bytes} is smaller than -b {args.min_bytes}")
+    if args.factor < 2:
+        p.error(f"-f {args.factor} is out of range; valid: 2 or more")
+    if args.iters < 1 or not args.budget > 0:
+        p.error("--iters must be >= 1 and --budget > 0")
+    return args
+
+
+def steps_from(sizes: list[int], winners: list[str]) -> list:
+    """``[[max_bytes, algorithm], ...]`` from the winner at each measured size."""
+    steps: list = []
+    for i, (size, name) in enumerate(zip(sizes, winners)):
+        if steps and steps[-1][1] == name:
+            continue
+        if steps:
+            steps[-1][0] = int(math.sqrt(sizes[i - 1] * size))
+        steps.append([None, name])
+    return steps
+
+
+def measure(comms: dict, timer, nbytes: int, dtype, iters: int, budget: float) -> dict:
+    """Median slowest-rank seconds of an all-reduce of ``nbytes`` for every communicator, interleaved."""
+    count = max(1, nbytes // np.dtype(dtype).itemsize)
+    bufs = {name: np.ones(count, dtype=dtype) for name in comms}
+    times = {name: [] for name in comms}
+    for comm in comms.values():  # warm-up: plans, scratch, connections
+        comm.allreduce(np.ones(count, dtype=dtype))
+    started = time.perf_counter()
+    spent = np.zeros(1)
+    for i in range(iters):
+        for name, comm in comms.items():
+            comm.barrier()
+            t0 = time.perf_counter()
+            comm.allreduce(bufs[name])
+            times[name].append(time.perf_counter() - t0)
+            bufs[name][:] = 1
+        spent[0] = time.perf_counter() - started
+        timer.allreduce(spent, "max")
+        if i >= 2 and spent[0] > budget * len(comms):
+            break
+    result = {}
+    for name, ts in times.items():
+        worst = timer.allreduce(np.array(ts), "max")  # each iteration: the slowest rank
+        result[name] = float(np.median(worst))
+    return result
+
+
+def main(argv=None) -> int:
+    """Tune, print the table, write the file; the exit code."""
+    abort_on_exception()
+    args = parse_args(argv)
+    transport = resolve_transport(args.transport)
+    timer = create("rd", transport=transport)
+    comms = {name: create(name, transport=transport) for name in CANDIDATES}
+    if node_group(timer, timer._begin("setup")) is not None:  # one node: shared memory competes too
+        comms["shm"] = create("shm", transport=transport)
+    rank, size = timer.rank, timer.size
+    sizes, winners = [], []
+    nbytes = args.min_bytes
+    if rank == 0:
+        print(f"# {PROG}: {size} ranks over {transport}, {args.dtype}, median of the slowest rank (us)")
+        print(f"{'bytes':>12} " + " ".join(f"{n:>13}" for n in comms) + "  best")
+    while nbytes <= args.max_bytes:
+        result = measure(comms, timer, nbytes, args.dtype, args.iters, args.budget)
+        best = min(result, key=result.get)
+        sizes.append(nbytes)
+        winners.append(best)
+        if rank == 0:
+            print(f"{nbytes:>12} " + " ".join(f"{result[n] * 1e6:>13.1f}" for n in comms) + f"  {best}", flush=True)
+        nbytes *= args.factor
+    table = {"*": steps_from(sizes, winners)}
+    data = {"format": FORMAT, "version": VERSION, "transport": transport, "world_size": size,
+            "dtype_measured": args.dtype, "sizes": sizes, "winners": winners, "table": table}
+    check_table(data, transport, size, "shm" in comms)
+    if rank == 0:
+        tmp = f"{args.out}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, args.out)
+        print(f"# wrote {args.out}: " + ", ".join(f"<= {m} B: {a}" if m else f"above: {a}" for m, a in table["*"]))
+        print(f"# use it: NPDDP_TUNING={args.out} (or create('auto', tuning='{args.out}'))")
+    timer.barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""``auto``: the cost model, the size table, tuning files (good, corrupt, for another job) and the tuner.
+
+The correctness of every algorithm ``auto`` can pick is covered with every other backend in
+the property tests (``BACKENDS`` includes ``auto``); here: which algorithm it picks, and from where.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+from npddp.comm import ALGORITHMS, create
+from npddp.comm.auto import CANDIDATES, FORMAT, MODEL, VERSION, check_table, model_table, predict
+from npddp.tune import steps_from
+
+from .conftest import one_rank_group
+
+
+def tuning(tmp_path, **change):
+    data = {"format": FORMAT, "version": VERSION, "transport": "mpi", "world_size": 1,
+            "table": {"*": [[4096, "tree"], [1 << 20, "rd"], [None, "ring"]], "float16": [[None, "naive"]]}}
+    data.update(change)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("size", [2, 3, 4, 5, 8, 16, 1024])
+@pytest.mark.parametrize("transport", list(MODEL))
+def test_the_model_table_picks_the_cheapest_candidate_at_every_size(size, transport):
+    alpha, beta, gamma = MODEL[transport]
+    steps = model_table(transport, size)
+    assert steps[-1][0] is None and all(a in CANDIDATES for _, a in steps)
+    bounds = [m for m, _ in steps[:-1]]
+    assert bounds == sorted(bounds) and len(set(a for _, a in steps)) == len(steps)  # merged runs
+    for nbytes in (8, 1000, 70_000, 3 << 20, 100 << 20):
+        pick = next(a for m, a in steps if m is None or nbytes <= m)
+        costs = {a: predict(a, 1 << (nbytes - 1).bit_length(), size, alpha, beta, gamma) for a in CANDIDATES}
+        assert costs[pick] == min(costs.values()), (nbytes, pick, costs)
+
+
+def test_the_model_prefers_few_steps_for_small_vectors_and_bandwidth_for_large():
+    alpha, beta, gamma = MODEL["mpi"]
+    for n in (16, 1024):
+        assert predict("rd", 8, n, alpha, beta, gamma) < predict("ring", 8, n, alpha, beta, gamma)
+        assert predict("rd", 1 << 28, n, alpha, beta, gamma) > predict("ring", 1 << 28, n, alpha, beta, gamma)
+    assert predict("naive", 1 << 20, 8, alpha, beta, gamma) > predict("ring", 1 << 20, 8, alpha, beta, gamma)
+
+
+def test_a_tuning_file_sets_the_choice_per_size_and_dtype(tmp_path, monkeypatch):
+    monkeypatch.delenv("NPDDP_TUNING", raising=False)
+    comm = create("auto", one_rank_group(), tuning=str(tuning(tmp_path)))
+    assert comm.source == f"tuning file {tmp_path / 't.json'}"
+    picks = [comm.algorithm_for(n, np.float32) for n in (1, 4096, 4097, 1 << 20, (1 << 20) + 1)]
+    assert picks == ["tree", "tree", "rd", "rd", "ring"]
+    assert comm.algorithm_for(10, np.float16) == "naive"
+    monkeypatch.setenv("NPDDP_TUNING", str(tuning(tmp_path, table={"*": [[None, "rabenseifner"]]})))
+    assert create("auto", one_rank_group()).algorithm_for(5, "float64") == "rabenseifner"
+
+
+@pytest.mark.parametrize("change, text", [
+    ({"format": "other"}, "not an npddp tuning file"),
+    ({"version": 99}, "version 99"),
+    ({"world_size": 4}, "measured on 4 ranks, this job has 1"),
+    ({"transport": "tcp"}, "over transport 'tcp', this job uses 'mpi'"),
+    ({"table": {"float32": [[None, "rd"]]}}, "no '*' entry"),
+    ({"table": {"*": [[10, "rd"]]}}, "ending with [null, algorithm]"),
+    ({"table": {"*": [[10, "rd"], [5, "ring"], [None, "rd"]]}}, "max_bytes must be increasing"),
+    ({"table": {"*": [[None, "fast"]]}}, "algorithms ['fast'] this job cannot run"),
+    ({"table": {"complex": [[None, "rd"]], "*": [[None, "rd"]]}}, "unknown dtype 'complex'"),
+])
+def test_a_bad_tuning_file_falls_back_to_the_model_with_one_warning(tmp_path, change, text):
+    path = tuning(tmp_path, **change)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        comm = create("auto", one_rank_group(), tuning=str(path))
+    assert len(caught) == 1 and text in str(caught[0].message) and "using the cost model" in str(caught[0].message)
+    assert comm.source == "model"
+
+
+def test_missing_and_corrupt_files_fall_back_too(tmp_path):
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    for path, text in ((tmp_path / "none.json", "cannot read it"), (broken, "Expecting")):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            comm = create("auto", one_rank_group(), tuning=str(path))
+        assert comm.source == "model" and len(caught) == 1 and text in str(caught[0].message)
+
+
+def test_tuning_applies_to_auto_only():
+    with pytest.raises(ValueError, match="tuning='x.json' applies to backend 'auto' only"):
+        create("ring", one_rank_group(), tuning="x.json")
+
+
+def test_the_tuner_merges_winners_into_steps_that_end_between_sizes():
+    sizes = [1024, 4096, 16384, 65536, 262144]
+    assert steps_from(sizes, ["rd", "rd", "tree", "ring", "ring"]) == [[8192, "rd"], [32768, "tree"], [None, "ring"]]
+    assert steps_from(sizes[:1], ["ring"]) == [[None, "ring"]]
+    table = {"*": steps_from(sizes, ["rd", "ring", "rd", "rd", "ring"])}
+    check_table({"format": FORMAT, "version": VERSION, "transport": "mpi", "world_size": 2, "table": table}, "mpi", 2)
+    assert set(a for _, a in table["*"]) <= set(ALGORITHMS)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_every_rank_makes_the_same_choice(world, tmp_path, assert_ranks_agree, assert_all_ranks):
+    comm = create("auto", world.raw)
+    names = [*ALGORITHMS, "shm"]
+    picks = np.array([names.index(comm.algorithm_for(1 << k, np.float32)) for k in range(0, 30, 3)])
+    assert_ranks_agree(picks, world)
+    assert_all_ranks(comm.source == "model", comm.source, world)
+
+
+def test_the_tuner_writes_a_table_auto_loads(tmp_path):
+    out = tmp_path / "tuned.json"
+    done = subprocess.run([sys.executable, "-m", "npddp.run", "--nproc", "2", "-m", "npddp.tune", "-b", "1K", "-e",
+                           "16K", "--iters", "2", "--budget", "0.01", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(out.read_text())
+    assert data["transport"] == "tcp" and data["world_size"] == 2 and data["sizes"] == [1024, 4096, 16384]
+    assert check_table(data, "tcp", 2, node=True) == data["table"] and "best" in done.stdout
+    assert "shm" in done.stdout.splitlines()[1]  # both ranks on this machine: shared memory competes too

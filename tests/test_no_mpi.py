@@ -1,0 +1,55 @@
+"""With the TCP transport nothing needs mpi4py: jobs run where it cannot be imported at all.
+
+Each test puts a stand-in ``mpi4py`` package first on ``PYTHONPATH`` whose import fails, the
+way it fails on a machine without MPI, then runs a job under ``python -m npddp.run``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+JOB = """
+import sys
+import numpy as np
+import npddp, npddp.ddp, npddp.nn, npddp.optim, npddp.data, npddp.comm
+from npddp.comm import create
+for name in sys.argv[1:]:
+    comm = create(name)
+    x = np.full(1000, comm.rank + 1.0)
+    comm.allreduce(x)
+    assert (x == comm.size * (comm.size + 1) / 2).all(), name
+    assert comm.transport.name == "tcp"
+assert "mpi4py.MPI" not in sys.modules and "mpi4py" not in sys.modules
+print("rank", comm.rank, "ok without mpi4py")
+"""
+
+
+@pytest.fixture
+def no_mpi4py(tmp_path):
+    """An environment in which ``import mpi4py`` fails."""
+    fake = tmp_path / "fake" / "mpi4py"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise ImportError("mpi4py is not installed (made unimportable by the test)")\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "HYDRA_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(fake.parent), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def test_the_stand_in_really_blocks_mpi4py(no_mpi4py):
+    done = subprocess.run([sys.executable, "-c", "import mpi4py"], env=no_mpi4py, capture_output=True, text=True)
+    assert done.returncode == 1 and "made unimportable by the test" in done.stderr
+
+
+def test_every_hand_written_backend_runs_over_tcp_without_mpi4py(no_mpi4py, tmp_path):
+    from npddp.comm import BACKENDS
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    names = [b for b in BACKENDS if b != "mpi"]
+    done = subprocess.run([sys.executable, "-m", "npddp.run", "--nproc", "2", str(script), *names],
+                          env=no_mpi4py, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.split("\n")[:2]) == ["rank 0 ok without mpi4py", "rank 1 ok without mpi4py"]
