@@ -160,11 +160,23 @@ def check_out(paths: dict, world, parser: argparse.ArgumentParser) -> None:
 
 # ----------------------------------------------------------------------------- communicators
 
-def create_comm(backend: str, mpi_comm, transport: str = DEFAULT_TRANSPORT):
-    """``npddp.comm.create`` of ``backend`` over ``transport``, its ranks those of ``mpi_comm``."""
+def create_comm(backend: str, mpi_comm, transport: str = DEFAULT_TRANSPORT, tcp_world=None):
+    """``npddp.comm.create`` of ``backend`` over ``transport``, its ranks those of ``mpi_comm``.
+
+    Over tcp the communicator gets a message context of its own in ``tcp_world`` (see :func:`tcp_world`).
+    """
     from npddp import comm as npcomm
 
+    if transport == "tcp":
+        return npcomm.create(backend, tcp_world.transport())
     return npcomm.create(backend, mpi_comm, transport=transport)
+
+
+def tcp_world(mpi_comm):
+    """A TCP mesh among ``mpi_comm``'s ranks, so one mpirun job can put the tcp transport beside mpi's."""
+    from npddp.comm.tcp import world_over_mpi
+
+    return world_over_mpi(mpi_comm, 300.0)
 
 
 def algorithm_of(comm, backend: str, nbytes: int, dtype: str) -> str:

@@ -5,6 +5,8 @@ Run it with MPI (the defaults sweep all-reduce from 8 B to 256 MiB on every back
     mpirun -n 2 python benchmarks/allreduce.py
     mpirun -n 4 python -m benchmarks.allreduce --backends mpi,ring -b 1K -e 64M -f 4 --out ar.h5 --csv ar.csv
     mpirun -n 4 python benchmarks/allreduce.py --collective allgather --dtype float64
+    mpirun -n 2 python benchmarks/allreduce.py --backends mpi,ring --transports mpi,tcp   # ring over both
+    mpirun -n 2 python benchmarks/allreduce.py --backends gloo,ring --transports tcp      # beside PyTorch's gloo
 
 Method. For each size, then each backend, then each place (out of place, in place):
 warm-up iterations, then timed iterations, each started by a barrier and timed on every
@@ -53,9 +55,14 @@ from npddp.launch import abort_on_exception
 if __package__:
     from . import _common as bc
     from ._exact import kernel
+    from ._gloo import EXIT_NO_TORCH, GlooComm, import_torch
 else:  # run by path: this directory is sys.path[0]
     import _common as bc
     from _exact import kernel
+    from _gloo import EXIT_NO_TORCH, GlooComm, import_torch
+
+#: The contender beside npddp's backends: PyTorch's gloo all-reduce (over TCP), when torch is installed.
+GLOO, GLOO_TRANSPORT = "gloo", "tcp"
 
 KIND = "allreduce_sweep"
 MIN_ITERS = 3
@@ -106,7 +113,8 @@ def build_parser(verbose: bool = True) -> argparse.ArgumentParser:
     p = bc.RankParser(prog="allreduce.py", verbose=verbose,
                       description="Time a collective over npddp backends across message sizes.")
     p.add_argument("--backends", default=",".join(npcomm.BACKENDS),
-                   help=f"comma-separated backends (default: %(default)s; valid: {', '.join(npcomm.BACKENDS)})")
+                   help=f"comma-separated backends (default: %(default)s; valid: {', '.join(npcomm.BACKENDS)}, "
+                        "and gloo: PyTorch's all-reduce over TCP, when torch is installed)")
     p.add_argument("--collective", default="allreduce", choices=bc.COLLECTIVES)
     p.add_argument("-b", "--minbytes", type=_size, default=8, help="smallest size, e.g. 8, 1K (default 8)")
     p.add_argument("-e", "--maxbytes", type=_size, default=256 << 20, help="largest size (default 256M)")
@@ -119,6 +127,9 @@ def build_parser(verbose: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=npcomm.DTYPES)
     p.add_argument("--op", default=None, choices=tuple(npcomm.OPS),
                    help="reduction for allreduce and reduce_scatter (default sum)")
+    p.add_argument("--transports", default=bc.DEFAULT_TRANSPORT,
+                   help="comma-separated transports of the hand-written backends: mpi, tcp (default: "
+                        "%(default)s); backend mpi (MPI's own collectives) runs over mpi only")
     p.add_argument("--out", default="", help="write the HDF5 dump here (rank 0)")
     p.add_argument("--csv", default="", help="write the dump's rows as CSV here (rank 0)")
     return p
@@ -129,9 +140,12 @@ def parse_config(argv, verbose: bool = True) -> SweepConfig:
     parser = build_parser(verbose)
     a = parser.parse_args(argv)
     backends = tuple(b.strip() for b in a.backends.split(","))
-    bad = [b for b in backends if b not in npcomm.BACKENDS]
+    bad = [b for b in backends if b not in (*npcomm.BACKENDS, GLOO)]
     if bad or not backends:
-        parser.error(f"--backends: unknown backend {bad[0] if bad else ''!r}; valid: {', '.join(npcomm.BACKENDS)}")
+        parser.error(f"--backends: unknown backend {bad[0] if bad else ''!r}; valid: {', '.join(npcomm.BACKENDS)}, "
+                     f"{GLOO}")
+    if GLOO in backends and a.collective != "allreduce":
+        parser.error(f"--backends {GLOO} times all-reduce only, not {a.collective}")
     if len(set(backends)) != len(backends):
         parser.error(f"--backends: {a.backends!r} names a backend twice")
     if a.factor < 2:
@@ -146,8 +160,12 @@ def parse_config(argv, verbose: bool = True) -> SweepConfig:
     if a.op is not None and a.collective not in REDUCING:
         parser.error(f"--op applies to {' and '.join(REDUCING)} only, not {a.collective}")
     op = (a.op or "sum") if a.collective in REDUCING else "none"
+    transports = tuple(t.strip() for t in a.transports.split(","))
+    bad = [t for t in transports if t not in npcomm.TRANSPORTS]
+    if bad or len(set(transports)) != len(transports):
+        parser.error(f"--transports {a.transports!r}: valid transports are {', '.join(npcomm.TRANSPORTS)}, each once")
     return SweepConfig(backends, a.collective, a.dtype, op, a.minbytes, a.maxbytes, a.factor,
-                       a.iters, a.warmup, float(a.budget), a.out, a.csv)
+                       a.iters, a.warmup, float(a.budget), a.out, a.csv, transports)
 
 
 def sizes(cfg: SweepConfig, n: int) -> np.ndarray:
@@ -199,7 +217,8 @@ class Group:
 
 def groups(cfg: SweepConfig) -> list[Group]:
     """Every backend x transport x place, in measuring order."""
-    return [Group(b, t, p) for b in cfg.backends for t in cfg.transports for p in PLACES[cfg.collective]]
+    return [Group(b, t, p) for b in cfg.backends for t in ((GLOO_TRANSPORT,) if b == GLOO else cfg.transports)
+            for p in PLACES[cfg.collective] if not (b == "mpi" and t != "mpi")]  # MPI's collectives: over MPI
 
 
 def row(cfg: SweepConfig, g: Group, algorithm: str, n: int, count: int, times: np.ndarray, wrong: int) -> dict:
@@ -228,7 +247,9 @@ def run_sweep(cfg: SweepConfig, harness, on_size=None) -> tuple[list[dict], np.n
     subcomms = {pair: harness.Dup() for pair in pairs}
     rows, raw = [], []
     try:
-        comms = {pair: bc.create_comm(pair[0], sub, pair[1]) for pair, sub in subcomms.items()}
+        world = bc.tcp_world(harness) if "tcp" in cfg.transports else None
+        comms = {pair: GlooComm(harness) if pair[0] == GLOO else bc.create_comm(pair[0], sub, pair[1], world)
+                 for pair, sub in subcomms.items()}
         for count in sizes(cfg, n):
             times = np.full((len(todo), cfg.iters), np.nan)  # (groups, iters)
             wrong = np.zeros(len(todo), dtype=np.int64)       # (groups,)
@@ -336,6 +357,11 @@ def main(argv=None, mpi_comm=None) -> int:
         build_parser(rank == 0).error(f"no size from -b {cfg.minbytes} to -e {cfg.maxbytes} holds one "
                                       f"{cfg.dtype} element per rank on {n} ranks")
     places = PLACES[cfg.collective]
+    if GLOO in cfg.backends and import_torch() is None:
+        if rank == 0:
+            print("allreduce.py: --backends gloo needs PyTorch (pip install torch); it is not installed",
+                  file=sys.stderr, flush=True)
+        return EXIT_NO_TORCH
 
     def show(size_rows):
         """Print one size's lines as soon as they are known (rank 0)."""

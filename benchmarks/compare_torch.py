@@ -12,7 +12,8 @@ backend (``bucket_cap_mb`` = ``--bucket-mb``, ``gradient_as_bucket_view=True``, 
 optimizer's default ``zero_grad``); its process group takes rank and size from mpi4py and
 rendezvouses at ``tcp://--master-addr:PORT``, PORT a free port chosen by rank 0 and
 broadcast as an int64 array. npddp: :class:`npddp.ddp.DistributedDataParallel` with sync
-``--sync`` (default overlap) on each of ``--backends`` (default mpi,ring).
+``--sync`` (default overlap) on each of ``--backends`` (default mpi,ring,ring/tcp: the ring over MPI's
+point-to-point layer and over TCP, like gloo).
 
 Method: every side takes ``--warmup`` untimed steps; then the parameters of each npddp side
 are compared with PyTorch's (same steps on the same data, so they differ by rounding only:
@@ -58,11 +59,14 @@ from npddp.optim import SGD  # noqa: E402
 
 if __package__:
     from . import _common as bc
+    from ._gloo import EXIT_NO_TORCH, import_torch, init_gloo
 else:  # run by path: this directory is sys.path[0]
     import _common as bc
+    from _gloo import EXIT_NO_TORCH, import_torch, init_gloo
 
 KIND = "torch_compare"
-EXIT_NO_TORCH = 3
+#: npddp sides: a backend name, or NAME/tcp for a hand-written backend over the TCP transport.
+SIDES = (*npcomm.BACKENDS, *(f"{b}/tcp" for b in npcomm.BACKENDS if b != "mpi"))
 NO_TORCH = ("compare_torch.py: PyTorch is not installed (or lacks torch.distributed), so there is nothing "
             "to compare against; install it with `pip install torch` and run again")
 
@@ -89,8 +93,9 @@ def build_parser(verbose: bool = True) -> argparse.ArgumentParser:
     p = bc.RankParser(prog="compare_torch.py", verbose=verbose,
                          description="Throughput of npddp and torch DistributedDataParallel on the same MLP.")
     p.add_argument("--model", choices=tuple(bc.MODELS), default="small", help="model size (default small)")
-    p.add_argument("--backends", type=bc.names(npcomm.BACKENDS), default=("mpi", "ring"),
-                   help=f"npddp backends (default mpi,ring; valid: {', '.join(npcomm.BACKENDS)})")
+    p.add_argument("--backends", type=bc.names(SIDES), default=("mpi", "ring", "ring/tcp"),
+                   help=f"npddp backends, NAME/tcp over the TCP transport (default mpi,ring,ring/tcp; valid: "
+                        f"{', '.join(npcomm.BACKENDS)}, and NAME/tcp for all but mpi)")
     p.add_argument("--sync", choices=SYNCS, default="overlap", help="npddp sync strategy (default overlap)")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="bucket cap in MiB, both sides (default 25)")
     p.add_argument("--batch", type=bc.int_at_least(1), default=64, help="samples per rank per step (default 64)")
@@ -115,27 +120,18 @@ def parse_config(argv, verbose: bool = True) -> Config:
                   a.master_addr, a.timeout, a.out)
 
 
-def import_torch():
-    """The torch module with torch.distributed available, or None."""
-    try:
-        import torch
-        import torch.distributed as dist
-    except ImportError:
-        return None
-    return torch if dist.is_available() else None
-
-
 # ----------------------------------------------------------------------------- the two sides
 
 class NpddpSide:
     """npddp DDP on one backend (over its own duplicate of ``mpi_comm``)."""
 
-    def __init__(self, cfg: Config, backend: str, mpi_comm, x, y):
+    def __init__(self, cfg: Config, backend: str, mpi_comm, x, y, tcp_world=None):
         self.label, self.framework, self.backend, self.sync = f"npddp {backend}", "npddp", backend, cfg.sync
         self._sub = mpi_comm.Dup()
+        name, _, transport = backend.partition("/")
         model = mlp(bc.IN_FEATURES, bc.MODELS[cfg.model], bc.OUT_FEATURES, dtype=np.float32, seed=0)
-        self.ddp = DistributedDataParallel(model, bc.create_comm(backend, self._sub), sync=cfg.sync,
-                                           bucket_cap_mb=cfg.bucket_mb)
+        comm = bc.create_comm(name, self._sub, transport or bc.DEFAULT_TRANSPORT, tcp_world)
+        self.ddp = DistributedDataParallel(model, comm, sync=cfg.sync, bucket_cap_mb=cfg.bucket_mb)
         self.opt = SGD(self.ddp.parameters(), lr=bc.LR, momentum=bc.MOMENTUM)
         self.lossfn = CrossEntropyLoss()
         self.x, self.y = x, y
@@ -188,24 +184,6 @@ class TorchSide:
 
     def close(self) -> None:
         """Nothing to free (the process group is destroyed by :func:`main`)."""
-
-
-def free_port(addr: str) -> int:
-    """A TCP port that was free on ``addr`` a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((addr, 0))
-        return s.getsockname()[1]
-
-
-def init_gloo(dist, world, cfg: Config) -> None:
-    """Start torch.distributed (gloo) with mpi4py's rank and size; rank 0 picks the port."""
-    port = np.zeros(1, dtype=np.int64)
-    if world.Get_rank() == 0:
-        port[0] = free_port(cfg.master_addr)
-    world.Bcast(port, root=0)
-    dist.init_process_group("gloo", init_method=f"tcp://{cfg.master_addr}:{int(port[0])}",
-                            rank=world.Get_rank(), world_size=world.Get_size(),
-                            timeout=datetime.timedelta(seconds=cfg.timeout_s))
 
 
 def max_diff(a: list, b: list) -> float:
@@ -276,13 +254,14 @@ def main(argv=None, mpi_comm=None) -> int:
               f"({bc.param_count(cfg.model):,} parameters), batch {cfg.batch} per rank, float32, "
               f"{cfg.warmup} warm-up steps, {cfg.reps} x {cfg.steps} timed steps per side", flush=True)
     harness = world.Dup()
-    init_gloo(dist, world, cfg)
+    init_gloo(dist, world, cfg.master_addr, cfg.timeout_s)
     sides = []
     try:
-        sides.append(NpddpSide(cfg, cfg.backends[0], world, x, y))
+        tcp = bc.tcp_world(world) if any(b.endswith("/tcp") for b in cfg.backends) else None
+        sides.append(NpddpSide(cfg, cfg.backends[0], world, x, y, tcp))
         initial = [w.copy() for w in sides[0].weights()]
         sides.insert(0, TorchSide(torch, cfg, initial, x, y))
-        sides += [NpddpSide(cfg, b, world, x, y) for b in cfg.backends[1:]]
+        sides += [NpddpSide(cfg, b, world, x, y, tcp) for b in cfg.backends[1:]]
         sps, diffs = measure(sides, cfg, harness)
     finally:
         for side in sides:

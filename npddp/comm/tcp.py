@@ -387,6 +387,15 @@ class TCPTransport:
         return self.world.transport([self.ranks[r] for r in range(self.size) if colors[r] == mine])
 
 
+def world_over_mpi(mpi_comm, timeout: float) -> TCPWorld:
+    """A new TCP mesh among the ranks of an mpi4py communicator (MPI carries rank 0's address)."""
+    from .rendezvous import connect, env_from_mpi
+
+    env = env_from_mpi(mpi_comm)
+    socks, hosts = connect(env, timeout)
+    return TCPWorld(env.rank, env.world_size, socks, hosts)
+
+
 _WORLDS: dict = {}  # LaunchEnv -> TCPWorld: this process's connections, made once (like MPI_COMM_WORLD)
 
 

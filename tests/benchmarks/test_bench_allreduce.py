@@ -253,7 +253,7 @@ class Picking:
 
 def test_the_algorithm_column_asks_the_backend_which_algorithm_ran(monkeypatch, tmp_path, capsys):
     real = bc.create_comm
-    monkeypatch.setattr(bc, "create_comm", lambda name, c, transport="mpi": Picking(real("ring", c)))
+    monkeypatch.setattr(bc, "create_comm", lambda name, c, transport="mpi", world=None: Picking(real("ring", c)))
     path = tmp_path / "ar.h5"
     assert ar.main(TINY + ["--backends", "ring", "--out", str(path)], mpi_comm=MPI.COMM_SELF) == 0
     df = results.read_table(path)
@@ -265,6 +265,21 @@ def test_every_backend_that_npddp_lists_is_swept():
     cfg = ar.parse_config([])
     assert cfg.backends == npcomm.BACKENDS and cfg.transports == (bc.DEFAULT_TRANSPORT,)
     assert len(ar.groups(cfg)) == 2 * len(npcomm.BACKENDS)
+
+
+def test_transports_put_the_hand_written_backends_over_tcp_and_mpi_over_mpi_only(tmp_path):
+    cfg = ar.parse_config(["--backends", "mpi,ring", "--transports", "mpi,tcp"])
+    assert [(g.backend, g.transport) for g in ar.groups(cfg)][::2] == [("mpi", "mpi"), ("ring", "mpi"), ("ring", "tcp")]
+    path = tmp_path / "ar.h5"
+    assert ar.main(TINY + ["--backends", "ring,rd", "--transports", "tcp,mpi", "--out", str(path)],
+                   mpi_comm=MPI.COMM_SELF) == 0
+    df = results.read_table(path)
+    assert set(zip(df["backend"], df["transport"])) == {(b, t) for b in ("ring", "rd") for t in ("tcp", "mpi")}
+    for argv in (["--transports", "udp"], ["--transports", "tcp,tcp"], ["--backends", "gloo", "--collective",
+                                                                          "broadcast"]):
+        with pytest.raises(SystemExit) as info:
+            ar.parse_config(argv, verbose=False)
+        assert info.value.code == 2
 
 
 def test_main_returns_1_when_any_result_is_wrong(monkeypatch, capsys):

@@ -19,8 +19,9 @@ from ..conftest import RUN_BACKENDS, TCP_MODE, world_raw
 #: Backends built from point-to-point messages only.
 P2P_BACKENDS = tuple(b for b in BACKENDS if b != "mpi")
 
-#: The only methods of an mpi4py communicator a point-to-point backend may call.
-P2P_METHODS = frozenset({"Get_rank", "Get_size", "Send", "Recv", "Sendrecv", "Isend", "Irecv"})
+#: The only methods of an mpi4py communicator a point-to-point backend may call (``Split``: hier's
+#: one setup call, making its group across nodes; never on the data path).
+P2P_METHODS = frozenset({"Get_rank", "Get_size", "Send", "Recv", "Sendrecv", "Isend", "Irecv", "Split"})
 
 _REDUCE = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}
 
@@ -114,6 +115,10 @@ class CountingTransport:
     def irecv(self, buf, source, tag):
         self.calls["irecv"] += 1
         return self._t.irecv(buf, source, tag)
+
+    def split(self, colors):
+        """The wrapped transport's split, itself counted."""
+        return CountingTransport(self._t.split(colors))
 
     def messages(self) -> int:
         """Number of message calls so far."""
