@@ -1,31 +1,39 @@
-"""Time npddp.nn forward+loss+backward against the same math written as bare inline NumPy.
+"""Time npddp.nn forward+loss+backward against the same math in bare NumPy, or in PyTorch for the GPT.
 
-    python benchmarks/nn.py                       # both models, default batches, 30 repeats
+    python benchmarks/nn.py                       # MLP and CNN, default batches, 30 repeats
     python benchmarks/nn.py --model mlp --batch 256 --repeats 50
+    python benchmarks/nn.py --model gpt           # GPT small, context 256, batch 4 vs PyTorch eager
 
 Models: the MLP 784-1024-1024-1024-10 (batch 128) and the default CNN of the training CLI:
 in_shape (1, 28, 28), channels (32, 64), hidden (128,), 10 classes (batch 64).  One training
 step is zero_grad, forward, cross-entropy, backward into the gradient buffers; the first layer
 computes no input gradient in either version.  The bare version reads the same weights and
 accumulates into its own gradient arrays with ``+=``, as the library's contract requires.
-Both run on one BLAS thread (``npddp.threads.set_threads(1)``).  After a warm-up the two are
-timed alternately, ``--repeats`` times each; the
-median wall time, its interquartile range and minimum, the median CPU time of the process
-(steadier on a shared machine) and the ratios npddp/bare of the medians are printed.
+
+GPT (``--model gpt``): the preset ``--gpt-size`` (default small: d_model 768, 12 layers, 12
+heads, d_ff 3072) with ``--vocab`` 10000 tokens, ``--context`` 256 and batch 4, tied LM head,
+exact GELU, against the same network in PyTorch eager mode built from a copy of its weights
+(benchmarks/torch_gpt.py): ``torch`` computes attention with explicit matmuls and a masked
+softmax, as npddp does; ``torch-sdpa`` calls PyTorch's fused scaled_dot_product_attention.
+Without torch installed only npddp is timed. Loss and gradients are compared first.
+
+Everything runs on one thread: ``npddp.threads.set_threads(1)`` caps NumPy's BLAS (and
+torch.set_num_threads(1)).  After a warm-up the contenders are timed in
+alternating order, ``--repeats`` times each; the median wall time, its interquartile range and
+minimum, the median CPU time of the process (steadier on a shared machine) and the ratios
+npddp/other of the medians are printed.
 """
 
 from __future__ import annotations
 
-import os
+import argparse
+import time
 
-import argparse  # noqa: E402
-import time  # noqa: E402
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
-import numpy as np  # noqa: E402
-from numpy.lib.stride_tricks import sliding_window_view  # noqa: E402
-
-from npddp.nn import CrossEntropyLoss, cnn, mlp  # noqa: E402
-from npddp.threads import set_threads  # noqa: E402
+from npddp.nn import PRESETS, CrossEntropyLoss, cnn, gpt_preset, mlp
+from npddp.threads import set_threads
 
 
 # --- bare NumPy -----------------------------------------------------------------------
@@ -198,6 +206,11 @@ def bench(name, batch, repeats, warmup, dtype):
     lossfn = CrossEntropyLoss()
     diff = check(model, lossfn, bare, w, g, x, t)
     runs = {"npddp": lambda: library_step(model, lossfn, x, t), "bare": lambda: bare(w, g, x, t)}
+    return time_runs(name, batch, runs, repeats, warmup, dtype, diff)
+
+
+def time_runs(name, batch, runs, repeats, warmup, dtype, diff):
+    """Warm up, time ``runs`` interleaved, print a line each and npddp's ratio to every other one."""
     for _ in range(warmup):
         for f in runs.values():
             f()
@@ -215,12 +228,67 @@ def bench(name, batch, repeats, warmup, dtype):
     for k in runs:
         q1, m, q3 = np.percentile(wall[k], [25, 50, 75])
         med[k] = (m, float(np.median(cpu[k])))
-        print(f"  {name:4s} {k:6s} batch {batch:4d} {np.dtype(dtype).name}: wall median {m:8.2f} ms "
+        print(f"  {name:4s} {k:10s} batch {batch:4d} {np.dtype(dtype).name}: wall median {m:8.2f} ms "
               f"(IQR {q1:.2f}-{q3:.2f}, min {min(wall[k]):.2f})   cpu median {med[k][1]:8.2f} ms")
-    ratio, cpu_ratio = med["npddp"][0] / med["bare"][0], med["npddp"][1] / med["bare"][1]
-    print(f"  {name:4s} ratio npddp/bare: wall {ratio:.3f}, cpu {cpu_ratio:.3f}   "
-          f"(gradients agree to {diff:.1e} relative)", flush=True)
+    ratio = None
+    for other in order[1:]:
+        r, cpu_ratio = med["npddp"][0] / med[other][0], med["npddp"][1] / med[other][1]
+        ratio = r if ratio is None else ratio
+        print(f"  {name:4s} ratio npddp/{other}: wall {r:.3f}, cpu {cpu_ratio:.3f}   "
+              f"(gradients agree to {diff:.1e} relative)", flush=True)
     return ratio
+
+
+# --- GPT against PyTorch ------------------------------------------------------------------
+def bench_gpt(size, batch, context, vocab, repeats, warmup, dtype):
+    """npddp's GPT step against PyTorch eager (manual attention, and fused SDPA) when torch is there."""
+    model = gpt_preset(size, vocab, context, dtype=dtype, seed=0)
+    rng = np.random.default_rng(1)
+    x, t = rng.integers(0, vocab, (batch, context)), rng.integers(0, vocab, (batch, context))
+    lossfn = CrossEntropyLoss()
+    print(f"  gpt {size}: {model.num_parameters():,} parameters, vocab {vocab}, context {context}, "
+          f"batch {batch} ({batch * context} tokens per step)", flush=True)
+    runs = {"npddp": lambda: library_step(model, lossfn, x, t)}
+    try:
+        import torch
+    except ImportError:
+        print("  torch is not installed: timing npddp alone (pip install torch==<version> for the comparison)")
+        time_runs("gpt", batch, runs, repeats, warmup, dtype, 0.0)
+        return None
+    if __package__:
+        from . import torch_gpt
+    else:  # run by path: this directory is sys.path[0]
+        import torch_gpt
+    torch.set_num_threads(1)
+    tx, tt = torch.tensor(x), torch.tensor(t)
+    diff = 0.0
+    for label, attention in (("torch", "manual"), ("torch-sdpa", "sdpa")):
+        tmodel = torch_gpt.build(torch, model, attention=attention)
+        runs[label] = _torch_step(torch, tmodel, tx, tt, vocab)
+        diff = max(diff, _check_gpt(model, lossfn, x, t, torch_gpt, tmodel, runs[label]))
+    return time_runs("gpt", batch, runs, repeats, warmup, dtype, diff)
+
+
+def _torch_step(torch, tmodel, tx, tt, vocab):
+    """One zero_grad + forward + cross-entropy + backward of the torch model; returns the loss."""
+    def step():
+        tmodel.zero_grad(set_to_none=False)
+        loss = torch.nn.functional.cross_entropy(tmodel(tx).view(-1, vocab), tt.view(-1))
+        loss.backward()
+        return loss.item()
+    return step
+
+
+def _check_gpt(model, lossfn, x, t, torch_gpt, tmodel, torch_step) -> float:
+    """Largest relative difference of loss and gradients between npddp and torch (exit if > 1e-3)."""
+    ours, theirs = library_step(model, lossfn, x, t), torch_step()
+    worst = abs(ours - theirs) / abs(theirs)
+    grads = torch_gpt.grads(tmodel)
+    for name, p in model.named_parameters():
+        worst = max(worst, float(np.abs(p.grad - grads[name]).max() / max(np.abs(grads[name]).max(), 1e-30)))
+    if worst > 1e-3:
+        raise SystemExit(f"npddp and torch disagree: max relative difference {worst:.3g}")
+    return worst
 
 
 def main(argv=None) -> None:
@@ -228,21 +296,31 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--model", choices=("mlp", "cnn", "both"), default="both")
-    ap.add_argument("--batch", type=int, default=None, help="batch size (default: 128 MLP, 64 CNN)")
-    ap.add_argument("--repeats", type=int, default=30, help="timed steps per version (default 30)")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps per version first (default 3)")
+    ap.add_argument("--model", choices=("mlp", "cnn", "both", "gpt"), default="both",
+                    help="both: mlp and cnn against bare NumPy; gpt: against PyTorch")
+    ap.add_argument("--batch", type=int, default=None, help="batch size (default: 128 MLP, 64 CNN, 4 GPT)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed steps per version (default 30; GPT 5)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed steps per version first (default 3; GPT 1)")
     ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    ap.add_argument("--gpt-size", choices=tuple(PRESETS), default="small", help="GPT preset (default small)")
+    ap.add_argument("--context", type=int, default=256, help="GPT context length (default 256)")
+    ap.add_argument("--vocab", type=int, default=10000, help="GPT vocabulary size (default 10000)")
     args = ap.parse_args(argv)
     for name, value, low in (("--batch", args.batch, 1), ("--repeats", args.repeats, 1),
-                             ("--warmup", args.warmup, 0)):
+                             ("--warmup", args.warmup, 0), ("--context", args.context, 1),
+                             ("--vocab", args.vocab, 2)):
         if value is not None and value < low:
             ap.error(f"{name} must be >= {low}, got {value}")
     dtype = np.dtype(args.dtype).type
-    print(f"numpy {np.__version__}, BLAS threads: OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}")
+    print(f"numpy {np.__version__}, BLAS threads: 1 (threadpoolctl)")
+    if args.model == "gpt":
+        repeats = args.repeats or 5
+        warmup = 1 if args.warmup is None else args.warmup
+        bench_gpt(args.gpt_size, args.batch or 4, args.context, args.vocab, repeats, warmup, dtype)
+        return
     for name in (("mlp", "cnn") if args.model == "both" else (args.model,)):
         batch = args.batch or {"mlp": 128, "cnn": 64}[name]
-        bench(name, batch, args.repeats, args.warmup, dtype)
+        bench(name, batch, args.repeats or 30, 3 if args.warmup is None else args.warmup, dtype)
 
 
 if __name__ == "__main__":

@@ -238,5 +238,42 @@ TORCH_COMPARE = Kind(
     ordered=(("samples_per_s_min", "samples_per_s", "samples_per_s_max"),),
 )
 
+NAIVE_DDP = Kind(
+    "naive_ddp", "benchmarks/naive_ddp.py (the DDP coursework benchmark): one row per GPT size and sync; "
+                 "the first eight columns are the coursework's CSV",
+    columns=(
+        _label("model_size", "GPT preset that ran (smaller than requested_size when that did not fit in memory)"),
+        _count("d_model", "features", "model width", low=1),
+        _count("num_layers", "blocks", "Transformer blocks", low=1),
+        _time("total_time_ms", "ms", "median over steps of the step time (zero_grad, forward, loss, backward, "
+                                     "optimizer), each step timed as the max over ranks"),
+        _part("compute_time_ms", "median over steps of the mean over ranks of the step time minus comm_time_ms"),
+        _part("comm_time_ms", "median over steps of the mean over ranks of the time in all-reduce calls, "
+                              "during backward and after it"),
+        Column("comm_fraction", FLOAT, "1", "comm_time_ms / total_time_ms", low=0.0),
+        _count("num_comm_ops", "calls", "all-reduce calls per step (0 on one rank)"),
+        _label("requested_size", "GPT preset asked for with --model-size"),
+        _count("num_heads", "heads", "attention heads", low=1),
+        _count("d_ff", "features", "MLP hidden width", low=1),
+        PARAMS,
+        SYNC,
+        BACKEND,
+        TRANSPORT,
+        BUCKET,
+        WORLD_SIZE,
+        _count("batch_size", "sequences", "global batch per step, split evenly over the ranks", low=1),
+        _count("context_length", "tokens", "tokens per sequence", low=1),
+        _count("vocab_size", "tokens", "vocabulary size", low=2),
+        STEPS,
+        _time("total_time_ms_p10", "ms", "10th percentile of the step times"),
+        _time("total_time_ms_p90", "ms", "90th percentile of the step times"),
+        _time("tokens_per_s", "tokens/s", "batch_size x context_length / total_time_ms"),
+        _part("cpu_time_ms", "median over steps of the mean over ranks of the process CPU time during the step "
+                             "(far below total_time_ms when other processes share the cores)"),
+    ),
+    attrs=KIND_ATTRS,
+    ordered=(("total_time_ms_p10", "total_time_ms", "total_time_ms_p90"),),
+)
+
 #: Every kind of benchmark dump, by name.
-KINDS = {k.name: k for k in (ALLREDUCE_SWEEP, DDP_BREAKDOWN, WEAK_SCALING, TORCH_COMPARE)}
+KINDS = {k.name: k for k in (ALLREDUCE_SWEEP, DDP_BREAKDOWN, WEAK_SCALING, TORCH_COMPARE, NAIVE_DDP)}

@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 from .comm import BACKENDS, DEFAULT_TIMEOUT
 from .data import DATASET_NAMES, NORMALIZE_MODES
 from .data.arrays import ARRAY_SUFFIXES
+from .data.datasets import TOKEN_PREFIXES
 from .ddp import COMPRESSIONS, SYNCS
 from .models import DTYPES, MODELS
+from .nn.gpt import PRESETS
 from .optim import OPTIMIZERS
 from .progress import PROGRESS_MODES
 from .threads import parse_threads
@@ -83,8 +85,9 @@ class Config:
         "ends the job (inf: wait forever)", metavar="SECONDS",
         shown=f"$NPDDP_TIMEOUT, else {DEFAULT_TIMEOUT:g}")
     # --- model
-    model: str = _opt("mlp", "network: mlp (Linear+ReLU layers) or cnn (3x3 conv, ReLU, 2x2 max-pool "
-                      "stages, then a dense head)", choices=MODELS, resume="match")
+    model: str = _opt("mlp", "network: mlp (Linear+ReLU layers), cnn (3x3 conv, ReLU, 2x2 max-pool "
+                      "stages, then a dense head) or gpt (a Transformer language model on token data)",
+                      choices=MODELS, resume="match")
     hidden: list = _opt([256, 256], "widths of the hidden dense layers (the MLP, or the CNN's head)",
                         metavar="N", resume="match")
     channels: list = _opt([8, 16], "CNN only: output channels of each conv stage", metavar="C",
@@ -94,12 +97,22 @@ class Config:
                           resume="match")
     dtype: str = _opt("float32", "floating type of data, parameters and gradients", choices=DTYPES,
                       resume="match")
+    model_size: str = _opt("tiny", "GPT only: size preset (" + ", ".join(
+        f"{k} d_model {v[0]}, {v[2]} layers" for k, v in PRESETS.items()) + ")", choices=tuple(PRESETS),
+        resume="match")
+    context_length: int = _opt(64, "GPT only: tokens per training sequence (and learned positions)",
+                               metavar="T", resume="match")
+    vocab_size: int = _opt(0, "GPT only: vocabulary size (0: from the data: 256 for text: and "
+                           "synthetic-tokens, largest id + 1 for tokens:)", metavar="V", resume="match")
     # --- data
     dataset: typing.Optional[str] = _opt(
         None, "synthetic, synthetic-image, digits (needs scikit-learn), mnist (IDX files in "
         "--data-dir), a .npz/.h5/.hdf5 file, or a directory (a path with a '/') of two .npy "
-        "files; the arrays are --x-key (inputs) and --y-key (integer labels)",
-        metavar="NAME|PATH", resume="match", shown="synthetic; synthetic-image with --model cnn")
+        "files; the arrays are --x-key (inputs) and --y-key (integer labels); for --model gpt: "
+        "synthetic-tokens (a random Markov chain), tokens:PATH (a .bin of uint16 token ids, as "
+        "nanoGPT writes them, or a 1-D .npy) or text:PATH (a file's bytes)",
+        metavar="NAME|PATH", resume="match",
+        shown="synthetic; synthetic-image with --model cnn; synthetic-tokens with --model gpt")
     x_key: str = _opt("X", "array of inputs in an array file: an .npz name, an HDF5 path such as "
                       "train/images, or <KEY>.npy in a directory", metavar="KEY", resume="match")
     y_key: str = _opt("y", "array of integer class labels, named like --x-key", metavar="KEY",
@@ -170,7 +183,7 @@ class Config:
         """--dataset, or the default for --model."""
         if self.dataset is not None:
             return self.dataset
-        return "synthetic-image" if self.model == "cnn" else "synthetic"
+        return {"cnn": "synthetic-image", "gpt": "synthetic-tokens"}.get(self.model, "synthetic")
 
     def as_dict(self) -> dict:
         """The fields as a plain dict (lists copied)."""
@@ -329,9 +342,10 @@ def check_config(cfg: Config, world_size: int) -> None:
     Looks at nothing but ``cfg`` and ``world_size`` (no files, no messages), so every rank
     reaches the same verdict.
     """
-    for name in ("epochs", "batch_size", "lr", "bucket_mb", "log_every"):
+    for name in ("epochs", "batch_size", "lr", "bucket_mb", "log_every", "context_length"):
         _positive(cfg, name)
-    for name in ("local_sgd", "seed", "max_steps", "checkpoint_every", "train_samples", "val_samples"):
+    for name in ("local_sgd", "seed", "max_steps", "checkpoint_every", "train_samples", "val_samples",
+                 "vocab_size"):
         _positive(cfg, name, allow_zero=True)
     try:
         parse_threads(cfg.threads)
@@ -346,6 +360,8 @@ def check_config(cfg: Config, world_size: int) -> None:
         raise ConfigError(f"--weight-decay must be a finite number >= 0, got {cfg.weight_decay}")
     if not (0.0 <= cfg.dropout < 1.0):
         raise ConfigError(f"--dropout must be in [0, 1), got {cfg.dropout}")
+    if cfg.model == "gpt" and cfg.dropout:
+        raise ConfigError(f"--dropout {cfg.dropout} applies to mlp and cnn; the gpt has no dropout layers")
     if not (0.0 < cfg.topk_ratio <= 1.0):
         raise ConfigError(f"--topk-ratio must be in (0, 1], got {cfg.topk_ratio}")
     for name in ("hidden", "channels"):
@@ -398,11 +414,17 @@ def parse_fault(text: str, world_size: int) -> tuple[int, int, str]:
 def _check_dataset(cfg: Config) -> None:
     """A known dataset name, a path with a data-file suffix, or a directory path; mnist needs --data-dir."""
     name = cfg.dataset_name()
+    tokens = name == "synthetic-tokens" or name.startswith(TOKEN_PREFIXES)
     if name not in DATASETS and not name.lower().endswith(DATA_SUFFIXES) and "/" not in name \
-            and os.sep not in name:
-        raise ConfigError(f"unknown --dataset {name!r}; valid: {', '.join(DATASETS)}, a path "
-                          f"ending in {', '.join(DATA_SUFFIXES)}, or a directory path (with a '/') "
-                          f"holding {cfg.x_key}.npy and {cfg.y_key}.npy")
+            and os.sep not in name and not tokens:
+        raise ConfigError(f"unknown --dataset {name!r}; valid: {', '.join(d for d in DATASETS if d != 'synthetic-tokens')}, "
+                          f"a path ending in {', '.join(DATA_SUFFIXES)}, or a directory path (with a '/') "
+                          f"holding {cfg.x_key}.npy and {cfg.y_key}.npy; for --model gpt: synthetic-tokens, "
+                          "tokens:PATH or text:PATH")
+    if tokens != (cfg.model == "gpt"):
+        raise ConfigError(f"--dataset {name} holds token sequences, which only --model gpt takes" if tokens else
+                          f"--model gpt needs token data: --dataset synthetic-tokens, tokens:PATH or "
+                          f"text:PATH, not {name!r}")
     if name == "mnist" and not cfg.data_dir:
         raise ConfigError("--dataset mnist needs --data-dir DIR: the directory holding "
                           "train-images-idx3-ubyte and the other three IDX files")

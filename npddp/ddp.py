@@ -182,8 +182,9 @@ class DistributedDataParallel:
         leaves = [m for _, m in model.named_modules() if next(m.children(), None) is None]
         owned = [(m, m.parameters()) for m in leaves]
         reports = Counter(id(p) for _, params in owned for p in params)
-        for b in self.buckets:  # a parameter no leaf reports (or one reported twice) waits for the end
-            b.reports = b.pending = len(b.params) if all(reports[id(p)] == 1 for p in b.params) else -1
+        for b in self.buckets:  # a parameter shared by k leaves (tied weights) is final after k reports;
+            counts = [reports[id(p)] for p in b.params]  # one that no leaf reports waits for the end
+            b.reports = b.pending = sum(counts) if all(counts) else -1
         return {id(m): [bucket_of[id(p)] for p in params] for m, params in owned if params}
 
     # --- forward / backward ---------------------------------------------------------

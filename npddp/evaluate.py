@@ -110,7 +110,7 @@ def evaluate(model, X, y, rank: int, size: int, batch: int, reduce) -> np.ndarra
     loss_fn, sums = CrossEntropyLoss(), np.zeros(3)
     for xb, yb in iterate_batches(X, y, np.arange(rank, len(X), size), batch):
         logits = model.forward(xb)                                              # (b, classes)
-        sums += (loss_fn.forward(logits, yb) * len(yb), loss_fn.correct(logits, yb), len(yb))
+        sums += (loss_fn.forward(logits, yb) * len(yb), loss_fn.correct(logits, yb) / yb[0].size, len(yb))
     return reduce(sums)
 
 

@@ -17,7 +17,7 @@ from .data import DataFileError, load_dataset, normalize, unscaled_reason
 from .models import input_problem
 
 #: Default (train, val) rows of the synthetic sets.
-SYNTHETIC_ROWS = {"synthetic": (32768, 1024), "synthetic-image": (8192, 1024)}
+SYNTHETIC_ROWS = {"synthetic": (32768, 1024), "synthetic-image": (8192, 1024), "synthetic-tokens": (8192, 512)}
 
 #: What a data set that cannot be read raises (beyond the loaders' own ValueError/TypeError).
 _LOAD_ERRORS = (OSError, ValueError, TypeError, KeyError, ImportError, DataFileError)
@@ -28,7 +28,7 @@ def dataset_name(settings: Mapping) -> str:
     name = settings.get("dataset")
     if name:
         return name
-    return "synthetic-image" if settings.get("model") == "cnn" else "synthetic"
+    return {"cnn": "synthetic-image", "gpt": "synthetic-tokens"}.get(settings.get("model"), "synthetic")
 
 
 def load_data(settings: Mapping, *, check_sizes: bool = True):
@@ -44,15 +44,20 @@ def load_data(settings: Mapping, *, check_sizes: bool = True):
         kwargs = {"n_train": train_rows or SYNTHETIC_ROWS[name][0], "n_val": val_rows or SYNTHETIC_ROWS[name][1]}
     elif name == "digits" and settings.get("model") == "cnn":
         kwargs = {"as_images": True}
-    elif name not in ("digits", "mnist"):
+    elif name not in ("digits", "mnist") and settings.get("model") != "gpt":
         kwargs = {"x_key": settings.get("x_key", "X"), "y_key": settings.get("y_key", "y")}
+    language_model = settings.get("model") == "gpt"
+    if language_model:                       # token data: windows of context_length + 1 tokens
+        vocab = int(settings.get("vocab_size") or 0)
+        kwargs["context_length"] = int(settings.get("context_length") or 64)
+        kwargs["vocab_size"] = vocab or 256 if name == "synthetic-tokens" else vocab
     try:
         ds = load_dataset(name, data_dir=settings.get("data_dir"), seed=0,
                           dtype=np.dtype(settings.get("dtype", "float32")), **kwargs)
     except _LOAD_ERRORS as exc:
         text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         return None, f"--dataset {name}: {text}"
-    if ds.task != "classification":
+    if ds.task != ("language_model" if language_model else "classification"):
         return None, (f"--dataset {name} holds float targets; npddp trains classifiers, "
                       "so the labels must be integers")
     if check_sizes:
@@ -65,12 +70,14 @@ def load_data(settings: Mapping, *, check_sizes: bool = True):
     problem = input_problem(settings.get("model", "mlp"), ds.input_shape)
     if problem:
         return None, f"{problem} (--dataset {name})"
+    if language_model:
+        return ds, None
     return normalize(ds, settings.get("normalize", "none") or "none"), None
 
 
 def scaling_warning(ds, settings: Mapping) -> str | None:
     """A warning when inputs look unscaled and --normalize is off, else None."""
-    if (settings.get("normalize") or "none") != "none":
+    if (settings.get("normalize") or "none") != "none" or ds.task == "language_model":
         return None
     why = unscaled_reason(ds)
     if why is None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .nn import Dropout, Linear, ReLU, Sequential, cnn, mlp
+from .nn import Dropout, Linear, ReLU, Sequential, cnn, gpt_preset, mlp
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,16 @@ def _cnn(settings: Mapping, input_shape, num_classes: int, dtype):
               dtype=dtype, seed=int(settings["seed"]))
     return net, (f"cnn {tuple(input_shape)}, conv {_widths(settings['channels'])}, dense "
                  f"{_widths((*settings['hidden'], num_classes))}")
+
+
+@register("gpt")
+def _gpt(settings: Mapping, input_shape, num_classes: int, dtype):
+    """A GPT preset (``model_size``) over ``num_classes`` tokens, sequences of ``input_shape[0]`` tokens."""
+    size, context = settings.get("model_size", "tiny"), int(input_shape[0])
+    net = gpt_preset(size, num_classes, context, dtype=dtype, seed=int(settings["seed"]))
+    c = net.config
+    return net, (f"gpt {size} (d_model {c['d_model']}, {c['num_layers']} layers, {c['num_heads']} heads, "
+                 f"d_ff {c['d_ff']}), vocab {c['vocab_size']}, context {context}, tied LM head")
 
 
 MODELS = tuple(REGISTRY)

@@ -8,6 +8,8 @@
     mpirun -n 2 python -m npddp.train --max-steps 100 --checkpoint run.h5   # stop early, resume later
     mpirun -n 2 python -m npddp.train --dataset images.npz --normalize standard
     mpirun -n 2 python -m npddp.train --backend ring --timeout 60 --inject-fault 1:5   # must end, exit 1
+    mpirun -n 2 python -m npddp.train --model gpt --optimizer adamw --lr 1e-3 --epochs 2   # tiny GPT
+    mpirun -n 2 python -m npddp.train --model gpt --dataset text:README.md --context-length 128
     python -m npddp.train --help                   # every flag with its default
 
 The steps: flags (parsed identically on every rank) -> communicator -> (the checkpoint's
@@ -47,6 +49,7 @@ from .progress import Printer, epoch_line, format_bytes
 from .runinfo import environment
 
 _EVAL_BATCH = 1024      # validation rows per forward pass
+_EVAL_ELEMENTS = 1 << 24  # GPT: validation sequences per forward pass hold at most this many logits
 
 
 class InjectedFault(RuntimeError):
@@ -89,6 +92,8 @@ class Trainer:
         self.log = MetricsLog() if comm.rank == 0 and cfg.metrics else None
         self.attrs = attrs                                  # rank 0: environment and run description
         self.totals = np.zeros(len(TOTALS))                 # running sums of the epoch in progress
+        self.eval_batch = (max(1, _EVAL_ELEMENTS // (cfg.context_length * ds.num_classes))
+                           if cfg.model == "gpt" else _EVAL_BATCH)
         self.epochs_done, self.batches_done, self.step = 0, 0, 0
         self.last_row: dict | None = None
         self.saved_at = -1
@@ -184,9 +189,10 @@ class Trainer:
         net, sums = self.model, np.zeros(3)
         idx = np.arange(self.comm.rank, len(self.X_val), self.comm.size)
         net.eval()
-        for xb, yb in iterate_batches(self.X_val, self.y_val, idx, _EVAL_BATCH):
-            logits = net.forward(xb)                                            # (b, classes)
-            sums += (self.loss_fn.forward(logits, yb) * len(yb), self.loss_fn.correct(logits, yb), len(yb))
+        for xb, yb in iterate_batches(self.X_val, self.y_val, idx, self.eval_batch):
+            logits = net.forward(xb)                                  # (b, classes) or (b, T, vocab)
+            sums += (self.loss_fn.forward(logits, yb) * len(yb), self.loss_fn.correct(logits, yb) / yb[0].size,
+                     len(yb))
         net.train()
         return self.ddp.reduce_metrics(sums)
 
@@ -243,12 +249,18 @@ class Trainer:
         val = self.evaluate()
         row = epoch_row(epoch + 1, self.step, self.totals, val, time.perf_counter() - t0)
         self.last_row = row
-        self.out.info(epoch_line(row, self.cfg.epochs))
+        self.out.info(epoch_line(row, self.cfg.epochs) + self.tokens_per_s(row))
         if self.log is not None:
             self.log.add_epoch(row)
         self.epochs_done, self.batches_done = epoch + 1, 0
         self.totals[:] = 0
         self.save()
+
+    def tokens_per_s(self, row: dict, sep: str = "  ") -> str:
+        """GPT: ``sep`` + ``N tokens/s`` (training throughput of the epoch); empty for other models."""
+        if self.cfg.model != "gpt":
+            return ""
+        return f"{sep}{row['samples_per_s'] * self.cfg.context_length:,.0f} tokens/s"
 
     def run(self) -> str:
         """All remaining epochs; 'complete' or 'stopped' (--max-steps)."""
@@ -275,9 +287,12 @@ def header(cfg: Config, comm, ds, model_text: str, model, ddp, trainer: Trainer,
              f"model: {model_text}; {model.num_parameters():,} parameters ({cfg.dtype}, {format_bytes(nbytes)})",
              f"sync: {cfg.sync}, {len(ddp.buckets)} bucket{'s' * (len(ddp.buckets) > 1)}, compression "
              f"{cfg.compression}" + (f", local SGD every {cfg.local_sgd} steps" if cfg.local_sgd else ""),
-             f"data: {ds.name}, {ds.n_train} train / {ds.n_val} val rows of shape {tuple(ds.input_shape)}, "
-             f"{ds.num_classes} classes{scaled}; batch {cfg.batch_size} = {comm.size} x {per_rank}, "
-             f"{len(trainer.loader)} steps per epoch",
+             (f"data: {ds.name}, {ds.n_train} train / {ds.n_val} val sequences of {cfg.context_length} tokens, "
+              f"vocabulary {ds.num_classes}; batch {cfg.batch_size} = {comm.size} x {per_rank} sequences, "
+              if cfg.model == "gpt" else
+              f"data: {ds.name}, {ds.n_train} train / {ds.n_val} val rows of shape {tuple(ds.input_shape)}, "
+              f"{ds.num_classes} classes{scaled}; batch {cfg.batch_size} = {comm.size} x {per_rank}, ")
+             + f"{len(trainer.loader)} steps per epoch",
              f"optimizer: {cfg.optimizer}, lr {cfg.lr}"
              + (f", momentum {cfg.momentum}" if cfg.optimizer == "sgd" else "")
              + f", weight decay {cfg.weight_decay}; {cfg.epochs} epochs, seed {cfg.seed}"]
@@ -294,6 +309,7 @@ def summary(cfg: Config, status: str, trainer: Trainer, trained: float, total: f
             f"/{cfg.epochs}, step {trainer.step}, {trained:.1f} s training, {total:.1f} s in all")
     if row is not None:
         text += f"; last val_acc {100 * row['val_acc']:.2f}%, val_loss {row['val_loss']:.4f}"
+        text += trainer.tokens_per_s(row, sep=", ")
     for name in ("checkpoint", "metrics"):
         if getattr(cfg, name):
             text += f"; {name} {getattr(cfg, name)}"

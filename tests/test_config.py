@@ -13,6 +13,7 @@ from npddp.config import (Config, ConfigError, build_parser, check_config, fixed
 from npddp.data import DATASET_NAMES, NORMALIZE_MODES
 from npddp.ddp import COMPRESSIONS, SYNCS
 from npddp.models import MODELS, REGISTRY
+from npddp.nn.gpt import PRESETS
 from npddp.optim import OPTIMIZERS
 from npddp.progress import PROGRESS_MODES
 
@@ -23,6 +24,9 @@ def test_no_flags_gives_the_dataclass_defaults_and_they_are_valid_on_1_to_8_rank
     assert (cfg.backend, cfg.model, cfg.sync, cfg.compression) == ("mpi", "mlp", "overlap", "none")
     assert cfg.dataset_name() == "synthetic"
     assert Config(model="cnn").dataset_name() == "synthetic-image"
+    assert Config(model="gpt").dataset_name() == "synthetic-tokens"
+    check_config(Config(model="gpt"), 2)
+    check_config(Config(model="gpt", dataset="text:README.md"), 2)
     for world in (1, 2, 3, 4, 6, 8):
         check_config(cfg, world)
 
@@ -44,6 +48,9 @@ FLAGS = [
     ("--channels", ["4"], "channels", [4]),
     ("--dropout", ["0.25"], "dropout", 0.25),
     ("--dtype", ["float64"], "dtype", "float64"),
+    ("--model-size", ["small"], "model_size", "small"),
+    ("--context-length", ["128"], "context_length", 128),
+    ("--vocab-size", ["512"], "vocab_size", 512),
     ("--dataset", ["data/x.npz"], "dataset", "data/x.npz"),
     ("--x-key", ["train/images"], "x_key", "train/images"),
     ("--y-key", ["labels"], "y_key", "labels"),
@@ -87,15 +94,16 @@ def test_choices_come_from_the_implementations():
     choices = {a.dest: tuple(a.choices) for a in parser._actions if a.choices}
     assert choices == {"backend": BACKENDS, "sync": SYNCS, "compression": COMPRESSIONS, "model": MODELS,
                        "dtype": ("float32", "float64"), "optimizer": OPTIMIZERS, "normalize": NORMALIZE_MODES,
-                       "progress": PROGRESS_MODES}
-    assert MODELS == tuple(REGISTRY) and set(MODELS) >= {"mlp", "cnn"}
+                       "progress": PROGRESS_MODES, "model_size": tuple(PRESETS)}
+    assert MODELS == tuple(REGISTRY) and set(MODELS) >= {"mlp", "cnn", "gpt"}
     for option, valid in (("--backend", BACKENDS), ("--sync", SYNCS), ("--compression", COMPRESSIONS),
                           ("--model", MODELS), ("--optimizer", OPTIMIZERS), ("--normalize", NORMALIZE_MODES)):
         for value in valid:
             assert getattr(parse_config([option, value]), option[2:]) == value
     for name in DATASET_NAMES:
         if name != "regression":                 # the one set with float targets: not a classifier's
-            check_config(parse_config(["--dataset", name, "--data-dir", "d"]), 1)
+            model = ["--model", "gpt"] if name == "synthetic-tokens" else []
+            check_config(parse_config(["--dataset", name, "--data-dir", "d", *model]), 1)
 
 
 # argv, world size, text the message must contain
@@ -137,7 +145,14 @@ BAD = [
     (["--sync", "async"], 1, "argument --sync: invalid choice: 'async'"),
     (["--optimizer", "lamb"], 1, "argument --optimizer: invalid choice: 'lamb'"),
     (["--dtype", "float16"], 1, "argument --dtype: invalid choice: 'float16'"),
-    (["--dataset", "cifar"], 1, "unknown --dataset 'cifar'; valid: synthetic, synthetic-image, digits, mnist, a path ending in .npz, .h5, .hdf5, or a directory path (with a '/') holding X.npy and y.npy"),
+    (["--dataset", "cifar"], 1, "unknown --dataset 'cifar'; valid: synthetic, synthetic-image, digits, mnist, a path ending in .npz, .h5, .hdf5, or a directory path (with a '/') holding X.npy and y.npy; for --model gpt: synthetic-tokens, tokens:PATH or text:PATH"),
+    (["--model", "gpt", "--dataset", "synthetic"], 1, "--model gpt needs token data: --dataset synthetic-tokens, "
+     "tokens:PATH or text:PATH, not 'synthetic'"),
+    (["--dataset", "text:a.txt"], 1, "--dataset text:a.txt holds token sequences, which only --model gpt takes"),
+    (["--model", "gpt", "--dropout", "0.1"], 1, "--dropout 0.1 applies to mlp and cnn"),
+    (["--model", "gpt", "--context-length", "0"], 1, "--context-length must be a positive integer, got 0"),
+    (["--model", "gpt", "--vocab-size", "-1"], 1, "--vocab-size must be an integer >= 0, got -1"),
+    (["--model", "gpt", "--model-size", "huge"], 1, "argument --model-size: invalid choice: 'huge'"),
     (["--dataset", "regression"], 1, "unknown --dataset 'regression'"),
     (["--dataset", "mnist"], 1, "--dataset mnist needs --data-dir DIR"),
     (["--checkpoint", "run.pt"], 1, "--checkpoint 'run.pt' must end in .h5 or .hdf5"),

@@ -8,7 +8,7 @@ from npddp.models import MODELS, build_model, input_problem, shape_rows
 from npddp.nn import Dropout, Linear, ReLU
 
 SETTINGS = {"hidden": [8, 6], "channels": [2], "dtype": "float32", "seed": 3, "dropout": 0.0}
-SHAPES = {"mlp": (3, 4, 4), "cnn": (1, 8, 8)}
+SHAPES = {"mlp": (3, 4, 4), "cnn": (1, 8, 8), "gpt": (6,)}   # gpt: a sequence of 6 tokens
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -16,6 +16,10 @@ def test_every_model_builds_identical_weights_from_the_same_settings(name):
     a, _, text = build_model({**SETTINGS, "model": name}, SHAPES[name], 5)
     b, _, _ = build_model({**SETTINGS, "model": name}, SHAPES[name], 5)
     assert text.startswith(name) and all(np.array_equal(p.data, q.data) for p, q in zip(a.parameters(), b.parameters()))
+    if name == "gpt":                                       # tokens in, (B, T, vocab) logits out
+        X = np.random.default_rng(0).integers(0, 5, (2, *SHAPES[name]))
+        assert a.forward(shape_rows(name, X)).shape == (2, 6, 5)
+        return
     X = np.random.default_rng(0).standard_normal((2, *SHAPES[name])).astype(np.float32)
     assert a.forward(shape_rows(name, X)).shape == (2, 5)
 

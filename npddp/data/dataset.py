@@ -8,6 +8,10 @@ import numpy as np
 
 from ._checks import as_real, check_seed
 
+#: classification: integer labels (N,); regression: float targets; language_model: token
+#: sequences X (N, T) with next-token targets y (N, T) and ``num_classes`` the vocabulary size.
+TASKS = ("classification", "regression", "language_model")
+
 
 @dataclass(frozen=True, repr=False)
 class Dataset:
@@ -30,8 +34,8 @@ class Dataset:
                                  f"{tuple(self.input_shape)}")
             if len(X) != len(y):
                 raise ValueError(f"X_{split} has {len(X)} rows but y_{split} has {len(y)}")
-        if self.task not in ("classification", "regression"):
-            raise ValueError(f"task must be 'classification' or 'regression', got {self.task!r}")
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {', '.join(map(repr, TASKS))}, got {self.task!r}")
 
     @property
     def n_train(self) -> int:

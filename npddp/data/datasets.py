@@ -16,9 +16,13 @@ from .arrays import ARRAY_SUFFIXES, load_array_file
 from .dataset import Dataset, labels_int64, split_indices
 from .mnist import load_mnist
 from .synthetic import synthetic_classification, synthetic_regression
+from .tokens import load_text_file, load_token_file, synthetic_tokens
 
-#: Names ``load_dataset`` knows, besides paths to array files.
-DATASET_NAMES = ("synthetic", "synthetic-image", "regression", "digits", "mnist")
+#: Names ``load_dataset`` knows, besides paths to array files and ``tokens:PATH`` / ``text:PATH``.
+DATASET_NAMES = ("synthetic", "synthetic-image", "regression", "digits", "mnist", "synthetic-tokens")
+
+#: Prefixes of token data sets: ``tokens:PATH`` (.bin uint16 or .npy ids), ``text:PATH`` (bytes).
+TOKEN_PREFIXES = ("tokens:", "text:")
 
 #: Image shape of the ``synthetic-image`` set unless ``image_shape=`` says otherwise.
 DEFAULT_IMAGE_SHAPE = (1, 16, 16)
@@ -47,8 +51,9 @@ def load_dataset(name: str, data_dir: str | None = None, seed: int = 0, dtype=np
                  **kwargs) -> Dataset:
     """Build the data set called ``name`` (see ``DATASET_NAMES``) or read the array file at ``name``.
 
-    ``data_dir`` is where 'mnist' and relative array-file paths are looked up; the synthetic
-    and digits sets read no files.
+    ``data_dir`` is where 'mnist' and relative array-file and token-file paths are looked up;
+    the synthetic and digits sets read no files. Token sets (``synthetic-tokens``,
+    ``tokens:PATH``, ``text:PATH``) take ``context_length`` (and ``vocab_size``) keywords.
     """
     if not isinstance(name, (str, os.PathLike)):
         raise TypeError(f"dataset name must be a str, got {type(name).__name__} {name!r}")
@@ -67,8 +72,17 @@ def load_dataset(name: str, data_dir: str | None = None, seed: int = 0, dtype=np
             raise ValueError("the 'mnist' data set needs data_dir: the directory holding "
                              "train-images-idx3-ubyte and the other three IDX files")
         return load_mnist(data_dir, dtype=dtype, **kwargs)
+    if name == "synthetic-tokens":
+        return synthetic_tokens(seed=seed, **kwargs)
+    if name.startswith(TOKEN_PREFIXES):
+        prefix, _, path = name.partition(":")
+        if not path:
+            raise ValueError(f"dataset {name!r} names no file: write {prefix}:PATH")
+        path = path if data_dir is None or os.path.isabs(path) else os.path.join(data_dir, path)
+        return (load_token_file if prefix == "tokens" else load_text_file)(path, **kwargs)
     path = name if data_dir is None or os.path.isabs(name) else os.path.join(data_dir, name)
     if name.lower().endswith(ARRAY_SUFFIXES) or os.path.isdir(path):
         return load_array_file(path, seed=seed, dtype=dtype, **kwargs)
     raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)}, "
-                     f"a path ending in {', '.join(ARRAY_SUFFIXES)}, or a directory of .npy files")
+                     f"tokens:PATH, text:PATH, a path ending in {', '.join(ARRAY_SUFFIXES)}, "
+                     "or a directory of .npy files")

@@ -29,6 +29,20 @@ def check_input(layer, x, expected: tuple, dtype=None) -> None:
         raise ValueError(msg) if bad_shape else TypeError(msg)
 
 
+def check_last_dim(layer, x, features: int, dtype) -> None:
+    """Raise unless ``x`` has shape (..., features) (at least one dimension) and exactly ``dtype``.
+
+    Shape problems raise ``ValueError``, dtype problems ``TypeError``; both name the layer.
+    """
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{layer!r}: expected a numpy.ndarray, got {type(x).__name__}")
+    bad_shape = x.ndim < 1 or x.shape[-1] != features
+    if bad_shape or x.dtype != dtype:
+        msg = (f"{layer!r}: expected input of shape (..., {features}) and dtype "
+               f"{np.dtype(dtype).name}, got {_fmt_shape(x.shape)} {x.dtype.name}")
+        raise ValueError(msg) if bad_shape else TypeError(msg)
+
+
 def check_float_array(layer, x, min_ndim: int = 1) -> None:
     """Raise unless ``x`` is a floating ndarray with at least ``min_ndim`` dimensions."""
     if not isinstance(x, np.ndarray):

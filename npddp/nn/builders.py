@@ -81,12 +81,18 @@ def cnn(in_shape: Sequence[int], channels: Sequence[int], hidden: Sequence[int],
 def summary(model: Module) -> str:
     """A table of leaf layers with their parameter shapes and counts, then the totals."""
     rows = [("layer", "module", "parameters", "count")]
+    owner: dict[int, str] = {}              # id(parameter) -> the layer that lists it first
 
     def walk(prefix: str, m: Module) -> None:
         kids = list(m.children())
         if not kids:
-            shapes = ", ".join(f"{tuple(p.shape)}" for _, p in m.named_parameters())
-            rows.append((prefix or "(model)", repr(m), shapes or "-", str(m.num_parameters())))
+            name = prefix or "(model)"
+            params = [p for _, p in m.named_parameters()]
+            shared = [p for p in params if owner.setdefault(id(p), name) != name]
+            shapes = ", ".join(f"{tuple(p.shape)}" + (f" shared with {owner[id(p)]}" if p in shared else "")
+                               for p in params)
+            count = sum(p.data.size for p in params if p not in shared)
+            rows.append((name, repr(m), shapes or "-", str(count)))
         for name, child in kids:
             walk(f"{prefix}.{name}" if prefix else name, child)
 

@@ -2,7 +2,8 @@
 
 ``check_module(m, x, rng)`` compares ``m.backward`` with numerical derivatives of the
 scalar ``L = sum(m.forward(x) * R)`` for a random ``R``, for the input and every parameter,
-and returns the worst relative error of each.  The error is ``max|a - n| / max(|a|, |n|)``
+and returns the worst relative error of each (integer inputs, such as token ids, have no
+gradient and are not checked).  The error is ``max|a - n| / max(|a|, |n|)``
 over the whole array, so tiny entries do not dominate.
 """
 
@@ -43,14 +44,15 @@ def rel_error(analytic: np.ndarray, numeric: np.ndarray) -> float:
 def check_module(module: Module, x: np.ndarray, rng: np.random.Generator,
                  eps: float = 1e-6) -> dict[str, float]:
     """Worst relative error of dL/dx (key ``"input"``) and of every parameter gradient."""
-    r = rng.standard_normal(module.forward(x).shape)                   # (out shape) dL/dout
+    out = module.forward(x)
+    r = rng.standard_normal(out.shape).astype(out.dtype)               # (out shape) dL/dout
 
     def loss() -> float:
         return float(np.sum(module.forward(x) * r))
 
     module.zero_grad()
     module.forward(x)
-    dx = module.backward(r.astype(x.dtype))
+    dx = module.backward(r)
     errors = {}
     if dx is not None:
         errors["input"] = rel_error(dx, numerical_grad(loss, x, eps))

@@ -9,53 +9,69 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._check import (cached, check_dout, check_dtype_arg, check_float_array, check_input,
+from ._check import (cached, check_dout, check_dtype_arg, check_float_array, check_last_dim,
                      check_positive_int, check_rng)
 from .init import get_init
 from .module import Module, Parameter
 
 
 class Linear(Module):
-    """``y = x @ W.T + b`` with ``W`` of shape (out, in), as in PyTorch.
+    """``y = x @ W.T + b`` with ``W`` of shape (out, in), as in PyTorch; ``x`` is (..., in).
 
-    Weights start He-normal (``init`` picks another scheme from :mod:`npddp.nn.init`), drawn
-    from ``rng`` (a Generator or int seed; None: unseeded), biases zero.  ``input_grad=False``
-    skips dL/dx (backward returns None): use it for a first layer whose input is data, which
-    saves one matmul per step.
+    Weights start He-normal (``init`` picks another scheme from :mod:`npddp.nn.init`;
+    ``init_std`` draws N(0, init_std**2) instead), drawn from ``rng`` (a Generator or int
+    seed; None: unseeded), biases zero.  ``weight=`` shares an existing (out, in) Parameter
+    instead of drawing one (tied weights: the same array and gradient in two layers).
+    ``input_grad=False`` skips dL/dx (backward returns None): use it for a first layer whose
+    input is data, which saves one matmul per step.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
-                 dtype=np.float32, rng=None, init: str = "he_normal", input_grad: bool = True):
+                 dtype=np.float32, rng=None, init: str = "he_normal", input_grad: bool = True,
+                 init_std: float | None = None, weight: Parameter | None = None):
         super().__init__()
         self.in_features = check_positive_int("in_features", in_features)
         self.out_features = check_positive_int("out_features", out_features)
         self.dtype = check_dtype_arg(dtype)
         rng = check_rng(rng)
         shape = (self.out_features, self.in_features)
-        self.weight = Parameter(get_init(init)(rng, shape, self.in_features, self.dtype))  # (out, in)
+        if weight is not None:
+            if not isinstance(weight, Parameter) or weight.shape != shape or weight.dtype != self.dtype:
+                raise ValueError(f"weight must be a Parameter of shape {shape} and dtype {self.dtype.name} "
+                                 f"to share, got {weight!r}")
+            self.weight = weight                                                            # (out, in)
+        elif init_std is not None:
+            if not (isinstance(init_std, (int, float)) and init_std >= 0):
+                raise ValueError(f"init_std must be a number >= 0, got {init_std!r}")
+            self.weight = Parameter((rng.standard_normal(shape) * init_std).astype(self.dtype))  # (out, in)
+        else:
+            self.weight = Parameter(get_init(init)(rng, shape, self.in_features, self.dtype))   # (out, in)
         self.bias = Parameter(np.zeros(self.out_features, self.dtype)) if bias else None   # (out,)
         self.input_grad = bool(input_grad)
         self._x = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
-        check_input(self, x, ("B", self.in_features), self.dtype)
-        self._x = x                                        # (B, in)
-        y = np.matmul(x, self.weight.data.T)               # (B, out)
+        check_last_dim(self, x, self.in_features, self.dtype)
+        self._x = x                                        # (..., in)
+        x2 = x.reshape(-1, self.in_features)               # (N, in) N = prod(...)
+        y = np.matmul(x2, self.weight.data.T)              # (N, out)
         if self.bias is not None:
-            np.add(y, self.bias.data, out=y)               # (B, out)
-        return y
+            np.add(y, self.bias.data, out=y)               # (N, out)
+        return y.reshape(x.shape[:-1] + (self.out_features,))  # (..., out)
 
     def backward(self, dout: np.ndarray) -> np.ndarray | None:
-        x = cached(self, self._x)                          # (B, in)
-        check_dout(self, dout, (x.shape[0], self.out_features))
+        x = cached(self, self._x)                          # (..., in)
+        check_dout(self, dout, x.shape[:-1] + (self.out_features,))
+        x2 = x.reshape(-1, self.in_features)               # (N, in)
+        d2 = dout.reshape(-1, self.out_features)           # (N, out)
         gw = self.weight.grad
-        np.add(gw, np.matmul(dout.T, x), out=gw)           # (out, in)
+        np.add(gw, np.matmul(d2.T, x2), out=gw)            # (out, in)
         if self.bias is not None:
             gb = self.bias.grad
-            np.add(gb, dout.sum(axis=0), out=gb)           # (out,)
+            np.add(gb, d2.sum(axis=0), out=gb)             # (out,)
         if not self.input_grad:
             return None
-        return np.matmul(dout, self.weight.data)           # (B, in)
+        return np.matmul(d2, self.weight.data).reshape(x.shape)  # (..., in)
 
     def extra_repr(self) -> str:
         return f"{self.in_features}->{self.out_features}" + ("" if self.bias is not None else ", bias=False")

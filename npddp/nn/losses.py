@@ -16,8 +16,9 @@ def _fmt(a) -> str:
 
 
 class CrossEntropyLoss:
-    """Softmax + negative log-likelihood from logits (B, C) and integer class targets (B,).
+    """Softmax + negative log-likelihood from logits (B, C) or (B, T, C) and integer targets (B,) or (B, T).
 
+    The mean runs over every target (B or B*T of them), as PyTorch's default reduction.
     Stable for large logits: each row is shifted by its maximum before ``exp``, so the loss
     is ``logsumexp(z) - z[target]`` computed without overflow.
     """
@@ -25,50 +26,56 @@ class CrossEntropyLoss:
     def __init__(self):
         self._probs = None
         self._target = None
+        self._shape = None
 
     def _check(self, logits, target) -> None:
-        """Logits (B, C) floating, target (B,) integer in [0, C)."""
-        if not isinstance(logits, np.ndarray) or logits.ndim != 2 or logits.dtype.kind != "f":
-            raise ValueError(f"CrossEntropyLoss: expected logits of shape (B, C) and a floating dtype, "
-                             f"got {_fmt(logits)}")
-        b, c = logits.shape
-        if b == 0:
-            raise ValueError("CrossEntropyLoss: empty batch (B = 0)")
-        if (not isinstance(target, np.ndarray) or target.shape != (b,)
+        """Logits (B, C) or (B, T, C) floating, target of the leading shape, integer in [0, C)."""
+        if (not isinstance(logits, np.ndarray) or logits.ndim not in (2, 3) or logits.dtype.kind != "f"):
+            raise ValueError(f"CrossEntropyLoss: expected logits of shape (B, C) or (B, T, C) and a "
+                             f"floating dtype, got {_fmt(logits)}")
+        lead, c = logits.shape[:-1], logits.shape[-1]
+        if 0 in lead:
+            raise ValueError(f"CrossEntropyLoss: empty batch (logits {logits.shape})")
+        want = ", ".join(map(str, lead)) + ("," if len(lead) == 1 else "")
+        if (not isinstance(target, np.ndarray) or target.shape != lead
                 or target.dtype.kind not in "iu"):
-            raise ValueError(f"CrossEntropyLoss: expected integer targets of shape ({b},), got {_fmt(target)}")
+            raise ValueError(f"CrossEntropyLoss: expected integer targets of shape ({want}), got {_fmt(target)}")
         if target.min() < 0 or target.max() >= c:
             raise ValueError(f"CrossEntropyLoss: targets must be in [0, {c}), got values in "
                              f"[{target.min()}, {target.max()}]")
 
     def forward(self, logits: np.ndarray, target: np.ndarray) -> float:
-        """Mean cross-entropy over the batch."""
+        """Mean cross-entropy over every target."""
         self._check(logits, target)
-        b = logits.shape[0]
-        rows = np.arange(b)
-        z = logits - logits.max(axis=1, keepdims=True)                   # (B, C) max is 0
-        e = np.exp(z)                                                     # (B, C)
-        s = e.sum(axis=1)                                                 # (B,)
-        nll = np.log(s) - z[rows, target]                                 # (B,)
-        np.divide(e, s[:, None], out=e)                                   # (B, C) softmax
-        self._probs, self._target = e, target
+        c = logits.shape[-1]
+        z = logits.reshape(-1, c)                                         # (N, C)
+        t = target.reshape(-1)                                            # (N,)
+        rows = np.arange(len(t))
+        e = np.subtract(z, z.max(axis=1, keepdims=True))                  # (N, C) max is 0
+        picked = e[rows, t]                                               # (N,) z[target] - max
+        np.exp(e, out=e)
+        s = e.sum(axis=1)                                                 # (N,)
+        nll = np.log(s) - picked                                          # (N,)
+        np.divide(1.0, s, out=s)
+        e *= s[:, None]                                                   # (N, C) softmax
+        self._probs, self._target, self._shape = e, t, logits.shape
         return float(nll.mean())
 
     def backward(self) -> np.ndarray:
-        """dL/dlogits = (softmax - onehot) / B, in the logits' dtype."""
+        """dL/dlogits = (softmax - onehot) / N, in the logits' shape and dtype."""
         if self._probs is None:
             raise RuntimeError("CrossEntropyLoss: backward called before forward")
-        probs, target = self._probs, self._target                       # (B, C), (B,)
-        b = probs.shape[0]
-        d = probs.copy()                                                  # (B, C)
-        d[np.arange(b), target] -= 1
-        np.divide(d, b, out=d)                                            # (B, C)
-        return d
+        probs, target = self._probs, self._target                       # (N, C), (N,)
+        n = probs.shape[0]
+        d = probs.copy()                                                  # (N, C)
+        d[np.arange(n), target] -= 1
+        d *= 1.0 / n                                                      # (N, C)
+        return d.reshape(self._shape)
 
     def correct(self, logits: np.ndarray, target: np.ndarray) -> int:
-        """How many rows have their largest logit at the target class."""
+        """How many targets (rows, or tokens) have their largest logit at the target class."""
         self._check(logits, target)
-        return int(np.count_nonzero(logits.argmax(axis=1) == target))
+        return int(np.count_nonzero(logits.argmax(axis=-1) == target))
 
     __call__ = forward
 

@@ -4,7 +4,9 @@ Contract used by DDP:
 * ``Parameter.data`` and ``Parameter.grad`` exist from construction; backward only ever
   adds into ``grad`` in place (``+=`` or ``out=``), so DDP may swap ``grad`` for a view into
   a flat bucket once, after construction, and every later backward writes into the bucket.
-* ``named_parameters()`` has a fixed order: attribute definition order, depth first.
+* ``named_parameters()`` has a fixed order: attribute definition order, depth first; a
+  parameter shared by two layers (tied weights) appears once, and its gradient is final
+  only after the backward of every layer that uses it.
 * ``register_grad_hook(fn)``: during ``backward`` of a container, ``fn(layer)`` is called
   right after each leaf layer's backward returns, at which point that layer's parameter
   gradients are final for this backward pass (layers without parameters report too, so a
@@ -62,14 +64,22 @@ class Module:
             yield from child.named_modules(f"{prefix}.{key}" if prefix else key)
 
     def named_parameters(self, prefix: str = "") -> list[tuple[str, Parameter]]:
-        """Every parameter with a dotted name, depth first, in a fixed order."""
-        out = []
+        """Every parameter with a dotted name, depth first, in a fixed order.
+
+        A parameter shared by several layers (tied weights) is listed once, under the name
+        where it is met first, as in PyTorch.
+        """
+        seen: set[int] = set()
+        return [(name, p) for name, p in self._all_parameters(prefix)
+                if not (id(p) in seen or seen.add(id(p)))]
+
+    def _all_parameters(self, prefix: str):
+        """Every (name, parameter) pair in definition order, shared ones repeated."""
         for key, value in vars(self).items():
             if isinstance(value, Parameter):
-                out.append((prefix + key, value))
+                yield prefix + key, value
             elif isinstance(value, Module):
-                out.extend(value.named_parameters(prefix + key + "."))
-        return out
+                yield from value._all_parameters(prefix + key + ".")
 
     def parameters(self) -> list[Parameter]:
         """Every parameter, in ``named_parameters`` order."""

@@ -11,10 +11,10 @@ F32 = np.float32
 
 CASES = [  # (layer, bad input, error type, expected text)
     (Linear(784, 128), np.zeros((32, 100), F32), ValueError,
-     "Linear(784->128): expected input of shape (B, 784) and dtype float32, got (32, 100) float32"),
+     "Linear(784->128): expected input of shape (..., 784) and dtype float32, got (32, 100) float32"),
     (Linear(784, 128), np.zeros((32, 784), np.float64), TypeError,
-     "Linear(784->128): expected input of shape (B, 784) and dtype float32, got (32, 784) float64"),
-    (Linear(4, 2), np.zeros((2, 3, 4), F32), ValueError, "expected input of shape (B, 4)"),
+     "Linear(784->128): expected input of shape (..., 784) and dtype float32, got (32, 784) float64"),
+    (Linear(4, 2), np.zeros((2, 4, 3), F32), ValueError, "expected input of shape (..., 4)"),
     (Linear(4, 2, dtype=np.float64), np.zeros((2, 4), F32), TypeError, "dtype float64"),
     (Linear(4, 2), np.zeros((2, 4), np.int32), TypeError, "got (2, 4) int32"),
     (Conv2d(3, 8, 3), np.zeros((2, 1, 8, 8), F32), ValueError,

@@ -24,3 +24,18 @@ def test_benchmark_smoke_run(model):
 def test_benchmark_rejects_bad_arguments():
     out = subprocess.run([sys.executable, str(SCRIPT), "--repeats", "0"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--repeats must be >= 1" in out.stderr
+
+
+def test_gpt_benchmark_smoke_run_with_or_without_torch():
+    out = subprocess.run([sys.executable, str(SCRIPT), "--model", "gpt", "--gpt-size", "tiny", "--context", "8",
+                          "--vocab", "32", "--repeats", "1", "--warmup", "0", "--dtype", "float64"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "gpt tiny: 102,656 parameters, vocab 32, context 8, batch 4" in out.stdout, out.stdout
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        assert "torch is not installed: timing npddp alone" in out.stdout
+    else:
+        assert re.search(r"gpt +ratio npddp/torch: wall [0-9.]+, cpu [0-9.]+ +\(gradients agree to", out.stdout)
+        assert "ratio npddp/torch-sdpa" in out.stdout
