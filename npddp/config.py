@@ -19,7 +19,7 @@ import os
 import typing
 from dataclasses import dataclass, field
 
-from .comm import BACKENDS, DEFAULT_TIMEOUT
+from .comm import BACKENDS, DEFAULT_TIMEOUT, TRANSPORTS
 from .data import DATASET_NAMES, NORMALIZE_MODES
 from .data.arrays import ARRAY_SUFFIXES
 from .data.datasets import TOKEN_PREFIXES
@@ -68,6 +68,11 @@ class Config:
                         "hand-written ring over point-to-point calls (ring), or gather-reduce-"
                         "broadcast at rank 0 (naive); may change on --resume", choices=BACKENDS,
                         resume="inherit")
+    transport: str = _opt("auto", "how the hand-written backends move messages: tcp (sockets; processes "
+                          "started by python -m npddp.run or torchrun, no MPI needed), mpi (MPI's "
+                          "point-to-point calls) or auto (tcp when RANK/WORLD_SIZE are set and no MPI "
+                          "launcher started the job, else mpi); --backend mpi needs mpi",
+                          choices=("auto", *TRANSPORTS), resume="inherit")
     sync: str = _opt("overlap", "gradient sync strategy: one all-reduce per tensor (per_param), one "
                      "flat buffer (flat), buckets after backward (bucketed), or buckets reduced "
                      "while backward runs (overlap)", choices=SYNCS, resume="inherit")

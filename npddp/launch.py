@@ -42,9 +42,10 @@ _GRACE_S = 0.2
 class JobError(Exception):
     """A failure every rank has agreed on: rank 0 prints ``error: <message>``; every rank exits ``code``."""
 
-    def __init__(self, message: str, code: int = EXIT_USAGE):
+    def __init__(self, message: str, code: int = EXIT_USAGE, local: bool = False):
         super().__init__(message)
         self.code = code
+        self.local = local   # found by this rank alone (e.g. it cannot reach rank 0): it prints it
 
 
 def _from_env(names, environ, default: int) -> int:
@@ -136,15 +137,19 @@ MPI_FIXES = ('install one: pip install "npddp[mpich]" (the MPICH wheel), or a sy
              'without MPI: python -m npddp.run --nproc N -m npddp.train --transport tcp')
 
 
-def open_communicator(backend: str, timeout=None, **kwargs):
+def open_communicator(backend: str, timeout=None, transport: str = "auto", **kwargs):
     """``npddp.comm.create(backend, ...)``, with a one-line JobError (exit 2) when MPI cannot be loaded.
 
-    Also turns a malformed ``NPDDP_DEBUG``/``NPDDP_TIMEOUT`` into a JobError.
+    Also turns a malformed ``NPDDP_DEBUG``/``NPDDP_TIMEOUT``, an unreachable rendezvous or a
+    backend the transport cannot run into a JobError.
     """
     from .comm import create
+    from .comm.rendezvous import RendezvousError
 
     try:
-        return create(backend, timeout=timeout, **kwargs)
+        return create(backend, timeout=timeout, transport=transport, **kwargs)
+    except RendezvousError as exc:
+        raise JobError(str(exc), EXIT_USAGE, local=True) from None
     except ImportError as exc:
         raise JobError(f"mpi4py cannot be imported ({exc}), so there is no MPI to run on; {MPI_FIXES}",
                        EXIT_USAGE) from None

@@ -3,14 +3,15 @@
     python -m npddp.run --nproc 4 -m npddp.train --backend ring          # 4 ranks over TCP
     python -m npddp.run --nproc 2 --prefix my_script.py --lr 0.1          # a script; lines tagged [rank]
     # two hosts, 4 ranks each (run one command per host; same address and port on both):
-    python -m npddp.run --nnodes 2 --node-rank 0 --nproc 4 --master-addr 10.0.0.1 --master-port 29500 -m npddp.train
-    python -m npddp.run --nnodes 2 --node-rank 1 --nproc 4 --master-addr 10.0.0.1 --master-port 29500 -m npddp.train
+    python -m npddp.run --nnodes 2 --node-rank 0 --nproc 4 --master-addr 10.0.0.1 --master-port 29500 -m npddp.train --backend auto
+    python -m npddp.run --nnodes 2 --node-rank 1 --nproc 4 --master-addr 10.0.0.1 --master-port 29500 -m npddp.train --backend auto
 
 Each process gets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
 ``MASTER_ADDR`` and ``MASTER_PORT`` (a free port by default), from which
 ``npddp.comm.create(..., transport="auto")`` builds the TCP mesh, and one BLAS thread unless
 the environment or ``--threads`` says otherwise. When any process fails or is killed, the
-others are stopped (SIGTERM, then SIGKILL after ``--grace`` seconds) and the launcher exits
+others get half a second to exit on their own (a failure every rank agreed on, such as bad
+flags) and are then stopped (SIGTERM, then SIGKILL after ``--grace`` seconds) and the launcher exits
 with the first failure's code (128 + signal for a signal); Ctrl-C is forwarded to every process.
 Processes die with the launcher (``PR_SET_PDEATHSIG``), so none outlives it. Shared-memory
 segments the job left behind are removed when it ends abnormally.
@@ -190,8 +191,14 @@ class Job:
             if bad and failed is None:
                 failed = bad[0]
                 rank = self.args.node_rank * self.args.nproc + failed[0]
-                sys.stderr.write(f"{PROG}: rank {rank} {_describe(failed[1])}; stopping the other ranks\n")
-                self.stop()
+                settle = time.monotonic() + _SETTLE_S      # a failure all ranks agreed on ends them all by itself
+                while time.monotonic() < settle and any(p.poll() is None for p in self.procs):
+                    time.sleep(0.01)
+                if any(p.poll() is None for p in self.procs):
+                    sys.stderr.write(f"{PROG}: rank {rank} {_describe(failed[1])}; stopping the other ranks\n")
+                    self.stop()
+                else:
+                    sys.stderr.write(f"{PROG}: rank {rank} {_describe(failed[1])}\n")
                 break
             if all(c is not None for c in codes):
                 break
@@ -203,6 +210,10 @@ class Job:
         remove_job_segments(self.job)
         code = failed[1]
         return 128 - code if code < 0 else code
+
+
+#: Seconds the other ranks get to exit on their own after the first failure, before SIGTERM.
+_SETTLE_S = 0.5
 
 
 def _describe(code: int) -> str:

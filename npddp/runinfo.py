@@ -22,6 +22,7 @@ import os
 import platform
 import socket
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -37,15 +38,17 @@ _PACKAGE_DIR = Path(__file__).resolve().parent
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def environment(world_size: int | None = None, backend: str | Sequence[str] | None = None) -> dict:
+def environment(world_size: int | None = None, backend: str | Sequence[str] | None = None,
+                mpi: bool = True) -> dict:
     """The run's environment as a flat dict of str/int values, ready for :func:`write_attrs`.
 
     ``world_size`` defaults to ``MPI.COMM_WORLD``'s size (1 when MPI is not initialised);
     ``backend`` (a name or a sequence of names) is stored comma-joined. Keys whose value
-    cannot be found (``git_commit`` outside a git checkout) are left out.
+    cannot be found (``git_commit`` outside a git checkout) are left out. ``mpi=False`` (a job
+    over TCP) leaves MPI out unless mpi4py.MPI is already loaded, so nothing initialises it.
     """
     info: dict = {"schema_version": SCHEMA_VERSION}
-    mpi, mpi_world_size = _mpi_info()
+    mpi, mpi_world_size = _mpi_info() if mpi or "mpi4py.MPI" in sys.modules else ({}, 1)
     if world_size is None:
         world_size = mpi_world_size
     if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:

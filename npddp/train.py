@@ -37,6 +37,7 @@ import numpy as np
 from . import checkpoint, outputs, resume, state, threads
 from .agree import agree, any_rank
 from .config import Config, ConfigError, check_config, parse_args, parse_fault
+from .comm.transport import resolve_transport
 from .data import BatchLoader, DistributedSampler, iterate_batches
 from .ddp import DistributedDataParallel
 from .inputs import dataset_name, load_data, scaling_warning
@@ -281,12 +282,14 @@ def header(cfg: Config, comm, ds, model_text: str, model, ddp, trainer: Trainer,
     per_rank = cfg.batch_size // comm.size
     nbytes = model.num_bytes()
     scaled = f", --normalize {cfg.normalize}" if cfg.normalize != "none" else ""
-    lines = [f"npddp.train: {comm.size} rank{'s' * (comm.size > 1)}, backend {cfg.backend}, "
-             f"MPI {env.get('mpi_library', '?')}",
+    kind = transport_of(comm)
+    where = f"MPI {env.get('mpi_library', '?')}" if kind == "mpi" else "TCP sockets, no MPI"
+    lines = [f"npddp.train: {comm.size} rank{'s' * (comm.size > 1)}, backend {cfg.backend} over {kind}, {where}",
              thread_line,
              f"model: {model_text}; {model.num_parameters():,} parameters ({cfg.dtype}, {format_bytes(nbytes)})",
              f"sync: {cfg.sync}, {len(ddp.buckets)} bucket{'s' * (len(ddp.buckets) > 1)}, compression "
-             f"{cfg.compression}" + (f", local SGD every {cfg.local_sgd} steps" if cfg.local_sgd else ""),
+             f"{cfg.compression}" + (f", local SGD every {cfg.local_sgd} steps" if cfg.local_sgd else "")
+             + auto_picks(comm, ddp),
              (f"data: {ds.name}, {ds.n_train} train / {ds.n_val} val sequences of {cfg.context_length} tokens, "
               f"vocabulary {ds.num_classes}; batch {cfg.batch_size} = {comm.size} x {per_rank} sequences, "
               if cfg.model == "gpt" else
@@ -300,6 +303,25 @@ def header(cfg: Config, comm, ds, model_text: str, model, ddp, trainer: Trainer,
         lines.append(f"resuming {cfg.checkpoint} at epoch {trainer.epochs_done + 1}, batch "
                      f"{trainer.batches_done} done (step {trainer.step})")
     return lines
+
+
+def transport_of(comm) -> str:
+    """``mpi`` or ``tcp``: what carries ``comm``'s messages (MPI's own collectives: mpi)."""
+    transport = getattr(comm, "transport", None)
+    return getattr(transport, "name", "mpi")
+
+
+def auto_picks(comm, ddp) -> str:
+    """For ``--backend auto``: ``; auto picks ring for 3 buckets (cost model)``, naming what each bucket size gets."""
+    pick = getattr(comm, "algorithm_for", None)
+    if pick is None or not ddp.buckets:
+        return ""
+    counts: dict = {}
+    for bucket in ddp.buckets:
+        name = pick(bucket.buffer.nbytes, bucket.buffer.dtype)
+        counts[name] = counts.get(name, 0) + 1
+    chosen = ", ".join(f"{name} for {n} bucket{'s' * (n > 1)}" for name, n in counts.items())
+    return f"; auto picks {chosen} ({'cost model' if comm.source == 'model' else comm.source})"
 
 
 def summary(cfg: Config, status: str, trainer: Trainer, trained: float, total: float) -> str:
@@ -326,10 +348,15 @@ def train(argv=None) -> int:
     except ConfigError as exc:
         Printer(hint).error(str(exc))
         return EXIT_USAGE
+    if cfg.backend == "mpi" and resolve_transport(cfg.transport) == "tcp":
+        Printer(hint).error(f"--backend mpi runs MPI's own collectives, which a job over TCP "
+                            f"({'--transport auto chose tcp: no MPI launcher started it' if cfg.transport == 'auto' else '--transport tcp'}) "
+                            f"does not have; use a hand-written backend, e.g. --backend ring or --backend auto")
+        return EXIT_USAGE
     try:
-        comm = open_communicator(cfg.backend, timeout=cfg.timeout)
+        comm = open_communicator(cfg.backend, timeout=cfg.timeout, transport=cfg.transport)
     except JobError as exc:
-        Printer(hint).error(str(exc))
+        Printer(0 if exc.local else hint).error(str(exc))
         return exc.code
     out = Printer(comm.rank, cfg.quiet, progress=cfg.progress, log_every=cfg.log_every)
     try:
@@ -341,7 +368,7 @@ def train(argv=None) -> int:
 
 def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
     """Everything after the communicator exists; JobError for failures every rank agrees on."""
-    opened, ckpt, saved = cfg.backend, None, None
+    opened, ckpt, saved = (cfg.backend, cfg.transport), None, None
     try:
         if cfg.resume:
             ckpt, saved = resume.read_saved(comm, cfg.checkpoint)
@@ -349,8 +376,8 @@ def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
         check_config(cfg, comm.size)
     except ConfigError as exc:
         raise JobError(str(exc), EXIT_USAGE) from None
-    if cfg.backend != opened:                   # the checkpoint's backend, taken over on --resume
-        comm = open_communicator(cfg.backend, timeout=cfg.timeout)
+    if (cfg.backend, cfg.transport) != opened:  # the checkpoint's backend, taken over on --resume
+        comm = open_communicator(cfg.backend, timeout=cfg.timeout, transport=cfg.transport)
     n_threads, why = threads.resolve(cfg.threads)
     threads.apply(n_threads)
     settings = {**cfg.as_dict(), "dataset": dataset_name(cfg.as_dict())}
@@ -371,7 +398,8 @@ def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
                                   local_sgd=cfg.local_sgd)
     optimizer = make_optimizer(cfg.optimizer, ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                weight_decay=cfg.weight_decay)
-    env = environment(world_size=comm.size, backend=cfg.backend) if comm.rank == 0 else {}
+    env = environment(world_size=comm.size, backend=cfg.backend, mpi=transport_of(comm) == "mpi") \
+        if comm.rank == 0 else {}
     if comm.rank == 0:
         env["threads_per_rank"] = n_threads
     attrs = {**env, "config": settings, "model": model_text,

@@ -24,7 +24,7 @@ for name in sys.argv[1:]:
     assert (x == comm.size * (comm.size + 1) / 2).all(), name
     assert comm.transport.name == "tcp"
 assert "mpi4py.MPI" not in sys.modules and "mpi4py" not in sys.modules
-print("rank", comm.rank, "ok without mpi4py")
+sys.stdout.write(f"rank {comm.rank} ok without mpi4py\\n")   # one write: ranks share the pipe
 """
 
 
@@ -52,4 +52,28 @@ def test_every_hand_written_backend_runs_over_tcp_without_mpi4py(no_mpi4py, tmp_
     done = subprocess.run([sys.executable, "-m", "npddp.run", "--nproc", "2", str(script), *names],
                           env=no_mpi4py, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert sorted(done.stdout.split("\n")[:2]) == ["rank 0 ok without mpi4py", "rank 1 ok without mpi4py"]
+    assert sorted(done.stdout.splitlines()) == ["rank 0 ok without mpi4py", "rank 1 ok without mpi4py"]
+
+
+def test_the_training_cli_runs_under_npddp_run_without_mpi4py(no_mpi4py, tmp_path):
+    """Train, checkpoint and print a header over TCP where mpi4py cannot even be imported."""
+    env = {**no_mpi4py, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "npddp.run", "--nproc", "2", "-m", "npddp.train",
+                           "--backend", "auto", "--train-samples", "256", "--val-samples", "64",
+                           "--batch-size", "32", "--hidden", "16", "--epochs", "1", "--checkpoint", "c.h5"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "npddp.train: 2 ranks, backend auto over tcp, TCP sockets, no MPI"
+    assert "; auto picks " in lines[3] and lines[-1].startswith("done: epoch 1/1, step 8,")
+    assert (tmp_path / "c.h5").stat().st_size > 0
+
+
+def test_the_mpi_backend_under_npddp_run_is_one_line_naming_the_backends_that_work(no_mpi4py, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "npddp.run", "--nproc", "2", "-m", "npddp.train"],
+                          cwd=tmp_path, env=no_mpi4py, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: --backend mpi runs MPI's own collectives, which a job over TCP (--transport auto "
+                      "chose tcp: no MPI launcher started it) does not have; use a hand-written backend, e.g. "
+                      "--backend ring or --backend auto"]

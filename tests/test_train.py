@@ -43,11 +43,13 @@ def _env() -> dict:
     return env
 
 
-def train(cwd, *args, n=2, timeout=120) -> subprocess.CompletedProcess:
-    """Run the CLI on ``n`` ranks (n=None: plain python, no mpirun) in ``cwd``."""
+def train(cwd, *args, n=2, timeout=120, launcher="mpirun") -> subprocess.CompletedProcess:
+    """Run the CLI on ``n`` ranks (n=None: plain python) in ``cwd``, under mpirun or ``npddp.run``."""
     command = [sys.executable, "-m", "npddp.train", *map(str, args)]
-    if n is not None:
+    if n is not None and launcher == "mpirun":
         command = [_mpirun(), "-n", str(n), *command]
+    elif n is not None:
+        command = [sys.executable, "-m", "npddp.run", "--nproc", str(n), "-m", *command[2:]]
     return subprocess.run(command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
 
 
@@ -74,7 +76,22 @@ def runs(tmp_path_factory):
         flags = ["--sync", sync, "--bucket-mb", "0.004", "--checkpoint", "c.h5", "--metrics", "m.h5", *TINY]
         proc = train(cwd, *flags, n=None) if backend == "serial" else train(cwd, "--backend", backend, *flags)
         out[backend, sync] = (proc, cwd)
+    cwd = tmp_path_factory.mktemp("ring-tcp")               # the ring again, over TCP under npddp.run
+    out["ring-tcp", "bucketed"] = (train(cwd, "--backend", "ring", "--transport", "tcp", "--sync", "bucketed",
+                                         "--bucket-mb", "0.004", "--checkpoint", "c.h5", *TINY,
+                                         launcher="npddp.run"), cwd)
     return out
+
+
+def test_the_ring_over_tcp_under_npddp_run_ends_bit_identical_to_the_ring_over_mpi(runs):
+    """Same algorithm, same order of additions: the transport must not change a single bit."""
+    proc, cwd = runs["ring-tcp", "bucketed"]
+    assert ok(proc).stdout.startswith("npddp.train: 2 ranks, backend ring over tcp, TCP sockets, no MPI")
+    over_mpi = checkpoint.read(runs["ring", "bucketed"][1] / "c.h5").params
+    over_tcp = checkpoint.read(cwd / "c.h5").params
+    assert over_mpi.keys() == over_tcp.keys()
+    for name, value in over_mpi.items():
+        assert np.array_equal(over_tcp[name], value), name
 
 
 @pytest.mark.parametrize("backend, sync", RUNS)

@@ -51,6 +51,7 @@ comm = create(sys.argv[2], MPI.COMM_WORLD)
 if rank == 1:
     time.sleep(0.2)
     if mode == "ctrl-c":
+        signal.signal(signal.SIGINT, signal.default_int_handler)   # a background shell may have ignored it
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(60)
     if mode == "exception":
