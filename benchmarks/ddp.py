@@ -2,6 +2,7 @@
 
     mpirun -n 2 python benchmarks/ddp.py --no-comm                 # defaults: about a minute on 2 cores
     mpirun -n 2 python -m benchmarks.ddp --models small --syncs flat,overlap --backends ring --out ddp.h5
+    mpirun -n 2 python -m benchmarks.ddp --models small --syncs overlap --backends mpi,ring --transports mpi,tcp
     mpirun -n 4 python benchmarks/ddp.py --weak-scaling --no-comm --out scaling.h5
     python benchmarks/report.py ddp.h5 scaling.h5                 # tables and plots from the dumps
 
@@ -88,6 +89,7 @@ class Config:
     no_comm: bool = False
     repeats: int = 1
     csv: str = ""
+    transports: tuple = (bc.DEFAULT_TRANSPORT,)
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ class Combo:
     sync: str
     backend: str
     bucket_mb: float
+    transport: str = bc.DEFAULT_TRANSPORT
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -113,6 +116,9 @@ def build_parser(verbose: bool = True):
                         f"valid: {', '.join(SYNCS)})")
     p.add_argument("--backends", type=bc.names(npcomm.BACKENDS), default=None,
                    help=f"comma-separated backends (default: mpi,ring; valid: {', '.join(npcomm.BACKENDS)})")
+    p.add_argument("--transports", type=bc.names(npcomm.TRANSPORTS), default=(bc.DEFAULT_TRANSPORT,),
+                   help="comma-separated transports of the hand-written backends: mpi, tcp (default: mpi; "
+                        "tcp builds a socket mesh among the job's ranks; backend mpi runs over mpi only)")
     p.add_argument("--no-comm", action="store_true",
                    help="also run every combination with all-reduces skipped (backend 'none': the ceiling)")
     p.add_argument("--bucket-mb", type=bc.positive_floats, default=None,
@@ -144,17 +150,22 @@ def parse_config(argv, verbose: bool = True) -> Config:
     bucket_mb = a.bucket_mb or bc.positive_floats(fill["bucket_mb"])
     repeats = a.repeats or (3 if a.weak_scaling else 1)
     return Config(models, syncs, backends, bucket_mb, a.batch, a.steps, a.warmup, a.dtype,
-                  bool(a.weak_scaling), a.out, bool(a.no_comm), repeats, a.csv)
+                  bool(a.weak_scaling), a.out, bool(a.no_comm), repeats, a.csv, a.transports)
 
 
 def combos(cfg: Config) -> list[Combo]:
-    """Every model x sync x bucket cap (bucketing syncs only) x backend (then 'none'), in that nesting."""
-    backends = cfg.backends + ((NO_COMM,) if cfg.no_comm else ())
+    """Every model x sync x bucket cap (bucketing syncs only) x backend x transport (then 'none'), in that nesting.
+
+    Backend ``mpi`` (MPI's own collectives) runs over transport mpi only.
+    """
+    pairs = [(b, t) for b in cfg.backends for t in cfg.transports if b != "mpi" or t == "mpi"]
+    pairs += [("mpi", "mpi")] if "mpi" in cfg.backends and "mpi" not in cfg.transports else []
+    pairs += [(NO_COMM, NO_COMM)] if cfg.no_comm else []
     out = []
     for model in cfg.models:
         for sync in cfg.syncs:
             for mb in (cfg.bucket_mb if sync in BUCKETED else (0.0,)):
-                out += [Combo(model, sync, backend, float(mb)) for backend in backends]
+                out += [Combo(model, sync, backend, float(mb), transport) for backend, transport in pairs]
     return out
 
 
@@ -204,19 +215,24 @@ def train_steps(ddp, opt, x, y, harness, steps: int, warmup: int) -> np.ndarray:
     return record
 
 
-def communicators(subs: dict) -> dict:
-    """Backend name -> communicator over its own duplicate ``subs[name]``; 'none' skips all-reduces."""
-    return {b: bc.NoComm(npcomm.create("mpi", sub)) if b == NO_COMM else bc.create_comm(b, sub)
-            for b, sub in subs.items()}
+def communicators(subs: dict, world=None) -> dict:
+    """(backend, transport) -> communicator over its own duplicate ``subs[pair]``; 'none' skips all-reduces.
+
+    Over tcp each gets its own message context in ``world`` (a TCP mesh among the same ranks).
+    """
+    return {(b, t): bc.NoComm(npcomm.create("mpi", sub)) if b == NO_COMM else bc.create_comm(b, sub, t, world)
+            for (b, t), sub in subs.items()}
 
 
 def run_combos(cfg: Config, todo: list[Combo], mpi_comm, announce: bool = False) -> np.ndarray:
     """Measure ``todo`` on ``mpi_comm``: this rank's records, (len(todo), steps, len(FIELDS))."""
-    subs = {b: mpi_comm.Dup() for b in dict.fromkeys(c.backend for c in todo)}
+    subs = {pair: mpi_comm.Dup() for pair in dict.fromkeys((c.backend, c.transport) for c in todo)}
     harness = mpi_comm.Dup()
     records = np.zeros((len(todo), cfg.steps, len(FIELDS)))  # (combos, steps, fields)
+    world = None
     try:
-        comms = communicators(subs)
+        world = bc.tcp_world(harness) if any(c.transport == "tcp" for c in todo) else None
+        comms = communicators(subs, world)
         work = None
         for i, c in enumerate(todo):
             if work is None or work.name != c.model:
@@ -224,10 +240,12 @@ def run_combos(cfg: Config, todo: list[Combo], mpi_comm, announce: bool = False)
                 work = Workload(c.model, cfg.batch, cfg.dtype, mpi_comm.Get_rank())
                 if announce:
                     print(f"# {c.model}: {work.params:,} parameters in {work.tensors} tensors", flush=True)
-            ddp, opt = work.wrap(comms[c.backend], c.sync, c.bucket_mb)
+            ddp, opt = work.wrap(comms[c.backend, c.transport], c.sync, c.bucket_mb)
             records[i] = train_steps(ddp, opt, work.x, work.y, harness, cfg.steps, cfg.warmup)
             del ddp, opt
     finally:
+        if world is not None:
+            world.close()
         harness.Free()
         for sub in subs.values():
             sub.Free()
@@ -242,7 +260,7 @@ def _ms(values) -> float:
 def _labels(c: Combo, n: int, batch: int, steps: int) -> dict:
     """The columns that name a combination."""
     return {"model": c.model, "params": bc.param_count(c.model), "sync": c.sync, "backend": c.backend,
-            "transport": NO_COMM if c.backend == NO_COMM else bc.DEFAULT_TRANSPORT, "bucket_mb": c.bucket_mb,
+            "transport": NO_COMM if c.backend == NO_COMM else c.transport, "bucket_mb": c.bucket_mb,
             "world_size": n, "batch": batch, "steps": steps}
 
 
@@ -362,7 +380,7 @@ def run_weak_scaling(cfg: Config, world) -> list[dict]:
 # ----------------------------------------------------------------------------- output
 
 BREAKDOWN_TABLE = (  # (column, header, width, format spec)
-    ("model", "model", 6, ""), ("sync", "sync", 9, ""), ("backend", "backend", 7, ""),
+    ("model", "model", 6, ""), ("sync", "sync", 9, ""), ("backend", "backend", 8, ""),
     ("bucket_mb", "MiB", 4, "g"), ("step_ms", "step_ms", 8, ".1f"),
     ("step_ms_p10", "p10", 7, ".1f"), ("step_ms_p90", "p90", 7, ".1f"),
     ("forward_ms", "fwd", 6, ".1f"), ("backward_ms", "bwd", 6, ".1f"), ("comm_issued_ms", "issued", 6, ".1f"),
@@ -371,7 +389,7 @@ BREAKDOWN_TABLE = (  # (column, header, width, format spec)
     ("samples_per_s", "samples/s", 9, ".0f"), ("ddp_efficiency", "ddp_eff", 7, ".3f"),
 )
 SCALING_TABLE = (
-    ("model", "model", 6, ""), ("sync", "sync", 9, ""), ("backend", "backend", 7, ""),
+    ("model", "model", 6, ""), ("sync", "sync", 9, ""), ("backend", "backend", 8, ""),
     ("bucket_mb", "MiB", 4, "g"), ("world_size", "N", 3, "d"), ("repeat", "rep", 3, "d"),
     ("step_ms", "step_ms", 8, ".1f"), ("step_ms_p10", "p10", 7, ".1f"), ("step_ms_p90", "p90", 7, ".1f"),
     ("samples_per_s", "samples/s", 9, ".0f"), ("efficiency", "efficiency", 10, ".3f"),
@@ -399,7 +417,8 @@ def main(argv=None, mpi_comm=None) -> int:
                 "mean over ranks; issued: comm calls inside backward; exposed: waiting after it; "
                 "ddp_eff: step(none) / step")
         print(f"# {note}")
-        print(bc.format_table(rows, SCALING_TABLE if cfg.weak_scaling else BREAKDOWN_TABLE))
+        shown = [{**r, "backend": f"{r['backend']}/tcp"} if r["transport"] == "tcp" else r for r in rows]
+        print(bc.format_table(shown, SCALING_TABLE if cfg.weak_scaling else BREAKDOWN_TABLE))
         if cfg.out:
             attrs = {"argv": json.dumps(argv), "config": asdict(cfg),
                      "models": json.dumps({m: list(bc.widths(m)) for m in cfg.models}),

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from npddp.comm import BACKENDS
+from npddp.comm import BACKENDS, TRANSPORTS
 from npddp.config import (Config, ConfigError, build_parser, check_config, fixed_on_resume, flag,
                           inherited_on_resume, parse_args, parse_config)
 from npddp.data import DATASET_NAMES, NORMALIZE_MODES
@@ -34,6 +34,7 @@ def test_no_flags_gives_the_dataclass_defaults_and_they_are_valid_on_1_to_8_rank
 # flag, value(s) on the command line, field, parsed value
 FLAGS = [
     ("--backend", ["ring"], "backend", "ring"),
+    ("--transport", ["tcp"], "transport", "tcp"),
     ("--sync", ["bucketed"], "sync", "bucketed"),
     ("--bucket-mb", ["0.5"], "bucket_mb", 0.5),
     ("--compression", ["topk"], "compression", "topk"),
@@ -94,7 +95,8 @@ def test_choices_come_from_the_implementations():
     choices = {a.dest: tuple(a.choices) for a in parser._actions if a.choices}
     assert choices == {"backend": BACKENDS, "sync": SYNCS, "compression": COMPRESSIONS, "model": MODELS,
                        "dtype": ("float32", "float64"), "optimizer": OPTIMIZERS, "normalize": NORMALIZE_MODES,
-                       "progress": PROGRESS_MODES, "model_size": tuple(PRESETS)}
+                       "progress": PROGRESS_MODES, "model_size": tuple(PRESETS),
+                       "transport": ("auto", *TRANSPORTS)}
     assert MODELS == tuple(REGISTRY) and set(MODELS) >= {"mlp", "cnn", "gpt"}
     for option, valid in (("--backend", BACKENDS), ("--sync", SYNCS), ("--compression", COMPRESSIONS),
                           ("--model", MODELS), ("--optimizer", OPTIMIZERS), ("--normalize", NORMALIZE_MODES)):

@@ -99,7 +99,7 @@ def test_each_backend_and_sync_prints_a_header_one_line_per_epoch_and_a_summary(
     proc, _ = runs[backend, sync]
     ok(proc)
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith(f"npddp.train: 2 ranks, backend {backend}, MPI ")
+    assert lines[0].startswith(f"npddp.train: 2 ranks, backend {backend} over mpi, MPI ")
     assert lines[1] == "threads: 1 BLAS thread per rank (auto: OPENBLAS_NUM_THREADS=1)"     # as the tests set it
     assert any(line.startswith("model: mlp 64-16-10; 1,210 parameters (float64") for line in lines)
     assert any(line.startswith(f"sync: {sync}, ") for line in lines)
