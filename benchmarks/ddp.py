@@ -90,6 +90,7 @@ class Config:
     repeats: int = 1
     csv: str = ""
     transports: tuple = (bc.DEFAULT_TRANSPORT,)
+    progress: str = "caller"
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,9 @@ def build_parser(verbose: bool = True):
     p.add_argument("--transports", type=bc.names(npcomm.TRANSPORTS), default=(bc.DEFAULT_TRANSPORT,),
                    help="comma-separated transports of the hand-written backends: mpi, tcp (default: mpi; "
                         "tcp builds a socket mesh among the job's ranks; backend mpi runs over mpi only)")
+    p.add_argument("--progress", choices=npcomm.PROGRESS, default="caller",
+                   help="who drives outstanding all-reduces of the hand-written backends: the caller "
+                        "(default) or a background thread per communicator (create(..., progress='thread'))")
     p.add_argument("--no-comm", action="store_true",
                    help="also run every combination with all-reduces skipped (backend 'none': the ceiling)")
     p.add_argument("--bucket-mb", type=bc.positive_floats, default=None,
@@ -150,7 +154,7 @@ def parse_config(argv, verbose: bool = True) -> Config:
     bucket_mb = a.bucket_mb or bc.positive_floats(fill["bucket_mb"])
     repeats = a.repeats or (3 if a.weak_scaling else 1)
     return Config(models, syncs, backends, bucket_mb, a.batch, a.steps, a.warmup, a.dtype,
-                  bool(a.weak_scaling), a.out, bool(a.no_comm), repeats, a.csv, a.transports)
+                  bool(a.weak_scaling), a.out, bool(a.no_comm), repeats, a.csv, a.transports, a.progress)
 
 
 def combos(cfg: Config) -> list[Combo]:
@@ -215,12 +219,13 @@ def train_steps(ddp, opt, x, y, harness, steps: int, warmup: int) -> np.ndarray:
     return record
 
 
-def communicators(subs: dict, world=None) -> dict:
+def communicators(subs: dict, world=None, progress: str = "caller") -> dict:
     """(backend, transport) -> communicator over its own duplicate ``subs[pair]``; 'none' skips all-reduces.
 
     Over tcp each gets its own message context in ``world`` (a TCP mesh among the same ranks).
     """
-    return {(b, t): bc.NoComm(npcomm.create("mpi", sub)) if b == NO_COMM else bc.create_comm(b, sub, t, world)
+    return {(b, t): bc.NoComm(npcomm.create("mpi", sub)) if b == NO_COMM else
+            bc.create_comm(b, sub, t, world, progress=progress if b != "mpi" else "caller")
             for (b, t), sub in subs.items()}
 
 
@@ -232,7 +237,7 @@ def run_combos(cfg: Config, todo: list[Combo], mpi_comm, announce: bool = False)
     world = None
     try:
         world = bc.tcp_world(harness) if any(c.transport == "tcp" for c in todo) else None
-        comms = communicators(subs, world)
+        comms = communicators(subs, world, cfg.progress)
         work = None
         for i, c in enumerate(todo):
             if work is None or work.name != c.model:
@@ -408,7 +413,8 @@ def main(argv=None, mpi_comm=None) -> int:
     kind = "weak_scaling" if cfg.weak_scaling else "ddp_breakdown"
     if rank == 0:
         print(f"# npddp {kind}: {n} ranks, batch {cfg.batch} per rank, {cfg.dtype}, {cfg.warmup} warm-up + "
-              f"{cfg.steps} timed steps per combination, SGD lr {bc.LR} momentum {bc.MOMENTUM}", flush=True)
+              f"{cfg.steps} timed steps per combination, SGD lr {bc.LR} momentum {bc.MOMENTUM}"
+              + (", hand-written backends progressed by a thread" if cfg.progress == "thread" else ""), flush=True)
     rows = run_weak_scaling(cfg, world) if cfg.weak_scaling else run_breakdown(cfg, world)
     if rank == 0:
         note = ("step_ms: median over steps of the max over ranks; efficiency: samples/s at N / (N x one-rank "

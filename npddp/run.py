@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import secrets
 import signal
 import socket
@@ -184,25 +185,29 @@ class Job:
 
     def watch(self) -> int:
         """Wait for every process; on the first failure stop the rest. The job's exit code."""
-        failed = None
-        while True:
-            codes = [p.poll() for p in self.procs]
-            bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
-            if bad and failed is None:
-                failed = bad[0]
-                rank = self.args.node_rank * self.args.nproc + failed[0]
-                settle = time.monotonic() + _SETTLE_S      # a failure all ranks agreed on ends them all by itself
-                while time.monotonic() < settle and any(p.poll() is None for p in self.procs):
-                    time.sleep(0.01)
-                if any(p.poll() is None for p in self.procs):
-                    sys.stderr.write(f"{PROG}: rank {rank} {_describe(failed[1])}; stopping the other ranks\n")
-                    self.stop()
-                else:
-                    sys.stderr.write(f"{PROG}: rank {rank} {_describe(failed[1])}\n")
-                break
-            if all(c is not None for c in codes):
-                break
-            time.sleep(0.05)
+        exits: queue.Queue = queue.Queue()     # (local index, exit code), in the order the processes ended
+        for i, proc in enumerate(self.procs):
+            threading.Thread(target=lambda i=i, proc=proc: exits.put((i, proc.wait())), daemon=True).start()
+        failed, ended = None, 0
+        while ended < len(self.procs):
+            try:
+                i, code = exits.get(timeout=0.1)   # a timeout keeps Ctrl-C's handler responsive
+            except queue.Empty:
+                continue
+            ended += 1
+            if code == 0:
+                continue
+            failed = (i, code)
+            rank = self.args.node_rank * self.args.nproc + i
+            settle = time.monotonic() + _SETTLE_S      # a failure all ranks agreed on ends them all by itself
+            while time.monotonic() < settle and any(p.poll() is None for p in self.procs):
+                time.sleep(0.01)
+            if any(p.poll() is None for p in self.procs):
+                sys.stderr.write(f"{PROG}: rank {rank} {_describe(code)}; stopping the other ranks\n")
+                self.stop()
+            else:
+                sys.stderr.write(f"{PROG}: rank {rank} {_describe(code)}\n")
+            break
         for pump in self.pumps:
             pump.join(timeout=1.0)
         if failed is None:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite: serial tests; the DDP tests on one rank; the distributed tests under mpirun at
-# 2, 3 and 4 ranks; the communicator tests over TCP (python -m npddp.run, no MPI) at 2, 3 and 4 ranks;
+# 2, 3 and 4 ranks (the benchmark scripts' at 2); the communicator tests over TCP (python -m npddp.run, no MPI) at 2, 3 and 4 ranks;
 # and hier across pretended nodes (NPDDP_RANKS_PER_NODE=2, 4 ranks) on both transports.
 # Exits non-zero if any run fails.  Extra arguments go to every pytest run.
 set -u
@@ -15,8 +15,9 @@ run() {  # run NAME COMMAND...: one run, its name recorded if it fails
 }
 run serial python -m pytest -q -m "not mpi" "$@"
 run mpi-1 python -m pytest -q --with-mpi -m mpi tests/test_ddp.py -k "not overlap_starts and not mismatched" "$@"
-for k in 2 3 4; do
-  run "mpi-$k" ./mpi_run.sh -n "$k" python -m pytest -q --with-mpi -m mpi "$@"
+run mpi-2 ./mpi_run.sh -n 2 python -m pytest -q --with-mpi -m mpi "$@"
+for k in 3 4; do  # the benchmark scripts' own tests run at N = 2 only
+  run "mpi-$k" ./mpi_run.sh -n "$k" python -m pytest -q --with-mpi -m mpi --ignore=tests/benchmarks "$@"
 done
 for k in 2 3 4; do
   run "tcp-$k" python -m npddp.run --nproc "$k" -m pytest -q -p no:pytest_mpi "${TCP_TESTS[@]}" "$@"
