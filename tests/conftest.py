@@ -37,6 +37,24 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "needs_mpi: calls mpi4py itself, so it runs under mpirun only")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _segments_of_aborted_test_jobs():
+    """Remove the /dev/shm segments MPI left for the jobs this session aborted or killed on purpose.
+
+    Only in a session that is not itself a rank of a job, and only segments that appeared
+    during the session and no live process maps.
+    """
+    from npddp.launch import launched_size
+    from npddp.shm import SHM, orphans, remove_unused
+
+    if launched_size() > 1 or not SHM.is_dir():
+        yield
+        return
+    before = set(os.listdir(SHM))
+    yield
+    remove_unused([p for p in orphans(min_age_s=0.0) if p.name not in before])
+
+
 def pytest_collection_modifyitems(config, items):
     """Under npddp.run keep only the distributed tests this world can run."""
     if not TCP_MODE:
