@@ -134,7 +134,7 @@ def abort_on_exception(exit_code: int = EXIT_FAILED) -> None:
 #: How to get an MPI library when mpi4py cannot load one.
 MPI_FIXES = ('install one: pip install "npddp[mpich]" (the MPICH wheel), or a system MPI (e.g. apt '
              'install mpich, then pip install --force-reinstall --no-binary mpi4py mpi4py); or run '
-             'without MPI: python -m npddp.run --nproc N -m npddp.train --transport tcp')
+             'without MPI: python -m npddp.run --nproc N -m npddp.train --backend auto')
 
 
 def open_communicator(backend: str, timeout=None, transport: str = "auto", **kwargs):

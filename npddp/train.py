@@ -349,9 +349,9 @@ def train(argv=None) -> int:
         Printer(hint).error(str(exc))
         return EXIT_USAGE
     if cfg.backend == "mpi" and resolve_transport(cfg.transport) == "tcp":
-        Printer(hint).error(f"--backend mpi runs MPI's own collectives, which a job over TCP "
-                            f"({'--transport auto chose tcp: no MPI launcher started it' if cfg.transport == 'auto' else '--transport tcp'}) "
-                            f"does not have; use a hand-written backend, e.g. --backend ring or --backend auto")
+        why = "--transport auto chose tcp: no MPI launcher started it" if cfg.transport == "auto" else "--transport tcp"
+        Printer(hint).error(f"--backend mpi runs MPI's own collectives, which a job over TCP ({why}) does not "
+                            "have; use a hand-written backend, e.g. --backend ring or --backend auto")
         return EXIT_USAGE
     try:
         comm = open_communicator(cfg.backend, timeout=cfg.timeout, transport=cfg.transport)

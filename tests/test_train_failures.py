@@ -88,7 +88,7 @@ def test_a_missing_mpi_library_is_one_line_naming_the_fixes(tmp_path):
     line = _error_line(proc)
     assert line.startswith("error: cannot load the MPI library (") and "libmpi.so.12" in line
     assert 'pip install "npddp[mpich]"' in line and "a system MPI" in line
-    assert "python -m npddp.run --nproc N -m npddp.train --transport tcp" in line
+    assert "python -m npddp.run --nproc N -m npddp.train --backend auto" in line
     no_mpi4py = "import sys; sys.modules['mpi4py'] = None; from npddp.train import main; sys.exit(main([]))"
     proc = subprocess.run([sys.executable, "-c", no_mpi4py], cwd=tmp_path, env=_env(), capture_output=True,
                           text=True, timeout=60)

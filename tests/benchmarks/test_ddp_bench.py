@@ -71,6 +71,17 @@ def test_combinations_sweep_bucket_caps_only_where_they_matter():
                     assert (c.bucket_mb > 0) == (c.sync in bd.BUCKETED), c
 
 
+def test_transports_pair_every_hand_written_backend_with_each_and_mpi_with_mpi_only():
+    todo = bd.combos(bd.parse_config(["--models", "tiny", "--syncs", "flat", "--backends", "mpi,ring,auto",
+                                      "--transports", "mpi,tcp", "--no-comm"]))
+    assert [(c.backend, c.transport) for c in todo] == [
+        ("mpi", "mpi"), ("ring", "mpi"), ("ring", "tcp"), ("auto", "mpi"), ("auto", "tcp"), ("none", "none")]
+    only_tcp = bd.combos(bd.parse_config(["--models", "tiny", "--syncs", "flat", "--backends", "mpi,ring",
+                                          "--transports", "tcp"]))
+    assert [(c.backend, c.transport) for c in only_tcp] == [("ring", "tcp"), ("mpi", "mpi")]
+    assert bd.parse_config([]).progress == "caller" and bd.parse_config(["--progress", "thread"]).progress == "thread"
+
+
 def test_defaults_differ_between_breakdown_and_weak_scaling():
     cfg = bd.parse_config([])
     assert cfg.models == ("tiny", "small", "medium") and cfg.syncs == SYNCS
@@ -85,7 +96,7 @@ def test_defaults_differ_between_breakdown_and_weak_scaling():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--models", "tiny,huge"], "unknown name 'huge'; valid: tiny, small, medium"),
+    (["--models", "tiny,huge"], "unknown name 'huge'; valid: tiny, base, small, medium"),
     (["--syncs", "flat,flat"], "names something twice"),
     (["--syncs", "async"], "unknown name 'async'"),
     (["--backends", "nccl"], "unknown name 'nccl'"),
@@ -95,6 +106,8 @@ def test_defaults_differ_between_breakdown_and_weak_scaling():
     (["--steps", "two"], "expected an integer, got 'two'"),
     (["--warmup", "-1"], "must be >= 0, got -1"),
     (["--dtype", "float16"], "invalid choice: 'float16'"),
+    (["--transports", "udp"], "unknown name 'udp'; valid: mpi, tcp"),
+    (["--progress", "eager"], "invalid choice: 'eager'"),
     (["--repeats", "2"], "--repeats applies to --weak-scaling only"),
     (["--weak-scaling", "--repeats", "0"], "must be >= 1, got 0"),
 ])
@@ -197,8 +210,8 @@ def check_breakdown(path, argv, n):
     expect(json.loads(attrs["argv"]) == argv and attrs["config.steps"] == cfg.steps, "argv / config")
     expect(list(rows.columns) == list(KINDS["ddp_breakdown"].names), "columns")
     expect(len(rows) == len(todo), "one row per combination")
-    got = list(zip(rows["model"], rows["sync"], rows["backend"], rows["bucket_mb"]))
-    expect(got == [(c.model, c.sync, c.backend, c.bucket_mb) for c in todo], f"combinations {got}")
+    got = list(zip(rows["model"], rows["sync"], rows["backend"], rows["bucket_mb"], rows["transport"]))
+    expect(got == [(c.model, c.sync, c.backend, c.bucket_mb, c.transport) for c in todo], f"combinations {got}")
     tensors = len(mlp(bc.IN_FEATURES, bc.MODELS["tiny"], bc.OUT_FEATURES).parameters())
     for i, c in enumerate(todo):
         moves = n > 1 and c.backend != "none"
@@ -268,11 +281,12 @@ def test_records_reduce_to_the_max_and_the_mean_over_ranks(assert_ranks_agree):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.needs_mpi  # the benchmarks time over mpi4py communicators
-def test_breakdown_sweep_dump_matches_the_combinations(assert_all_ranks, agreed_tmpdir):
+@pytest.mark.parametrize("extra", [[], ["--transports", "mpi,tcp", "--progress", "thread"]])
+def test_breakdown_sweep_dump_matches_the_combinations(assert_all_ranks, agreed_tmpdir, extra):
     comm = MPI.COMM_WORLD
     directory = agreed_tmpdir
     path = directory / "ddp.h5"
-    argv = TINY + BUCKETS + ["--no-comm", "--out", str(path)]
+    argv = TINY + BUCKETS + ["--no-comm", "--out", str(path), *extra]
     rc = bd.main(argv, mpi_comm=comm)
     comm.Barrier()
     problems = check_breakdown(path, argv, comm.Get_size()) if comm.Get_rank() == 0 else []
