@@ -13,8 +13,8 @@ dumps=build/figures
 mkdir -p "$dumps"
 ./mpi_run.sh -n "$ranks" python benchmarks/allreduce.py -b 1K -e 64M -f 4 \
   --out "$dumps/allreduce.h5"
-./mpi_run.sh -n "$ranks" python benchmarks/ddp.py --no-comm --syncs per_param,bucketed,overlap --bucket-mb 25 \
+./mpi_run.sh -n "$ranks" python benchmarks/ddp.py --no-comm --backends mpi,ring,auto --syncs per_param,bucketed,overlap --bucket-mb 25 \
   --steps 10 --warmup 3 --out "$dumps/ddp.h5"
-./mpi_run.sh -n "$ranks" python benchmarks/ddp.py --weak-scaling --no-comm --repeats 5 --steps 10 --warmup 3 \
+./mpi_run.sh -n "$ranks" python benchmarks/ddp.py --weak-scaling --no-comm --backends mpi,ring,auto --repeats 5 --steps 10 --warmup 3 \
   --out "$dumps/scaling.h5"
 python benchmarks/report.py "$dumps/allreduce.h5" "$dumps/ddp.h5" "$dumps/scaling.h5" --outdir docs --dpi 60
