@@ -107,7 +107,7 @@ def test_temporary_files_left_by_a_crashed_writer_are_removed_with_one_line(tmp_
 
 
 def test_under_mpirun_a_log_shows_progress_lines_within_an_epoch(tmp_path):
-    proc = ok(train(tmp_path, *TINY, "--log-every", "0.001"))        # stderr is no terminal: auto -> log
+    proc = ok(train(tmp_path, *TINY, "--log-every", "1e-6"))   # stderr is no terminal: auto -> log; a line a step
     lines = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
     assert len(lines) >= 10 and proc.stderr == ""
     for field in ("/24  epoch ", "%)  loss ", " samples/s  elapsed ", "  ETA "):
