@@ -98,7 +98,7 @@ def create_segment(comm, local: list[int], nbytes: int, call) -> Segment:
         try:
             os.ftruncate(fd, nbytes)
             segment = Segment(fd, nbytes)
-        except OSError:
+        except BaseException:  # whatever stopped the mapping, the file must not outlive it
             os.unlink(path)
             raise
         finally:
