@@ -125,6 +125,10 @@ SYNC = _label("sync", "DDP sync strategy: per_param, flat, bucketed or overlap")
 BUCKET = Column("bucket_mb", FLOAT, "MiB", "DDP bucket cap (0 for per_param and flat, which do not bucket)", low=0.0)
 BATCH = _count("batch", "samples", "samples per rank per step", low=1)
 STEPS = _count("steps", "steps", "timed steps behind this row", low=1)
+#: The step time columns of both DDP kinds.
+STEP_MS = _time("step_ms", "ms", "median over steps of the step time, each step timed as the max over ranks")
+STEP_P10 = _time("step_ms_p10", "ms", "10th percentile of the step times")
+STEP_P90 = _time("step_ms_p90", "ms", "90th percentile of the step times")
 SAMPLES = _time("samples_per_s", "samples/s", "global throughput: world_size x batch / step time")
 DDP_EFFICIENCY = Column("ddp_efficiency", FLOAT, "1", "step_ms of the no-comm row with the same model, sync and "
                         "bucket cap (and world size and repeat) / step_ms: 1 = communication costs nothing; NaN "
@@ -173,10 +177,10 @@ DDP_BREAKDOWN = Kind(
     "ddp_breakdown", "benchmarks/ddp.py: one row per model, sync, bucket cap and backend",
     columns=(
         MODEL, PARAMS, SYNC, BACKEND, TRANSPORT, BUCKET, WORLD_SIZE, BATCH, STEPS,
-        _time("step_ms", "ms", "median over steps of the step time, each step timed as the max over ranks"),
+        STEP_MS,
         _time("step_ms_min", "ms", "fastest step"),
-        _time("step_ms_p10", "ms", "10th percentile of the step times"),
-        _time("step_ms_p90", "ms", "90th percentile of the step times"),
+        STEP_P10,
+        STEP_P90,
         _time("step_ms_max", "ms", "slowest step"),
         _part("forward_ms", "zero_grad + forward + loss (median over steps of the mean over ranks, as every "
                             "part below)"),
@@ -202,9 +206,9 @@ WEAK_SCALING = Kind(
     columns=(
         MODEL, PARAMS, SYNC, BACKEND, TRANSPORT, BUCKET, WORLD_SIZE, BATCH, STEPS,
         _count("repeat", "index", "which repetition of the whole sweep (0, 1, ...)"),
-        _time("step_ms", "ms", "median over steps of the step time, each step timed as the max over ranks"),
-        _time("step_ms_p10", "ms", "10th percentile of the step times"),
-        _time("step_ms_p90", "ms", "90th percentile of the step times"),
+        STEP_MS,
+        STEP_P10,
+        STEP_P90,
         SAMPLES,
         Column("efficiency", FLOAT, "1", "samples_per_s / (world_size x the one-rank samples/s), the one-rank "
                                          "figure being the median over every backend's one-rank run of the same "
