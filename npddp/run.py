@@ -12,7 +12,7 @@ Each process gets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``
 the environment or ``--threads`` says otherwise. When any process fails or is killed, the
 others get half a second to exit on their own (a failure every rank agreed on, such as bad
 flags) and are then stopped (SIGTERM, then SIGKILL after ``--grace`` seconds) and the launcher exits
-with the first failure's code (128 + signal for a signal); Ctrl-C is forwarded to every process.
+with the failing rank's code (128 + signal; a specific status beats the 1 its peers exit with); Ctrl-C is forwarded to every process.
 Processes die with the launcher (``PR_SET_PDEATHSIG``), so none outlives it. Shared-memory
 segments the job left behind are removed when it ends abnormally.
 """
@@ -184,37 +184,43 @@ class Job:
             proc.wait()
 
     def watch(self) -> int:
-        """Wait for every process; on the first failure stop the rest. The job's exit code."""
+        """Wait for every process; after a failure let the rest exit or stop them. The job's exit code."""
         exits: queue.Queue = queue.Queue()     # (local index, exit code), in the order the processes ended
         for i, proc in enumerate(self.procs):
             threading.Thread(target=lambda i=i, proc=proc: exits.put((i, proc.wait())), daemon=True).start()
-        failed, ended = None, 0
-        while ended < len(self.procs):
+        failures, ended, settle = [], 0, None
+        while ended < len(self.procs) and (settle is None or time.monotonic() < settle):
             try:
-                i, code = exits.get(timeout=0.1)   # a timeout keeps Ctrl-C's handler responsive
+                i, code = exits.get(timeout=0.01 if settle else 0.1)   # a timeout keeps Ctrl-C responsive
             except queue.Empty:
                 continue
             ended += 1
-            if code == 0:
-                continue
-            failed = (i, code)
+            if code:
+                failures.append((i, code))
+                settle = settle or time.monotonic() + _SETTLE_S  # a failure all ranks agreed on ends them all
+        if failures:
+            i, code = _cause(failures)
             rank = self.args.node_rank * self.args.nproc + i
-            settle = time.monotonic() + _SETTLE_S      # a failure all ranks agreed on ends them all by itself
-            while time.monotonic() < settle and any(p.poll() is None for p in self.procs):
-                time.sleep(0.01)
             if any(p.poll() is None for p in self.procs):
                 sys.stderr.write(f"{PROG}: rank {rank} {_describe(code)}; stopping the other ranks\n")
                 self.stop()
             else:
                 sys.stderr.write(f"{PROG}: rank {rank} {_describe(code)}\n")
-            break
         for pump in self.pumps:
             pump.join(timeout=1.0)
-        if failed is None:
+        if not failures:
             return 0
         remove_job_segments(self.job)
-        code = failed[1]
         return 128 - code if code < 0 else code
+
+
+def _cause(failures: list) -> tuple[int, int]:
+    """The failure to report among ``(index, code)`` in exit order: the first signal or code other than 1.
+
+    Peers of a rank that failed exit with 1 (an exception: the connection broke) and may do so
+    before it has finished exiting; a specific status is the cause. Failing that, the first.
+    """
+    return next((f for f in failures if f[1] != 1), failures[0])
 
 
 #: Seconds the other ranks get to exit on their own after the first failure, before SIGTERM.
