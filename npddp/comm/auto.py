@@ -122,10 +122,11 @@ def check_table(data, transport: str, size: int, node: bool = False) -> dict:
 class AutoCommunicator(P2PCommunicator):
     """Hand-written collectives whose all-reduce algorithm is chosen per call from a size table."""
 
-    def __init__(self, transport, timeout: float = c.DEFAULT_TIMEOUT, tuning=None):
+    def __init__(self, transport, timeout: float = c.DEFAULT_TIMEOUT, tuning=None, shared_memory: bool = True):
         super().__init__(transport, None, "auto", timeout)
         self.algorithms = {name: algorithm(name)(self) for name in ALGORITHMS}
-        self.node = node_group(self, self._begin("setup")) if os.environ.get("NPDDP_AUTO_SHM", "1") != "0" else None
+        shared_memory = shared_memory and os.environ.get("NPDDP_AUTO_SHM", "1") != "0"
+        self.node = node_group(self, self._begin("setup")) if shared_memory else None
         if self.node is not None:  # one node: shared memory joins the candidates, and empty() is offered
             self.algorithms["shm"] = algorithm("shm")(self)
             self.empty = lambda shape, dtype=np.float32: self.node.empty(self._begin("empty"), shape, dtype)

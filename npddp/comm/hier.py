@@ -5,7 +5,7 @@
 2. Between nodes, local rank i of every node all-reduces its block with the others of the same
    local index, over the transport, with the algorithm ``inter`` names (``auto`` by default:
    recursive doubling for small blocks, the ring or Rabenseifner's for large ones).
-3. On each node, a shared-memory all-gather of the blocks.
+3. On each node, local rank i writes the block into every peer's result (shared memory).
 
 Only ``1/L`` of the vector crosses the network per rank (``L`` ranks per node), and on the node
 nothing is copied through a network stack. Every node needs the same number of ranks.
@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from . import _common as c
 from .p2p import P2PCommunicator
-from .shm import NodeGroup, ShmCommunicator, ShmWork
+from .nodegroup import NodeGroup
+from .shm import ShmCommunicator, ShmWork
 from .shmem import node_ids
 
 
@@ -36,7 +37,7 @@ class HierCommunicator(ShmCommunicator):
         self.nodes = len(set(nodes))
         index = [sum(1 for q in range(r) if nodes[q] == nodes[r]) for r in range(self._size)]  # local index
         from .registry import build
-        self.inter = build(inter, transport.split(index), timeout) if self.nodes > 1 else None
+        self.inter = build(inter, transport.split(index), timeout, shared_memory=False) if self.nodes > 1 else None
         self._setup_done()
 
     def _allreduce_work(self, call, src, dst, ufunc, result):
@@ -47,7 +48,7 @@ class HierCommunicator(ShmCommunicator):
         return ShmWork(call, self.node, src, dst, ufunc, result, inter)
 
     def _blocking_path(self, src):
-        """Only a single node may take the one-barrier path (across nodes every block crosses the network)."""
+        """Only a single node may take the blocking shared-memory paths (across nodes every block also crosses the network)."""
         return super()._blocking_path(src) if self.inter is None else None
 
     def barrier(self) -> None:

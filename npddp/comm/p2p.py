@@ -148,7 +148,8 @@ class P2PCommunicator(c.Backend):
             if dst is not buf:
                 np.copyto(dst, buf)
             return DoneWork(dst)
-        return call, buf.reshape(-1), dst.reshape(-1), ufunc, dst
+        flat = buf.reshape(-1)
+        return call, flat, flat if dst is buf else dst.reshape(-1), ufunc, dst
 
     def _blocking_path(self, src):
         """The algorithm's ``run(call, src, dst, ufunc)`` for a blocking call, if it has one."""

@@ -44,14 +44,18 @@ def node_group(comm, call):
     from .shmem import node_ids
     if comm.size < 2 or len(set(node_ids(comm))) > 1:
         return None
-    return _load("shm", "NodeGroup")(comm, list(range(comm.size)), call)
+    return _load("nodegroup", "NodeGroup")(comm, list(range(comm.size)), call)
 
 
-def build(name: str, transport, timeout: float, tuning=None):
-    """The hand-written backend ``name`` (an algorithm, or ``auto``) over ``transport``."""
+def build(name: str, transport, timeout: float, tuning=None, shared_memory: bool = True):
+    """The hand-written backend ``name`` (an algorithm, or ``auto``) over ``transport``.
+
+    ``shared_memory=False``: ``auto`` never uses shared memory (hier's group across nodes, whose
+    ranks lie on different nodes even where ``NPDDP_RANKS_PER_NODE`` pretends so on one machine).
+    """
     if name == "auto":
         from .auto import AutoCommunicator
-        return AutoCommunicator(transport, timeout, tuning)
+        return AutoCommunicator(transport, timeout, tuning, shared_memory)
     if name in ("shm", "hier"):
         module, cls = {"shm": ("shm", "ShmCommunicator"), "hier": ("hier", "HierCommunicator")}[name]
         return _load(module, cls)(transport, timeout)

@@ -204,3 +204,24 @@ def test_iallreduce_one_rank_completes_at_once(backend, values):
         before = x.copy()
         work = comm.iallreduce(x, "sum")
         assert work.test() and work.wait() is x and np.array_equal(x, before)
+
+
+def test_iallreduce_started_while_only_some_ranks_wait_on_an_earlier_one(backend, group, values, assert_all_ranks):
+    """Rank 0 waits on the first handle before starting the second; the others start both first.
+
+    Both calls are large and their buffers private; the second is larger, so shared-memory
+    backends grow their staging area again (an exchange among the node's ranks) while rank 0
+    still waits on the first, which needs the others' part: no one may hang.
+    """
+    comm = create(backend, group, timeout=30)
+    n1, n2 = 100_003, 300_007
+    first, second = values.rank(n1, comm.rank, "float64", "sum"), values.rank(n2, comm.rank, "float32", "max")
+    one = comm.iallreduce(first, "sum")
+    if comm.rank == 0:
+        one.wait()
+    two = comm.iallreduce(second, "max")
+    one.wait()
+    two.wait()
+    ok = (np.array_equal(first, values.expected(n1, comm.size, "float64", "sum"))
+          and np.array_equal(second, values.expected(n2, comm.size, "float32", "max")))
+    assert_all_ranks(ok, "wrong results", group)
