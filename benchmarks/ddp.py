@@ -14,14 +14,16 @@ trained with SGD (lr 0.01, momentum 0.9) and cross-entropy on one random batch p
 auto rule (the CPUs a rank may use / the ranks on its node; 1 for 2 ranks on 2 cores).
 
 Breakdown (default): every model x sync x backend, and for ``bucketed`` and ``overlap`` every
-``--bucket-mb`` (``per_param`` and ``flat`` run once, ``bucket_mb`` 0); backends interleaved
-for each model, sync and cap. ``--no-comm`` adds backend ``none`` to each: the same DDP step
-(buckets, hooks, averaging) with every all-reduce skipped, the no-comm ceiling; every row's
-``ddp_efficiency`` is then step(none) / step(its backend). Each combination starts from the
-same weights: ``--warmup`` untimed steps, then ``--steps`` timed ones, each a barrier (not
-timed), ``zero_grad``, forward, loss, ``ddp.backward``, ``ddp.step``. After the sweep one
-all-reduce gives per step the max over ranks of the step time (a step is as slow as its
-slowest rank) and the mean over ranks of each part; rows report medians over the timed steps.
+``--bucket-mb`` (``per_param`` and ``flat`` run once, ``bucket_mb`` 0). ``--no-comm`` adds
+backend ``none`` to each: the same DDP step (buckets, hooks, averaging) with every all-reduce
+skipped, the no-comm ceiling; every row's ``ddp_efficiency`` is then step(none) / step(its
+backend). Each combination trains its own copy of the model from the same weights: ``--warmup``
+untimed steps, then ``--steps`` timed ones, each a barrier (not timed), ``zero_grad``, forward,
+loss, ``ddp.backward``, ``ddp.step``. The backends of one model, sync and cap take turns: the
+timed steps come in ``--rounds`` rounds (default 5), each running a share of every backend's
+steps in turn, so a change in the machine's speed during the sweep hits them alike. After the
+sweep one all-reduce gives per step the max over ranks of the step time (a step is as slow as
+its slowest rank) and the mean over ranks of each part; rows report medians over the timed steps.
 
 Weak scaling (``--weak-scaling``; defaults ``--models small --syncs overlap --bucket-mb 25``):
 the same local batch on n = 1, 2, 4, ... ranks and the whole world (the first n ranks form a
@@ -64,6 +66,7 @@ BUCKETED = ("bucketed", "overlap")
 # one record per timed step and rank
 FIELDS = ("total_s", "forward_s", "backward_s", "comm_issue_s", "comm_exposed_s", "optimizer_s",
           "comm_calls", "comm_bytes")
+DEFAULT_ROUNDS = 5
 DEFAULTS = {  # (breakdown, weak scaling)
     "models": ("tiny,small,medium", "small"),
     "syncs": (",".join(SYNCS), "overlap"),
@@ -91,6 +94,7 @@ class Config:
     csv: str = ""
     transports: tuple = (bc.DEFAULT_TRANSPORT,)
     progress: str = "caller"
+    rounds: int = 1
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,10 @@ def build_parser(verbose: bool = True):
     p.add_argument("--batch", type=bc.int_at_least(1), default=64, help="samples per rank per step (default 64)")
     p.add_argument("--steps", type=bc.int_at_least(1), default=5, help="timed steps per combination (default 5)")
     p.add_argument("--warmup", type=bc.int_at_least(0), default=2, help="untimed steps first (default 2)")
+    p.add_argument("--rounds", type=bc.int_at_least(1), default=None,
+                   help="take each combination's timed steps in this many rounds, the backends of one model, "
+                        "sync and cap taking turns, so drift in the machine's speed hits them alike "
+                        f"(default: {DEFAULT_ROUNDS}, or --steps if fewer)")
     p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument("--weak-scaling", action="store_true",
                    help="measure throughput on 1, 2, 4, ... ranks and the whole world instead")
@@ -153,8 +161,11 @@ def parse_config(argv, verbose: bool = True) -> Config:
     backends = a.backends or bc.names(npcomm.BACKENDS)(fill["backends"])
     bucket_mb = a.bucket_mb or bc.positive_floats(fill["bucket_mb"])
     repeats = a.repeats or (3 if a.weak_scaling else 1)
+    if a.rounds is not None and a.rounds > a.steps:
+        parser.error(f"--rounds {a.rounds} exceeds --steps {a.steps}; valid: 1 to {a.steps}")
+    rounds = a.rounds or min(DEFAULT_ROUNDS, a.steps)
     return Config(models, syncs, backends, bucket_mb, a.batch, a.steps, a.warmup, a.dtype,
-                  bool(a.weak_scaling), a.out, bool(a.no_comm), repeats, a.csv, a.transports, a.progress)
+                  bool(a.weak_scaling), a.out, bool(a.no_comm), repeats, a.csv, a.transports, a.progress, rounds)
 
 
 def combos(cfg: Config) -> list[Combo]:
@@ -176,26 +187,32 @@ def combos(cfg: Config) -> list[Combo]:
 # ----------------------------------------------------------------------------- measuring
 
 class Workload:
-    """One model size: the model (built once), its initial weights and this rank's batch."""
+    """One model size: its builder and this rank's batch."""
 
     def __init__(self, name: str, batch: int, dtype: str, rank: int):
-        self.name = name
-        self.model = mlp(bc.IN_FEATURES, bc.MODELS[name], bc.OUT_FEATURES, dtype=np.dtype(dtype).type, seed=0)
-        self.initial = [p.data.copy() for p in self.model.parameters()]
-        self.params = self.model.num_parameters()
-        self.tensors = len(self.initial)
+        self.name, self.dtype = name, np.dtype(dtype).type
+        probe = self.build()
+        self.params = probe.num_parameters()
+        self.tensors = len(probe.parameters())
         rng = np.random.default_rng(1000 + rank)
         self.x = rng.standard_normal((batch, bc.IN_FEATURES)).astype(dtype)  # (B, 784)
         self.y = rng.integers(0, bc.OUT_FEATURES, size=batch)                 # (B,)
 
+    def build(self):
+        """The model with its initial weights (the same on every call and every rank)."""
+        return mlp(bc.IN_FEATURES, bc.MODELS[self.name], bc.OUT_FEATURES, dtype=self.dtype, seed=0)
+
     def wrap(self, comm, sync: str, bucket_mb: float):
-        """A fresh DDP and SGD over the model reset to its initial weights."""
-        self.model.clear_grad_hooks()
-        for p, w in zip(self.model.parameters(), self.initial):
-            np.copyto(p.data, w)
-        ddp = DistributedDataParallel(self.model, comm, sync=sync, bucket_cap_mb=bucket_mb or 25.0)
+        """A fresh model in a fresh DDP, and SGD over it."""
+        ddp = DistributedDataParallel(self.build(), comm, sync=sync, bucket_cap_mb=bucket_mb or 25.0)
         ddp.zero_grad()
         return ddp, SGD(ddp.parameters(), lr=bc.LR, momentum=bc.MOMENTUM)
+
+
+def round_steps(steps: int, rounds: int) -> list[tuple[int, int]]:
+    """``(first step, count)`` of each round: ``steps`` split as evenly as ``rounds`` allows."""
+    counts = [steps // rounds + (r < steps % rounds) for r in range(rounds)]
+    return [(sum(counts[:r]), counts[r]) for r in range(rounds)]
 
 
 def train_steps(ddp, opt, x, y, harness, steps: int, warmup: int) -> np.ndarray:
@@ -239,15 +256,21 @@ def run_combos(cfg: Config, todo: list[Combo], mpi_comm, announce: bool = False)
         world = bc.tcp_world(harness) if any(c.transport == "tcp" for c in todo) else None
         comms = communicators(subs, world, cfg.progress)
         work = None
-        for i, c in enumerate(todo):
-            if work is None or work.name != c.model:
+        groups = dict.fromkeys((c.model, c.sync, c.bucket_mb) for c in todo)  # backends take turns within each
+        for model, sync, mb in groups:
+            if work is None or work.name != model:
                 work = None  # free the previous model before building the next
-                work = Workload(c.model, cfg.batch, cfg.dtype, mpi_comm.Get_rank())
+                work = Workload(model, cfg.batch, cfg.dtype, mpi_comm.Get_rank())
                 if announce:
-                    print(f"# {c.model}: {work.params:,} parameters in {work.tensors} tensors", flush=True)
-            ddp, opt = work.wrap(comms[c.backend, c.transport], c.sync, c.bucket_mb)
-            records[i] = train_steps(ddp, opt, work.x, work.y, harness, cfg.steps, cfg.warmup)
-            del ddp, opt
+                    print(f"# {model}: {work.params:,} parameters in {work.tensors} tensors", flush=True)
+            turns = [i for i, c in enumerate(todo) if (c.model, c.sync, c.bucket_mb) == (model, sync, mb)]
+            runs = {i: work.wrap(comms[todo[i].backend, todo[i].transport], sync, mb) for i in turns}
+            for r, (first, count) in enumerate(round_steps(cfg.steps, cfg.rounds)):
+                for i in turns:
+                    ddp, opt = runs[i]
+                    records[i, first:first + count] = train_steps(ddp, opt, work.x, work.y, harness, count,
+                                                                  cfg.warmup if r == 0 else 0)
+            del runs
     finally:
         if world is not None:
             world.close()

@@ -48,7 +48,7 @@ class HierCommunicator(ShmCommunicator):
         return ShmWork(call, self.node, src, dst, ufunc, result, inter)
 
     def _blocking_path(self, src):
-        """Only a single node may take the blocking shared-memory paths (across nodes every block also crosses the network)."""
+        """One node only takes the blocking shared-memory paths (across nodes every block also crosses the network)."""
         return super()._blocking_path(src) if self.inter is None else None
 
     def barrier(self) -> None:

@@ -110,6 +110,8 @@ def test_defaults_differ_between_breakdown_and_weak_scaling():
     (["--progress", "eager"], "invalid choice: 'eager'"),
     (["--repeats", "2"], "--repeats applies to --weak-scaling only"),
     (["--weak-scaling", "--repeats", "0"], "must be >= 1, got 0"),
+    (["--rounds", "0"], "must be >= 1, got 0"),
+    (["--steps", "3", "--rounds", "4"], "--rounds 4 exceeds --steps 3; valid: 1 to 3"),
 ])
 def test_bad_arguments_exit_2_with_a_clear_message(capsys, argv, message):
     with pytest.raises(SystemExit) as e:
@@ -120,6 +122,42 @@ def test_bad_arguments_exit_2_with_a_clear_message(capsys, argv, message):
         bd.parse_config(argv, verbose=False)  # ranks other than 0: same exit, nothing printed
     assert e.value.code == 2
     assert capsys.readouterr() == ("", "")
+
+
+def test_rounds_default_to_five_or_the_step_count():
+    assert bd.parse_config([]).rounds == 5 and bd.parse_config(["--steps", "40"]).rounds == 5
+    assert bd.parse_config(["--steps", "3"]).rounds == 3 and bd.parse_config(["--rounds", "2"]).rounds == 2
+
+
+def test_rounds_split_the_steps_evenly_and_in_order():
+    for steps in range(1, 25):
+        for rounds in range(1, steps + 1):
+            split = bd.round_steps(steps, rounds)
+            counts = [count for _, count in split]
+            assert len(split) == rounds and sum(counts) == steps and max(counts) - min(counts) <= 1
+            assert [first for first, _ in split] == [sum(counts[:r]) for r in range(rounds)]
+
+
+def test_backends_of_one_group_take_turns_round_by_round(monkeypatch):
+    """Every round runs each backend of a (model, sync, cap) in turn; warm-up steps only in the first."""
+    calls = []
+
+    def fake_steps(ddp, opt, x, y, harness, steps, warmup):
+        calls.append((ddp.comm.name, steps, warmup))
+        return np.full((steps, len(bd.FIELDS)), float(len(calls)))
+
+    monkeypatch.setattr(bd, "train_steps", fake_steps)
+    cfg = bd.parse_config(["--models", "tiny", "--syncs", "flat,overlap", "--bucket-mb", "25", "--backends",
+                           "mpi,ring", "--no-comm", "--steps", "7", "--rounds", "3", "--warmup", "2"])
+    todo = bd.combos(cfg)
+    records = bd.run_combos(cfg, todo, MPI.COMM_SELF)
+    per_group = [(name, count, 2 if r == 0 else 0) for r, count in enumerate((3, 2, 2))
+                 for name in ("mpi", "ring", "none")]
+    assert calls == per_group * 2  # flat's three backends in turns, then overlap's
+    for i, c in enumerate(todo):  # each combination's steps, filled round by round in order
+        group = i // 3
+        expected = [9 * group + 3 * r + i % 3 + 1 for r, count in enumerate((3, 2, 2)) for _ in range(count)]
+        assert records[i, :, 0].tolist() == expected, c
 
 
 def test_scaling_sizes_are_powers_of_two_then_the_world():
