@@ -61,28 +61,28 @@ def test_every_placement_size_dtype_and_op_is_exact(shared_comm, world, values, 
     problems, results = [], []
     longest = max(_sizes(comm))
     arenas = {dtype: (comm.empty((longest,), dtype), comm.empty((longest,), dtype)) for dtype in DTYPES}
-    for n in _sizes(comm):
-        for dtype in DTYPES:
-            in_shared, out_shared = (a[:n] for a in arenas[dtype])  # the start of a shared array is shared too
-            for op in OPS:
-                mine, expected = values.rank(n, comm.rank, dtype, op), values.expected(n, comm.size, dtype, op)
-                for src_kind, dst_kind in PLACEMENTS:
-                    src = in_shared if src_kind == "shared" else np.empty_like(mine)
-                    src[...] = mine
-                    case = f"n={n} {dtype} {op} {src_kind}->{dst_kind or 'in place'}"
-                    if dst_kind is None:
-                        got = comm.allreduce(src, op)
-                    else:
-                        dst = out_shared if dst_kind == "shared" else np.empty_like(mine)
-                        dst.fill(-7)
-                        got = comm.allreduce(src, op, out=dst)
-                        if got is not dst:
-                            problems.append(f"{case}: did not return out")
-                        if not np.array_equal(src, mine):
-                            problems.append(f"{case}: input changed")
-                    if not np.array_equal(got, expected):
-                        problems.append(f"{case}: got {got[:4]}, expected {expected[:4]}")
-                    results.append(got.copy())
+    ops = list(OPS)
+    for i, (n, dtype) in enumerate((n, dtype) for n in _sizes(comm) for dtype in DTYPES):
+        in_shared, out_shared = (a[:n] for a in arenas[dtype])  # the start of a shared array is shared too
+        for j, (src_kind, dst_kind) in enumerate(PLACEMENTS):
+            op = ops[(i + j) % len(ops)]  # each op meets every placement, every size and every dtype
+            mine, expected = values.rank(n, comm.rank, dtype, op), values.expected(n, comm.size, dtype, op)
+            src = in_shared if src_kind == "shared" else np.empty_like(mine)
+            src[...] = mine
+            case = f"n={n} {dtype} {op} {src_kind}->{dst_kind or 'in place'}"
+            if dst_kind is None:
+                got = comm.allreduce(src, op)
+            else:
+                dst = out_shared if dst_kind == "shared" else np.empty_like(mine)
+                dst.fill(-7)
+                got = comm.allreduce(src, op, out=dst)
+                if got is not dst:
+                    problems.append(f"{case}: did not return out")
+                if not np.array_equal(src, mine):
+                    problems.append(f"{case}: input changed")
+            if not np.array_equal(got, expected):
+                problems.append(f"{case}: got {got[:4]}, expected {expected[:4]}")
+            results.append(got.copy())
     assert_ranks_agree_on_all(results, world)
     assert_all_ranks(not problems, "; ".join(problems[:4]), world)
 
