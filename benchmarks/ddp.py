@@ -191,9 +191,8 @@ class Workload:
 
     def __init__(self, name: str, batch: int, dtype: str, rank: int):
         self.name, self.dtype = name, np.dtype(dtype).type
-        probe = self.build()
-        self.params = probe.num_parameters()
-        self.tensors = len(probe.parameters())
+        self.params = bc.param_count(name)
+        self.tensors = 2 * (len(bc.widths(name)) - 1)  # a weight and a bias per layer
         rng = np.random.default_rng(1000 + rank)
         self.x = rng.standard_normal((batch, bc.IN_FEATURES)).astype(dtype)  # (B, 784)
         self.y = rng.integers(0, bc.OUT_FEATURES, size=batch)                 # (B,)

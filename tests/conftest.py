@@ -172,6 +172,20 @@ def check_ranks_agree_on_all(arrays, group=None) -> None:
     check_ranks_agree(blob, group)
 
 
+
+class IallreduceSpy:
+    """Communicator wrapper that appends ``("iallreduce", buf)`` to ``events`` as each non-blocking all-reduce starts."""
+
+    def __init__(self, inner, events: list):
+        self.inner, self.events = inner, events
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def iallreduce(self, buf, op="sum"):
+        self.events.append(("iallreduce", buf))
+        return self.inner.iallreduce(buf, op)
+
 @pytest.fixture
 def comm_world():
     """mpi4py's ``MPI.COMM_WORLD`` (tests using it are marked needs_mpi)."""

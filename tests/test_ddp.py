@@ -13,6 +13,8 @@ from npddp.ddp import SYNCS, DistributedDataParallel
 from npddp.nn import CrossEntropyLoss, mlp
 from npddp.optim import SGD, AdamW
 
+from .conftest import IallreduceSpy
+
 BACKENDS = ("mpi", "ring", "shm")  # shm: gradient buckets in shared memory (comm.empty)
 GLOBAL_BATCH = 24  # divisible by 1, 2, 3 and 4 ranks
 IN, HIDDEN, OUT = 6, (7, 5), 3
@@ -159,27 +161,14 @@ def test_grads_are_views_into_buckets_and_statistics():
 @pytest.mark.mpi(min_size=2)
 def test_overlap_starts_reducing_during_backward():
     events = []
-
-    class Spy:
-        """Communicator wrapper that records when non-blocking all-reduces start."""
-
-        def __init__(self, inner):
-            self.inner = inner
-
-        def __getattr__(self, name):
-            return getattr(self.inner, name)
-
-        def iallreduce(self, buf, op="sum"):
-            events.append("iallreduce")
-            return self.inner.iallreduce(buf, op)
-
-    comm = Spy(create("ring", MPI.COMM_WORLD))
+    comm = IallreduceSpy(create("ring", MPI.COMM_WORLD), events)
     model = make_model(hidden=(16, 16, 16))
     ddp = DistributedDataParallel(model, comm, sync="overlap", bucket_cap_mb=2e-4)
     assert len(ddp.buckets) >= 3
-    model.register_grad_hook(lambda layer: events.append("layer"))
+    model.register_grad_hook(lambda layer: events.append(("layer", layer)))
     X = np.ones((4, IN))
     ddp.backward(np.ones_like(ddp(X)))
+    events = [kind for kind, _ in events]
     assert events.count("iallreduce") == len(ddp.buckets)
     first_reduce, last_layer = events.index("iallreduce"), len(events) - 1 - events[::-1].index("layer")
     assert first_reduce < last_layer, events

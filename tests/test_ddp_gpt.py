@@ -14,6 +14,8 @@ from npddp.ddp import SYNCS, DistributedDataParallel
 from npddp.nn import CrossEntropyLoss, gpt
 from npddp.optim import AdamW
 
+from .conftest import IallreduceSpy
+
 GLOBAL_BATCH, VOCAB, CONTEXT = 12, 11, 6     # 12 sequences: 1, 2, 3, 4 or 6 ranks
 STEPS = 3
 BUCKET_MB = 2e-3                              # a few parameters per bucket
@@ -88,21 +90,7 @@ def test_tied_gpt_matches_one_process_for_every_sync(backend, assert_all_ranks, 
 @pytest.mark.mpi(min_size=2)
 def test_overlap_reduces_the_tied_weight_only_after_the_embedding_backward(assert_all_ranks):
     events = []
-
-    class Spy:
-        """Communicator wrapper that records which buffer each non-blocking all-reduce starts on."""
-
-        def __init__(self, inner):
-            self.inner = inner
-
-        def __getattr__(self, name):
-            return getattr(self.inner, name)
-
-        def iallreduce(self, buf, op="sum"):
-            events.append(("iallreduce", buf))
-            return self.inner.iallreduce(buf, op)
-
-    comm = Spy(create("mpi", MPI.COMM_WORLD))
+    comm = IallreduceSpy(create("mpi", MPI.COMM_WORLD), events)
     model = make_model()
     model.register_grad_hook(lambda layer: events.append(("layer", layer)))   # runs before DDP's hook
     ddp = DistributedDataParallel(model, comm, sync="overlap", bucket_cap_mb=BUCKET_MB)

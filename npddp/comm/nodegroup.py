@@ -205,8 +205,8 @@ class NodeGroup:
             self.ensure_staging(call, src.nbytes)
         return at_src, at_dst
 
-    def publish(self, src, at_src, at_dst, staging: int, bounds: list[int]) -> bool:
-        """Stage ``src`` if it is not shared, publish where input and result lie; True if the result is the output."""
+    def publish(self, src, at_src, at_dst, staging: int, bounds: list[int]) -> None:
+        """Stage ``src`` if it is not shared; publish where input and result lie (the output itself, if shared)."""
         inp = at_src
         if inp[0] < 0:  # stage what the peers read: every block but this rank's own, which it reads from src
             inp = (staging, self.big_slot(staging, self.li))
@@ -217,7 +217,6 @@ class NodeGroup:
         if res[0] < 0:
             res = inp if inp[0] == staging else (staging, self.big_slot(staging, self.li))
         self.sync.publish(*inp, *res)
-        return at_dst[0] >= 0
 
     def reduce_block(self, src, ufunc, bounds: list[int], push: bool) -> np.ndarray:
         """Reduce this rank's block from every input into its result, pushing each piece if ``push``; the block."""
@@ -257,13 +256,13 @@ class NodeGroup:
         """The two-barrier path, run to completion (a blocking call's path for large vectors)."""
         at_src, at_dst = self.places(call, src, dst)
         seq, bounds = self.reserve(2), self.bounds(src.size)
-        res_is_dst = self.publish(src, at_src, at_dst, self.staging_index, bounds)
+        self.publish(src, at_src, at_dst, self.staging_index, bounds)
         self.sync.arrive(seq)
         self.wait(call, seq)
         self.reduce_block(src, ufunc, bounds, push=True)
         self.sync.arrive(seq + 1)
         self.wait(call, seq + 1)
-        if not res_is_dst:
+        if at_dst[0] < 0:  # the result was staged
             self.finish(dst)
 
     def allreduce(self, call, src, dst, ufunc) -> None:

@@ -24,7 +24,7 @@ class ShmWork(P2PWork):
     """One shared-memory all-reduce in progress; ``inter`` (hier) all-reduces each node's block across nodes."""
 
     __slots__ = ("_node", "_src", "_dst", "_ufunc", "_inter", "_inner", "_seq", "_state", "_small", "_parity",
-                 "_bounds", "_res_is_dst", "_staging", "_at_src", "_at_dst", "_block")
+                 "_bounds", "_staging", "_at_src", "_at_dst", "_block")
 
     def __init__(self, call, node: NodeGroup, src, dst, ufunc, result, inter=None):
         self._small = inter is None and src.nbytes <= node.small_bytes
@@ -48,7 +48,7 @@ class ShmWork(P2PWork):
             if self._small:
                 node.stage_small(self._staging, self._parity, self._src)
             else:
-                self._res_is_dst = node.publish(self._src, self._at_src, self._at_dst, self._staging, self._bounds)
+                node.publish(self._src, self._at_src, self._at_dst, self._staging, self._bounds)
             sync.arrive(self._seq)
             self._state = 1
         if self._state == 1:
@@ -72,7 +72,7 @@ class ShmWork(P2PWork):
             self._state = 3
         if not self._arrived(self._seq + 1, block):
             return False
-        if not self._res_is_dst:
+        if self._at_dst[0] < 0:  # the result was staged
             node.finish(self._dst)
         return True
 
