@@ -17,7 +17,7 @@ Runs COMMAND on N MPI ranks (default 2) with the mpirun of the active environmen
 Environment:
   Each rank gets its share of this machine's CPUs as BLAS/OpenMP threads
   (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, MKL_NUM_THREADS = CPUs / N, at least 1, as
-  `python -m npddp.threads --ranks N` computes it) unless you already set them: ranks
+  `python -m npddp.process.threads --ranks N` computes it) unless you already set them: ranks
   sharing cores otherwise fight over them.  With --hostfile nothing is exported: npddp's
   entry points apply the same rule inside each rank, per node (--threads auto).  With Open MPI, --oversubscribe
   is added (and --allow-run-as-root when running as root); MPICH needs neither.
@@ -25,10 +25,10 @@ Environment:
   stderr before it runs.
 
 Shared memory:
-  The job runs under `python -m npddp.shm run`, which notes the /dev/shm segments the
+  The job runs under `python -m npddp.process.cleanup run`, which notes the /dev/shm segments the
   job's processes map; if the job ends abnormally (an MPI_Abort, a kill), those left
   behind are removed (only this job's, on this node).  NPDDP_SHM_WATCH=0 turns it off.
-  After a bare mpirun: `python -m npddp.shm clean` removes your orphaned segments.
+  After a bare mpirun: `python -m npddp.process.cleanup clean` removes your orphaned segments.
 
 Examples:
   ./mpi_run.sh -n 4 python -m npddp.train --backend ring
@@ -67,12 +67,12 @@ if [[ -z "$mpirun" ]]; then mpirun="$(command -v mpirun || command -v mpiexec ||
 
 python="$(command -v python3 || command -v python || true)"
 npddp_ok=0
-if [[ -n "$python" ]] && "$python" -c "import npddp.threads, npddp.shm" 2>/dev/null; then npddp_ok=1; fi
+if [[ -n "$python" ]] && "$python" -c "import npddp.process.threads, npddp.process.cleanup" 2>/dev/null; then npddp_ok=1; fi
 # BLAS threads per rank: this machine's CPUs / N (npddp's auto rule), unless already chosen. With a
 # hostfile the ranks per node are not known here: npddp's entry points then apply the rule per node.
 if [[ -z "$hostfile" ]]; then
   threads=1
-  if [[ "$npddp_ok" == 1 ]]; then threads="$("$python" -m npddp.threads --ranks "$nprocs")"; fi
+  if [[ "$npddp_ok" == 1 ]]; then threads="$("$python" -m npddp.process.threads --ranks "$nprocs")"; fi
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$threads}"
   export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-$threads}"
   export MKL_NUM_THREADS="${MKL_NUM_THREADS:-$threads}"
@@ -92,6 +92,6 @@ fi
 echo "+ $mpirun ${args[*]} $*" >&2
 [[ "$dry_run" == 1 ]] && exit 0
 if [[ "$npddp_ok" == 1 && "${NPDDP_SHM_WATCH:-1}" != 0 ]]; then
-  exec "$python" -m npddp.shm run -- "$mpirun" "${args[@]}" "$@"
+  exec "$python" -m npddp.process.cleanup run -- "$mpirun" "${args[@]}" "$@"
 fi
 exec "$mpirun" "${args[@]}" "$@"

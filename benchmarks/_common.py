@@ -23,7 +23,7 @@ import re
 
 import numpy as np
 
-from npddp.columns import COLLECTIVES, NO_COMM
+from benchmarks.columns import COLLECTIVES, NO_COMM
 
 GB = 1e9
 #: The transport every backend uses today; the sweep's ``transport`` column.
@@ -175,7 +175,7 @@ def create_comm(backend: str, mpi_comm, transport: str = DEFAULT_TRANSPORT, tcp_
 
 def tcp_world(mpi_comm):
     """A TCP mesh among ``mpi_comm``'s ranks, so one mpirun job can put the tcp transport beside mpi's."""
-    from npddp.comm.tcp import world_over_mpi
+    from npddp.comm.transports.rendezvous import world_over_mpi
 
     return world_over_mpi(mpi_comm, 300.0)
 

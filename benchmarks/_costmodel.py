@@ -27,10 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-if __package__:
-    from ._common import GB, busbw_factor, check_collective
-else:  # run by path: this directory is sys.path[0]
-    from _common import GB, busbw_factor, check_collective
+from benchmarks._common import GB, busbw_factor, check_collective
 
 
 def _log2(n: int) -> int:

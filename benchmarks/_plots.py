@@ -12,12 +12,9 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from npddp.columns import NO_COMM
+from benchmarks.columns import NO_COMM
 
-if __package__:
-    from ._common import format_count, format_size
-else:  # run by path: this directory is sys.path[0]
-    from _common import format_count, format_size
+from benchmarks._common import format_count, format_size
 
 #: Relative spread (max - min) / median over repeats above which the scaling plot warns.
 SPREAD_WARNING = 0.20

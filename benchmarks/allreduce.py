@@ -34,14 +34,19 @@ completes (time in us, bandwidths in GB/s, ``#wrong``, the algorithm that ran), 
 total of ``#wrong`` and one ``# Avg bus bandwidth : X backend`` line per backend (the mean
 busbw over its sizes and places). ``--out FILE`` writes the HDF5 dump (kind
 ``allreduce_sweep``, one row per size, backend, transport and place; columns in
-npddp.columns, read with ``npddp.results.read_table``); ``--csv FILE`` the same rows as CSV.
+benchmarks.columns, read with ``benchmarks.results.read_table``); ``--csv FILE`` the same rows as CSV.
 """
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if not __package__:  # run by path: the repository root stands in for this folder, so `benchmarks` imports as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import argparse
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -49,17 +54,12 @@ import numpy as np
 from mpi4py import MPI
 
 from npddp import comm as npcomm
-from npddp import results
-from npddp.launch import abort_on_exception
+from benchmarks import results
+from npddp.process.job import abort_on_exception
 
-if __package__:
-    from . import _common as bc
-    from ._exact import kernel
-    from ._gloo import EXIT_NO_TORCH, GlooComm, import_torch
-else:  # run by path: this directory is sys.path[0]
-    import _common as bc
-    from _exact import kernel
-    from _gloo import EXIT_NO_TORCH, GlooComm, import_torch
+from benchmarks import _common as bc
+from benchmarks._exact import kernel
+from benchmarks._gloo import EXIT_NO_TORCH, GlooComm, import_torch
 
 #: The contender beside npddp's backends: PyTorch's gloo all-reduce (over TCP), when torch is installed.
 GLOO, GLOO_TRANSPORT = "gloo", "tcp"

@@ -6,12 +6,12 @@
 Both sides train the same model of benchmarks/ddp.py (``--model``, default ``small``:
 784-1024x5-10, 5.0M parameters) from the same initial weights on the same random batch
 (``--batch`` rows per rank), float32, SGD (lr 0.01, momentum 0.9), cross-entropy, one thread
-per rank (``torch.set_num_threads(1)``; NumPy's BLAS through ``npddp.threads.set_threads(1)``).
+per rank (``torch.set_num_threads(1)``; NumPy's BLAS through ``npddp.process.threads.set_threads(1)``).
 PyTorch: ``torch.nn.parallel.DistributedDataParallel`` on the gloo
 backend (``bucket_cap_mb`` = ``--bucket-mb``, ``gradient_as_bucket_view=True``, the
 optimizer's default ``zero_grad``); its process group takes rank and size from mpi4py and
 rendezvouses at ``tcp://--master-addr:PORT``, PORT a free port chosen by rank 0 and
-broadcast as an int64 array. npddp: :class:`npddp.ddp.DistributedDataParallel` with sync
+broadcast as an int64 array. npddp: :class:`npddp.parallel.ddp.DistributedDataParallel` with sync
 ``--sync`` (default overlap) on each of ``--backends`` (default mpi,ring,ring/tcp: the ring over MPI's
 point-to-point layer and over TCP, like gloo).
 
@@ -28,17 +28,22 @@ Exit status: 0 done; 2 bad arguments (before PyTorch is looked for); 3 PyTorch i
 installed (``pip install torch``; npddp itself never imports it).
 
 HDF5 (``--out``; rank 0, atomically): a dump of kind ``torch_compare`` (one row per side,
-PyTorch first; columns in npddp/columns.py, read with ``npddp.results.read_table``), root
+PyTorch first; columns in npddp/columns.py, read with ``benchmarks.results.read_table``), root
 attributes torch_version and sides, and ``/raw/samples_per_s`` (reps, sides).
 """
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if not __package__:  # run by path: the repository root stands in for this folder, so `benchmarks` imports as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
 import socket  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
 
@@ -46,19 +51,15 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from npddp import comm as npcomm  # noqa: E402
-from npddp import results  # noqa: E402
-from npddp.ddp import SYNCS, DistributedDataParallel  # noqa: E402
-from npddp.launch import abort_on_exception  # noqa: E402
-from npddp.threads import set_threads  # noqa: E402
+from benchmarks import results  # noqa: E402
+from npddp.parallel.ddp import SYNCS, DistributedDataParallel  # noqa: E402
+from npddp.process.job import abort_on_exception  # noqa: E402
+from npddp.process.threads import set_threads  # noqa: E402
 from npddp.nn import CrossEntropyLoss, mlp  # noqa: E402
 from npddp.optim import SGD  # noqa: E402
 
-if __package__:
-    from . import _common as bc
-    from ._gloo import EXIT_NO_TORCH, import_torch, init_gloo
-else:  # run by path: this directory is sys.path[0]
-    import _common as bc
-    from _gloo import EXIT_NO_TORCH, import_torch, init_gloo
+from benchmarks import _common as bc
+from benchmarks._gloo import EXIT_NO_TORCH, import_torch, init_gloo
 
 KIND = "torch_compare"
 #: npddp sides: a backend name, or NAME/tcp for a hand-written backend over the TCP transport.

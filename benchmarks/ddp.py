@@ -10,7 +10,7 @@ Models (benchmarks/_common.py): MLPs on 784 inputs, 10 outputs, ReLU between lay
 by default: ``tiny`` 784-1024-256-10 (1,068,810 parameters, 6 tensors), ``small``
 784-1024x5-10 (5,012,490, 12 tensors), ``medium`` 784-2048x5-10 (18,413,578, 12 tensors),
 trained with SGD (lr 0.01, momentum 0.9) and cross-entropy on one random batch per rank
-(``--batch`` rows, random labels) reused every step. BLAS threads per rank: npddp.threads'
+(``--batch`` rows, random labels) reused every step. BLAS threads per rank: npddp.process.threads'
 auto rule (the CPUs a rank may use / the ranks on its node; 1 for 2 ranks on 2 cores).
 
 Breakdown (default): every model x sync x backend, and for ``bucketed`` and ``overlap`` every
@@ -33,14 +33,18 @@ the median over all backends' one-rank runs of the same combination and repeat (
 they do the same work, so one shared reference keeps noise out of the comparison).
 
 Output: a table (rank 0); ``--out`` the dump (kinds ``ddp_breakdown``, ``weak_scaling``;
-columns in npddp/columns.py; read with ``npddp.results.read_table``); ``--csv`` the same rows.
+columns in npddp/columns.py; read with ``benchmarks.results.read_table``); ``--csv`` the same rows.
 """
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if not __package__:  # run by path: the repository root stands in for this folder, so `benchmarks` imports as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import json  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
 
@@ -48,18 +52,15 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from npddp import comm as npcomm  # noqa: E402
-from npddp import results  # noqa: E402
-from npddp.columns import NO_COMM  # noqa: E402
-from npddp.ddp import SYNCS, DistributedDataParallel  # noqa: E402
-from npddp.launch import abort_on_exception  # noqa: E402
-from npddp.threads import set_threads  # noqa: E402
+from benchmarks import results  # noqa: E402
+from benchmarks.columns import NO_COMM  # noqa: E402
+from npddp.parallel.ddp import BUCKET_CAP_MB, SYNCS, DistributedDataParallel  # noqa: E402
+from npddp.process.job import abort_on_exception  # noqa: E402
+from npddp.process.threads import set_threads  # noqa: E402
 from npddp.nn import CrossEntropyLoss, mlp  # noqa: E402
 from npddp.optim import SGD  # noqa: E402
 
-if __package__:
-    from . import _common as bc
-else:  # run by path: this directory is sys.path[0]
-    import _common as bc
+from benchmarks import _common as bc
 
 DTYPES = ("float32", "float64")
 BUCKETED = ("bucketed", "overlap")
@@ -203,7 +204,7 @@ class Workload:
 
     def wrap(self, comm, sync: str, bucket_mb: float):
         """A fresh model in a fresh DDP, and SGD over it."""
-        ddp = DistributedDataParallel(self.build(), comm, sync=sync, bucket_cap_mb=bucket_mb or 25.0)
+        ddp = DistributedDataParallel(self.build(), comm, sync=sync, bucket_cap_mb=bucket_mb or BUCKET_CAP_MB)
         ddp.zero_grad()
         return ddp, SGD(ddp.parameters(), lr=bc.LR, momentum=bc.MOMENTUM)
 

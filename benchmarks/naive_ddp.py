@@ -8,7 +8,7 @@ Every rank builds the same GPT preset (``--model-size``; ``--context-length`` 25
 ``--vocab-size`` 10000, tied LM head, float32) and trains it with AdamW (lr 1e-4) and
 cross-entropy on windows of the synthetic Markov-chain token set: ``--batch-size`` is the
 global batch (sequences per step), split evenly over the ranks. Gradients are averaged by
-:class:`npddp.ddp.DistributedDataParallel` with sync ``per_param`` (one blocking all-reduce
+:class:`npddp.parallel.ddp.DistributedDataParallel` with sync ``per_param`` (one blocking all-reduce
 per parameter tensor after backward: the naive baseline), or each of ``--sync`` in turn
 (``bucketed`` and ``overlap`` with ``--bucket-mb`` buckets) on the backend ``--backend``.
 BLAS runs one thread per rank unless OMP/OPENBLAS/MKL_NUM_THREADS are set.
@@ -33,11 +33,17 @@ compute_time_ms, comm_time_ms, comm_fraction, num_comm_ops`` (one row per model 
 several ``--sync`` values, one file per sync named ``PATH`` with ``.<sync>`` before the
 suffix. ``--out PATH.h5`` writes every column (sync, backend, parameters, tokens/s, ...) as a
 ``naive_ddp`` benchmark dump (rank 0, atomically; the columns are declared in
-:mod:`npddp.columns`, read it back with ``npddp.results.read_table``); root attributes argv,
+:mod:`benchmarks.columns`, read it back with ``benchmarks.results.read_table``); root attributes argv,
 config, memory_notes (the auto-fit messages) and the run environment.
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if not __package__:  # run by path: the repository root stands in for this folder, so `benchmarks` imports as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import os
 
@@ -47,7 +53,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import csv  # noqa: E402
 import json  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
 
@@ -55,17 +60,14 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from npddp import comm as npcomm  # noqa: E402
-from npddp import results  # noqa: E402
+from benchmarks import results  # noqa: E402
 from npddp.data import synthetic_tokens  # noqa: E402
-from npddp.ddp import SYNCS, DistributedDataParallel  # noqa: E402
-from npddp.launch import abort_on_exception  # noqa: E402
+from npddp.parallel.ddp import SYNCS, DistributedDataParallel  # noqa: E402
+from npddp.process.job import abort_on_exception  # noqa: E402
 from npddp.nn import PRESETS, CrossEntropyLoss, gpt_num_parameters, gpt_preset  # noqa: E402
 from npddp.optim import SGD, AdamW  # noqa: E402
 
-if __package__:
-    from . import _common as bc
-else:  # run by path: this directory is sys.path[0]
-    import _common as bc
+from benchmarks import _common as bc
 
 CSV_COLUMNS = ("model_size", "d_model", "num_layers", "total_time_ms", "compute_time_ms", "comm_time_ms",
                "comm_fraction", "num_comm_ops")

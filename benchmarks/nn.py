@@ -17,7 +17,7 @@ exact GELU, against the same network in PyTorch eager mode built from a copy of 
 softmax, as npddp does; ``torch-sdpa`` calls PyTorch's fused scaled_dot_product_attention.
 Without torch installed only npddp is timed. Loss and gradients are compared first.
 
-Everything runs on one thread: ``npddp.threads.set_threads(1)`` caps NumPy's BLAS (and
+Everything runs on one thread: ``npddp.process.threads.set_threads(1)`` caps NumPy's BLAS (and
 torch.set_num_threads(1)).  After a warm-up the contenders are timed in
 alternating order, ``--repeats`` times each; the median wall time, its interquartile range and
 minimum, the median CPU time of the process (steadier on a shared machine) and the ratios
@@ -26,6 +26,12 @@ npddp/other of the medians are printed.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if not __package__:  # run by path: the repository root stands in for this folder, so `benchmarks` imports as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import argparse
 import time
 
@@ -33,7 +39,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from npddp.nn import PRESETS, CrossEntropyLoss, cnn, gpt_preset, mlp
-from npddp.threads import set_threads
+from npddp.process.threads import set_threads
 
 
 # --- bare NumPy -----------------------------------------------------------------------
@@ -255,10 +261,7 @@ def bench_gpt(size, batch, context, vocab, repeats, warmup, dtype):
         print("  torch is not installed: timing npddp alone (pip install torch==<version> for the comparison)")
         time_runs("gpt", batch, runs, repeats, warmup, dtype, 0.0)
         return None
-    if __package__:
-        from . import torch_gpt
-    else:  # run by path: this directory is sys.path[0]
-        import torch_gpt
+    from benchmarks import torch_gpt
     torch.set_num_threads(1)
     tx, tt = torch.tensor(x), torch.tensor(t)
     diff = 0.0

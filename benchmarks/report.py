@@ -9,7 +9,7 @@ Usage::
 First every dump is checked against its kind's declaration (npddp/columns.py): any violation
 (a missing attribute or column, a wrong type or unit, NaN or non-positive times, ...) prints
 one line naming the file, the field and what was expected, and the report exits 2 before it
-prints or draws anything. The tables are then read with ``npddp.results.read_table`` and
+prints or draws anything. The tables are then read with ``benchmarks.results.read_table`` and
 printed with pandas; per kind:
 
 * ``allreduce_sweep`` (benchmarks/allreduce.py): bus bandwidth and median time per size and
@@ -40,20 +40,20 @@ Needs pandas; plots need matplotlib (without it the tables are printed and a not
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+if not __package__:  # run by path: the repository root stands in for this folder, so `benchmarks` imports as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import argparse
+
 import numpy as np
 
-from npddp import results
+from benchmarks import results
 
-if __package__:
-    from . import _common as bc
-    from . import _costmodel as cm
-else:  # run by path: this directory is sys.path[0]
-    import _common as bc
-    import _costmodel as cm
+from benchmarks import _common as bc
+from benchmarks import _costmodel as cm
 
 PROG = "report.py"
 FORMATS = ("png", "svg")
@@ -247,10 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _plots_module():
     """benchmarks/_plots.py, or None (after saying so) when matplotlib is missing."""
     try:
-        if __package__:
-            from . import _plots
-        else:  # run by path
-            import _plots
+        from benchmarks import _plots
     except ImportError:
         print(f"{PROG}: matplotlib is not installed (pip install matplotlib); no plots", file=sys.stderr)
         return None

@@ -20,21 +20,23 @@ SIZE more bytes per phase alive, a testing aid that proves the check can fail.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if not __package__:  # run by path: the repository root stands in for this folder, so `benchmarks` imports as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import argparse
 import os
-import sys
 import time
 
 import numpy as np
 from mpi4py import MPI
 
 from npddp import comm as npcomm
-from npddp.launch import abort_on_exception
+from npddp.process.job import abort_on_exception
 
-if __package__:
-    from . import _common as bc
-else:  # run by path: this directory is sys.path[0]
-    import _common as bc
+from benchmarks import _common as bc
 
 PHASES = ("small", "large")
 WARMUP_SMALL, WARMUP_LARGE = 20, 3

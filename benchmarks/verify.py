@@ -8,7 +8,7 @@ For each model (``mlp`` 32-64-64-5, ``cnn`` on 1x8x8 images with conv 4-8 and a 
 head, ``gpt``: the ``tiny`` preset with vocabulary 64, context 16 and a tied LM head) and each
 sync strategy, every rank builds the same model (seed 0), trains a copy alone on the whole
 global batch (``--num-samples`` rows per step, the reference "one process"), and trains
-another copy under :class:`npddp.ddp.DistributedDataParallel` on its own ``num-samples / N``
+another copy under :class:`npddp.parallel.ddp.DistributedDataParallel` on its own ``num-samples / N``
 rows of the same batches; ``--num-steps`` steps of AdamW (lr 1e-3, weight decay 0.01) or
 SGD (lr 0.05, momentum 0.9). Inputs are standard-normal with random labels (MLP, CNN) or
 windows of the synthetic Markov-chain tokens (GPT).
@@ -21,6 +21,12 @@ and the ranks agree, 1 otherwise, 2 on bad arguments.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if not __package__:  # run by path: the repository root stands in for this folder, so `benchmarks` imports as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import os
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -28,21 +34,16 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import subprocess  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 from npddp import comm as npcomm  # noqa: E402
 from npddp.data import synthetic_tokens  # noqa: E402
-from npddp.ddp import SYNCS, DistributedDataParallel  # noqa: E402
+from npddp.parallel.ddp import SYNCS, DistributedDataParallel  # noqa: E402
 from npddp.nn import CrossEntropyLoss, cnn, gpt_preset, mlp  # noqa: E402
 from npddp.optim import SGD, AdamW  # noqa: E402
 
-if __package__:
-    from . import _common as bc
-else:  # run by path: this directory is sys.path[0]
-    import _common as bc
+from benchmarks import _common as bc
 
 MODELS = ("mlp", "cnn", "gpt")
 TOLERANCE = {"float64": 1e-10, "float32": 1e-4}
@@ -163,8 +164,8 @@ def check(name: str, sync: str, a, comm, world) -> tuple[int, float, bool]:
 def main(argv=None) -> int:
     """Run every check; print on rank 0; the exit status (0 pass, 1 fail, 2 bad arguments)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    from npddp.launch import launched_size
-    if launched_size() == 1:
+    from npddp.util import env
+    if env.world_size() == 1:
         a = parse(argv, 1, verbose=True)
         if a.world_size > 1:
             return relaunch(argv, a.world_size)
@@ -205,6 +206,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from npddp.launch import abort_on_exception
+    from npddp.process.job import abort_on_exception
     abort_on_exception()
     sys.exit(main())

@@ -18,7 +18,7 @@ import numbers
 
 import numpy as np
 
-from .nn.module import Parameter
+from npddp.nn.module import Parameter
 
 
 def _number(name: str, value, low: float, high: float = math.inf, high_open: bool = False) -> float:

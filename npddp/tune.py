@@ -9,7 +9,7 @@ all-reduces (after warm-up), the candidates interleaved, each iteration's time t
 rank's; the fastest median wins the size. Neighbouring sizes won by the same algorithm merge
 into one step, and a step ends halfway (geometrically) between the last size it won and the
 next size. The file is valid for this transport and world size only (``auto`` checks both);
-rank 0 writes it. See :mod:`npddp.comm.auto` for the format.
+rank 0 writes it. See :mod:`npddp.comm.p2p.auto` for the format.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import time
 
 import numpy as np
 
-from .comm import DTYPES, create
-from .comm.auto import CANDIDATES, FORMAT, VERSION, check_table
-from .comm.registry import node_group
-from .comm.transport import resolve_transport
-from .launch import abort_on_exception
+from npddp.comm import DTYPES, create
+from npddp.comm.p2p.auto import CANDIDATES, FORMAT, VERSION, check_table
+from npddp.comm.registry import node_group
+from npddp.comm.transports.base import resolve_transport
+from npddp.process.job import abort_on_exception
 
 PROG = "python -m npddp.tune"
 

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from npddp.comm import BACKENDS
-from npddp.comm.transport import is_transport, resolve_transport
+from npddp.comm.transports.base import is_transport, resolve_transport
 
 #: True when this test process is one rank of a ``python -m npddp.run`` job (TCP transport).
 TCP_MODE = resolve_transport("auto") == "tcp"
@@ -44,10 +44,10 @@ def _segments_of_aborted_test_jobs():
     Only in a session that is not itself a rank of a job, and only segments that appeared
     during the session and no live process maps.
     """
-    from npddp.launch import launched_size
-    from npddp.shm import SHM, orphans, remove_unused
+    from npddp.util import env
+    from npddp.process.cleanup import SHM, orphans, remove_unused
 
-    if launched_size() > 1 or not SHM.is_dir():
+    if env.world_size() > 1 or not SHM.is_dir():
         yield
         return
     before = set(os.listdir(SHM))
@@ -119,7 +119,7 @@ _GROUPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def world_raw():
     """The world of this run: mpi4py's COMM_WORLD, or the TCP world under npddp.run."""
     if TCP_MODE:
-        from npddp.comm.tcp import world_from_env
+        from npddp.comm.transports.rendezvous import world_from_env
         return world_from_env(300.0)
     from mpi4py import MPI
     return MPI.COMM_WORLD

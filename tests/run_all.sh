@@ -14,7 +14,7 @@ run() {  # run NAME COMMAND...: one run, its name recorded if it fails
   timeout 600 "$@" || failed+=("$name")
 }
 run serial python -m pytest -q -m "not mpi" "$@"
-run mpi-1 python -m pytest -q --with-mpi -m mpi tests/test_ddp.py -k "not overlap_starts and not mismatched" "$@"
+run mpi-1 python -m pytest -q --with-mpi -m mpi tests/parallel/test_ddp.py -k "not overlap_starts and not mismatched" "$@"
 run mpi-2 ./mpi_run.sh -n 2 python -m pytest -q --with-mpi -m mpi "$@"
 for k in 3 4; do  # the benchmark scripts' own tests run at N = 2 only
   run "mpi-$k" ./mpi_run.sh -n "$k" python -m pytest -q --with-mpi -m mpi --ignore=tests/benchmarks "$@"

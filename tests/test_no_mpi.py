@@ -15,7 +15,7 @@ import pytest
 JOB = """
 import sys
 import numpy as np
-import npddp, npddp.ddp, npddp.nn, npddp.optim, npddp.data, npddp.comm
+import npddp, npddp.parallel.ddp, npddp.nn, npddp.optim, npddp.data, npddp.comm
 from npddp.comm import create
 for name in sys.argv[1:]:
     comm = create(name)

@@ -8,7 +8,7 @@ or ``auto``, which picks one per call). The transport is ``mpi`` (mpi4py's Isend
 
 Two environment variables reach every communicator ``create`` builds (and so the training CLI):
 
-* ``NPDDP_DEBUG=1`` wraps it in :class:`~npddp.comm.debug.DebugCommunicator`, which checks before
+* ``NPDDP_DEBUG=1`` wraps it in :class:`~npddp.comm.wrappers.debug.DebugCommunicator`, which checks before
   every collective that all ranks make the same call and raises :class:`CollectiveMismatchError`
   (on every rank) when they do not.
 * ``NPDDP_TIMEOUT=SECONDS`` sets the timeout of every backend when ``create`` is given none
@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import os
 
-from ._common import DEFAULT_TIMEOUT, DTYPES, OPS, check_timeout
-from .base import Communicator, Work
-from .debug import CollectiveMismatchError
-from .progress import PROGRESS
-from .registry import ALGORITHMS, BACKENDS
-from .transport import TRANSPORTS, Transport, is_transport, resolve_transport
+from npddp.comm.checks import DEFAULT_TIMEOUT, DTYPES, OPS, check_timeout
+from npddp.comm.base import Communicator, Work
+from npddp.comm.wrappers.debug import CollectiveMismatchError
+from npddp.comm.wrappers.progress_thread import PROGRESS
+from npddp.comm.registry import ALGORITHMS, BACKENDS
+from npddp.comm.transports.base import TRANSPORTS, Transport, is_transport, resolve_transport
 
 __all__ = ["ALGORITHMS", "BACKENDS", "DEFAULT_TIMEOUT", "DTYPES", "OPS", "TRANSPORTS",
            "CollectiveMismatchError", "Communicator", "Transport", "Work", "create", "debug_from_env",
@@ -64,7 +64,7 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
     ``timeout``: seconds a blocking call may wait for its peers before TimeoutError; None takes
     ``NPDDP_TIMEOUT``, else ``DEFAULT_TIMEOUT``. ``tuning`` (``auto`` only): a tuning table path.
     ``progress``: ``caller`` (non-blocking work moves when tested or waited on) or ``thread`` (a
-    background thread drives it; see :mod:`npddp.comm.progress`).
+    background thread drives it; see :mod:`npddp.comm.wrappers.progress_thread`).
     """
     if progress not in PROGRESS:
         raise ValueError(f"unknown progress {progress!r}; valid: {', '.join(PROGRESS)}")
@@ -81,22 +81,22 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
         if kind != "mpi":
             raise ValueError("backend 'mpi' runs MPI's own collectives, so it needs transport 'mpi', not "
                              f"{kind!r}; over tcp use a hand-written backend: {', '.join(BACKENDS[1:])}")
-        from .mpi import MPICommunicator
+        from npddp.comm.mpi import MPICommunicator
         comm = MPICommunicator(group.comm if is_transport(group) else group, timeout)
     else:
         if kind == "mpi" and not is_transport(group):
-            from .mpi_transport import MPITransport
+            from npddp.comm.transports.mpi import MPITransport
             group = MPITransport(group)
         elif group is None:
-            from .tcp import world_from_env
+            from npddp.comm.transports.rendezvous import world_from_env
             group = world_from_env(timeout)
-        from .registry import build
+        from npddp.comm.registry import build
         comm = build(name, group, timeout, tuning)
     if debug:
-        from .debug import DebugCommunicator
+        from npddp.comm.wrappers.debug import DebugCommunicator
         comm = DebugCommunicator(comm)
     if progress == "thread":
-        from .progress import ThreadedCommunicator
+        from npddp.comm.wrappers.progress_thread import ThreadedCommunicator
         comm = ThreadedCommunicator(comm)
     return comm
 

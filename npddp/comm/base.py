@@ -34,6 +34,14 @@ class Communicator(Protocol):
     def name(self) -> str:
         """Backend name as accepted by ``npddp.comm.create``."""
 
+    @property
+    def shared_memory(self) -> bool:
+        """True when :meth:`empty` returns memory the other ranks of this node read in place."""
+
+    def empty(self, shape, dtype=np.float32) -> np.ndarray:
+        """A zeroed array for collective buffers: node shared memory where :attr:`shared_memory` (then a
+        collective call: every rank, same shape and dtype), else ordinary memory."""
+
     def barrier(self) -> None:
         """Return only once every rank has entered the barrier."""
 

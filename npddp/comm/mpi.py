@@ -16,8 +16,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from . import _common as c
-from .engine import NAP_S, SPIN_ROUNDS
+from npddp.comm import checks as c
+from npddp.comm.p2p.engine import NAP_S, SPIN_ROUNDS
 
 _MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
 _CLOCK_EVERY = 64

@@ -11,16 +11,16 @@ import importlib
 
 #: Hand-written all-reduce algorithms over point-to-point messages: name -> (module, class).
 ALGORITHMS = {
-    "ring": ("ring", "Ring"),
-    "naive": ("naive", "Naive"),
-    "rd": ("rd", "RecursiveDoubling"),
-    "rabenseifner": ("rabenseifner", "Rabenseifner"),
-    "tree": ("tree", "Tree"),
+    "ring": ("p2p.ring", "Ring"),
+    "naive": ("p2p.naive", "Naive"),
+    "rd": ("p2p.rd", "RecursiveDoubling"),
+    "rabenseifner": ("p2p.rabenseifner", "Rabenseifner"),
+    "tree": ("p2p.tree", "Tree"),
 }
 #: Algorithms among the ranks of one node through shared memory: name -> (module, class).
-NODE_ALGORITHMS = {"shm": ("shm", "Shm")}
+NODE_ALGORITHMS = {"shm": ("node.shm", "Shm")}
 #: Backends built on a transport's point-to-point messages: name -> (module, communicator class).
-_P2P_COMMUNICATORS = {"naive": ("naive", "NaiveCommunicator")}
+_P2P_COMMUNICATORS = {"naive": ("p2p.naive", "NaiveCommunicator")}
 #: Every backend ``npddp.comm.create`` accepts.
 BACKENDS = ("mpi", *ALGORITHMS, "auto", "shm", "hier")
 
@@ -41,10 +41,10 @@ def algorithm(name: str):
 
 def node_group(comm, call):
     """Shared memory among all of ``comm``'s ranks, or None when they do not share one node."""
-    from .shmem import node_ids
+    from npddp.comm.node.memory import node_ids
     if comm.size < 2 or len(set(node_ids(comm))) > 1:
         return None
-    return _load("nodegroup", "NodeGroup")(comm, list(range(comm.size)), call)
+    return _load("node.allreduce", "NodeGroup")(comm, list(range(comm.size)), call)
 
 
 def build(name: str, transport, timeout: float, tuning=None, shared_memory: bool = True):
@@ -54,11 +54,11 @@ def build(name: str, transport, timeout: float, tuning=None, shared_memory: bool
     ranks lie on different nodes even where ``NPDDP_RANKS_PER_NODE`` pretends so on one machine).
     """
     if name == "auto":
-        from .auto import AutoCommunicator
+        from npddp.comm.p2p.auto import AutoCommunicator
         return AutoCommunicator(transport, timeout, tuning, shared_memory)
     if name in ("shm", "hier"):
-        module, cls = {"shm": ("shm", "ShmCommunicator"), "hier": ("hier", "HierCommunicator")}[name]
+        module, cls = {"shm": ("node.shm", "ShmCommunicator"), "hier": ("node.hier", "HierCommunicator")}[name]
         return _load(module, cls)(transport, timeout)
-    from .p2p import P2PCommunicator
+    from npddp.comm.p2p.communicator import P2PCommunicator
     cls = _load(*_P2P_COMMUNICATORS[name]) if name in _P2P_COMMUNICATORS else P2PCommunicator
     return cls(transport, algorithm(name), name, timeout)

@@ -21,8 +21,8 @@ import zlib
 
 import numpy as np
 
-from ._checks import check_float_dtype
-from .dataset import Dataset, labels_int64, split_indices
+from npddp.data._checks import check_float_dtype
+from npddp.data.dataset import Dataset, labels_int64, split_indices
 
 #: File name endings ``load_array_file`` reads (besides directories of .npy files).
 ARRAY_SUFFIXES = (".npz", ".h5", ".hdf5")

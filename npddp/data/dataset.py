@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._checks import as_real, check_seed
+from npddp.data._checks import as_real, check_seed
 
 #: classification: integer labels (N,); regression: float targets; language_model: token
 #: sequences X (N, T) with next-token targets y (N, T) and ``num_classes`` the vocabulary size.

@@ -11,12 +11,12 @@ import os
 
 import numpy as np
 
-from ._checks import check_float_dtype
-from .arrays import ARRAY_SUFFIXES, load_array_file
-from .dataset import Dataset, labels_int64, split_indices
-from .mnist import load_mnist
-from .synthetic import synthetic_classification, synthetic_regression
-from .tokens import load_text_file, load_token_file, synthetic_tokens
+from npddp.data._checks import check_float_dtype
+from npddp.data.arrays import ARRAY_SUFFIXES, load_array_file
+from npddp.data.dataset import Dataset, labels_int64, split_indices
+from npddp.data.mnist import load_mnist
+from npddp.data.synthetic import synthetic_classification, synthetic_regression
+from npddp.data.tokens import load_text_file, load_token_file, synthetic_tokens
 
 #: Names ``load_dataset`` knows, besides paths to array files and ``tokens:PATH`` / ``text:PATH``.
 DATASET_NAMES = ("synthetic", "synthetic-image", "regression", "digits", "mnist", "synthetic-tokens")

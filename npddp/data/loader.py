@@ -20,7 +20,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ._checks import as_int
+from npddp.data._checks import as_int
 
 
 def num_batches(num_indices: int, batch_size: int, drop_last: bool = False) -> int:

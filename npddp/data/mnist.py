@@ -12,8 +12,8 @@ import os
 
 import numpy as np
 
-from ._checks import check_float_dtype
-from .dataset import Dataset
+from npddp.data._checks import check_float_dtype
+from npddp.data.dataset import Dataset
 
 #: (train images, train labels, test images, test labels), as distributed.
 MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",

@@ -18,7 +18,7 @@ import dataclasses
 
 import numpy as np
 
-from .dataset import Dataset
+from npddp.data.dataset import Dataset
 
 #: The ways :func:`normalize` rescales inputs.
 NORMALIZE_MODES = ("none", "standard", "unit")

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import as_int, check_seed
-from .randperm import torch_randperm
+from npddp.data._checks import as_int, check_seed
+from npddp.data.randperm import torch_randperm
 
 
 class DistributedSampler:

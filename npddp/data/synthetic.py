@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import as_real, check_count, check_float_dtype, check_seed
-from .dataset import Dataset
+from npddp.data._checks import as_real, check_count, check_float_dtype, check_seed
+from npddp.data.dataset import Dataset
 
 _REFERENCE_ROWS = 8192   # rows the teacher is calibrated on (class balance, margin)
 _CHUNK_ELEMENTS = 1 << 18  # inputs are drawn this many float64 numbers (2 MiB) at a time

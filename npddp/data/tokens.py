@@ -25,8 +25,8 @@ import os
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ._checks import as_real, check_count, check_seed
-from .dataset import Dataset
+from npddp.data._checks import as_real, check_count, check_seed
+from npddp.data.dataset import Dataset
 
 TOKEN_SUFFIXES = (".bin", ".npy")
 SUCCESSORS = 4

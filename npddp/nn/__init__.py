@@ -1,20 +1,20 @@
 """NumPy neural-network layers with explicit forward/backward, losses and model builders.
 
-Nothing here knows about MPI: data parallelism lives in :mod:`npddp.ddp`.
+Nothing here knows about MPI: data parallelism lives in :mod:`npddp.parallel.ddp`.
 """
 
-from .attention import CausalSelfAttention
-from .builders import cnn, mlp, summary
-from .conv import Conv2d
-from .dropout import Dropout
-from .embedding import Embedding
-from .gelu import GELU
-from .gpt import GPT, PRESETS, Block, gpt, gpt_num_parameters, gpt_preset
-from .layers import Flatten, Linear, ReLU, Tanh
-from .losses import CrossEntropyLoss, MSELoss
-from .module import Module, Parameter, Sequential
-from .norm import LayerNorm
-from .pool import MaxPool2d
+from npddp.nn.attention import CausalSelfAttention
+from npddp.nn.builders import cnn, mlp, summary
+from npddp.nn.conv import Conv2d
+from npddp.nn.dropout import Dropout
+from npddp.nn.embedding import Embedding
+from npddp.nn.gelu import GELU
+from npddp.nn.gpt import GPT, PRESETS, Block, gpt, gpt_num_parameters, gpt_preset
+from npddp.nn.layers import Flatten, Linear, ReLU, Tanh
+from npddp.nn.losses import CrossEntropyLoss, MSELoss
+from npddp.nn.module import Module, Parameter, Sequential
+from npddp.nn.norm import LayerNorm
+from npddp.nn.pool import MaxPool2d
 
 __all__ = [
     "Parameter", "Module", "Sequential",

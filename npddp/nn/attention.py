@@ -20,9 +20,9 @@ import math
 
 import numpy as np
 
-from ._check import cached, check_dout, check_dtype_arg, check_last_dim, check_positive_int, check_rng
-from .layers import Linear
-from .module import Module
+from npddp.nn._check import cached, check_dout, check_dtype_arg, check_last_dim, check_positive_int, check_rng
+from npddp.nn.layers import Linear
+from npddp.nn.module import Module
 
 
 def _heads(qkv: np.ndarray, h: int) -> np.ndarray:

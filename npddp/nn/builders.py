@@ -13,11 +13,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._check import check_dtype_arg, check_positive_int
-from .conv import Conv2d
-from .layers import Flatten, Linear, ReLU
-from .module import Module, Sequential
-from .pool import MaxPool2d
+from npddp.nn._check import check_dtype_arg, check_positive_int
+from npddp.nn.conv import Conv2d
+from npddp.nn.layers import Flatten, Linear, ReLU
+from npddp.nn.module import Module, Sequential
+from npddp.nn.pool import MaxPool2d
 
 
 def _widths(name: str, values) -> list[int]:

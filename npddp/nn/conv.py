@@ -13,10 +13,9 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ._check import (cached, check_dout, check_dtype_arg, check_input, check_positive_int,
-                     check_rng)
-from .init import get_init
-from .module import Module, Parameter
+from npddp.nn._check import cached, check_dout, check_dtype_arg, check_input, check_positive_int, check_rng
+from npddp.nn.init import get_init
+from npddp.nn.module import Module, Parameter
 
 
 def as_pair(name: str, value, minimum: int) -> tuple[int, int]:

@@ -11,8 +11,8 @@ import numbers
 
 import numpy as np
 
-from ._check import cached, check_dout, check_float_array
-from .module import Module
+from npddp.nn._check import cached, check_dout, check_float_array
+from npddp.nn.module import Module
 
 _MASK64 = (1 << 64) - 1
 

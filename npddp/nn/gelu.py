@@ -20,8 +20,8 @@ import math
 
 import numpy as np
 
-from ._check import cached, check_dout, check_float_array
-from .module import Module
+from npddp.nn._check import cached, check_dout, check_float_array
+from npddp.nn.module import Module
 
 APPROXIMATIONS = ("none", "tanh")
 CHUNK = 1 << 15                          # elements per pointwise chunk (128 KiB of float32)

@@ -24,13 +24,13 @@ import math
 
 import numpy as np
 
-from ._check import check_dtype_arg, check_positive_int
-from .attention import CausalSelfAttention
-from .embedding import Embedding
-from .gelu import GELU
-from .layers import Linear
-from .module import Module, Sequential
-from .norm import LayerNorm
+from npddp.nn._check import check_dtype_arg, check_positive_int
+from npddp.nn.attention import CausalSelfAttention
+from npddp.nn.embedding import Embedding
+from npddp.nn.gelu import GELU
+from npddp.nn.layers import Linear
+from npddp.nn.module import Module, Sequential
+from npddp.nn.norm import LayerNorm
 
 #: name -> (d_model, d_ff, num_layers, num_heads)
 PRESETS = {

@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from .module import Module
+from npddp.nn.module import Module
 
 
 def numerical_grad(f: Callable[[], float], x: np.ndarray, eps: float = 1e-6) -> np.ndarray:

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._check import (cached, check_dout, check_dtype_arg, check_float_array, check_last_dim,
-                     check_positive_int, check_rng)
-from .init import get_init
-from .module import Module, Parameter
+from npddp.nn._check import cached, check_dout, check_dtype_arg, check_float_array, check_last_dim, check_positive_int, check_rng
+from npddp.nn.init import get_init
+from npddp.nn.module import Module, Parameter
 
 
 class Linear(Module):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._check import cached, check_dout, check_dtype_arg, check_last_dim, check_positive_int
-from .module import Module, Parameter
+from npddp.nn._check import cached, check_dout, check_dtype_arg, check_last_dim, check_positive_int
+from npddp.nn.module import Module, Parameter
 
 
 class LayerNorm(Module):

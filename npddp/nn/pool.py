@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._check import cached, check_dout, check_input
-from .conv import as_pair, out_size, window_slice
-from .module import Module
+from npddp.nn._check import cached, check_dout, check_input
+from npddp.nn.conv import as_pair, out_size, window_slice
+from npddp.nn.module import Module
 
 
 class MaxPool2d(Module):

@@ -59,7 +59,7 @@ def dumps(tmp_path_factory):
 
     from benchmarks import allreduce as ar
     from benchmarks import ddp as bd
-    from npddp import results
+    from benchmarks import results
     directory = tmp_path_factory.mktemp("dumps")
     paths = {k: directory / f"{k}.h5" for k in ("allreduce_sweep", "ddp_breakdown", "weak_scaling", "torch_compare",
                                                 "naive_ddp")}

@@ -19,7 +19,7 @@ import npddp.comm as npcomm
 from benchmarks import _common as bc
 from benchmarks import _exact as ex
 from benchmarks import allreduce as ar
-from npddp import results
+from benchmarks import results
 
 TINY = ["-b", "4", "-e", "1K", "-f", "7", "--iters", "4", "--warmup", "2", "--budget", "0.001"]
 

@@ -20,8 +20,8 @@ from benchmarks import _costmodel as cm
 from benchmarks import _plots as plots
 from benchmarks import allreduce as ar
 from benchmarks import report
-from npddp import results
-from npddp.columns import FLOAT, INT, KINDS, STR
+from benchmarks import results
+from benchmarks.columns import FLOAT, INT, KINDS, STR
 from npddp.comm import BACKENDS
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ import pytest
 from mpi4py import MPI
 
 from benchmarks import compare_torch as ct
-from npddp import results
+from benchmarks import results
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "compare_torch.py"

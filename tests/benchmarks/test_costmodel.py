@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from benchmarks import _costmodel as cm
-from npddp.columns import COLLECTIVES
+from benchmarks.columns import COLLECTIVES
 
 SIZES = 2.0 ** np.arange(3, 27, 2)  # 8 B .. 64 MiB
 

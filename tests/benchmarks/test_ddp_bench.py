@@ -19,9 +19,9 @@ from mpi4py import MPI
 
 from benchmarks import _common as bc
 from benchmarks import ddp as bd
-from npddp import results
-from npddp.columns import KINDS
-from npddp.ddp import SYNCS
+from benchmarks import results
+from benchmarks.columns import KINDS
+from npddp.parallel.ddp import SYNCS
 from npddp.nn import mlp
 
 ROOT = Path(__file__).resolve().parents[2]

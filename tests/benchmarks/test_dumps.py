@@ -1,4 +1,4 @@
-"""Every kind of benchmark dump, as its producer writes it, read back with npddp.results.
+"""Every kind of benchmark dump, as its producer writes it, read back with benchmarks.results.
 
 The dumps come from the ``dumps`` fixture (each producer run on one rank, or its own row
 builder for the PyTorch comparison). For each kind: the table's columns are the declared ones
@@ -14,8 +14,8 @@ import h5py
 import numpy as np
 import pytest
 
-from npddp import results
-from npddp.columns import FLOAT, INT, KINDS, STR
+from benchmarks import results
+from benchmarks.columns import FLOAT, INT, KINDS, STR
 from npddp.comm import ALGORITHMS, BACKENDS
 
 PANDAS_DTYPE = {INT: "int64", FLOAT: "float64"}

@@ -7,7 +7,7 @@ import pytest
 from mpi4py import MPI
 
 from benchmarks import naive_ddp as nd
-from npddp import results
+from benchmarks import results
 from npddp.nn import PRESETS, gpt_preset
 
 GIB = 2 ** 30

@@ -15,7 +15,7 @@ import pytest
 
 from npddp.comm import BACKENDS, create
 
-from ..conftest import RUN_BACKENDS, TCP_MODE, world_raw
+from tests.conftest import RUN_BACKENDS, TCP_MODE, world_raw
 #: Backends built from point-to-point messages only.
 P2P_BACKENDS = tuple(b for b in BACKENDS if b != "mpi")
 
@@ -36,7 +36,7 @@ def backend(request):
 def one_rank_group():
     """A group of this rank alone: MPI's COMM_SELF, or a TCP world of one."""
     if TCP_MODE:
-        from npddp.comm.tcp import TCPWorld
+        from npddp.comm.transports.tcp import TCPWorld
         return TCPWorld(0, 1, [None], ["self"]).transport()
     from mpi4py import MPI
     return MPI.COMM_SELF

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from npddp.comm import ALGORITHMS, create
-from npddp.comm.auto import CANDIDATES, FORMAT, MODEL, VERSION, check_table, model_table, predict
+from npddp.comm.p2p.auto import CANDIDATES, FORMAT, MODEL, VERSION, check_table, model_table, predict
 from npddp.tune import steps_from
 
-from .conftest import one_rank_group
+from tests.comm.conftest import one_rank_group
 
 
 def tuning(tmp_path, **change):

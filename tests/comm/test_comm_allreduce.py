@@ -10,7 +10,7 @@ import numpy as np
 
 from npddp.comm import DTYPES, OPS, create
 
-from .conftest import one_rank_group
+from tests.comm.conftest import one_rank_group
 
 
 def sizes(k: int) -> list[int]:

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from npddp.comm import DTYPES, OPS, create
-from npddp.comm._common import USER_TAG_LIMIT
-from npddp.comm.transport import is_transport
+from npddp.comm.checks import USER_TAG_LIMIT
+from npddp.comm.transports.base import is_transport
 
-from ..conftest import as_group
+from tests.conftest import as_group
 
 
 def rank_array(rank: int, shape, dtype) -> np.ndarray:

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from npddp.comm import BACKENDS, DTYPES, OPS, create
-from npddp.comm import _common as c
-from npddp.comm.engine import ScratchPool, TagSequence
+from npddp.comm import checks as c
+from npddp.comm.p2p.engine import ScratchPool, TagSequence
 
 
 def test_block_bounds_match_array_split():

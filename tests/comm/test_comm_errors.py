@@ -3,7 +3,7 @@
 import numpy as np
 
 from npddp.comm import create
-from npddp.comm._common import USER_TAG_LIMIT
+from npddp.comm.checks import USER_TAG_LIMIT
 
 
 def bad_calls(comm):

@@ -7,8 +7,8 @@ import pytest
 
 from npddp.comm import create
 
-from ..conftest import as_group
-from .conftest import P2P_BACKENDS, P2POnly
+from tests.conftest import as_group
+from tests.comm.conftest import P2P_BACKENDS, P2POnly
 
 p2p_backends = pytest.mark.parametrize("backend", P2P_BACKENDS)
 

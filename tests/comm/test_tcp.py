@@ -14,8 +14,8 @@ import time
 import numpy as np
 import pytest
 
-from npddp.comm.rendezvous import LaunchEnv, RendezvousError, connect, launch_env
-from npddp.comm.tcp import TCPWorld
+from npddp.comm.transports.rendezvous import LaunchEnv, RendezvousError, connect, launch_env
+from npddp.comm.transports.tcp import TCPWorld
 
 
 def free_port() -> int:

@@ -7,8 +7,7 @@ import types
 import numpy as np
 import pytest
 
-from npddp.data import (DATASET_NAMES, DEFAULT_IMAGE_SHAPE, Dataset, load_dataset, load_digits,
-                        synthetic_classification, synthetic_regression)
+from npddp.data import DATASET_NAMES, DEFAULT_IMAGE_SHAPE, Dataset, load_dataset, load_digits, synthetic_classification, synthetic_regression
 
 
 def test_synthetic_names_dispatch():

@@ -5,8 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from npddp.data import (BatchLoader, DistributedSampler, load_dataset, load_text_file, load_token_file,
-                        synthetic_tokens, windows)
+from npddp.data import BatchLoader, DistributedSampler, load_dataset, load_text_file, load_token_file, synthetic_tokens, windows
 
 
 @pytest.mark.parametrize("n,t", [(11, 5), (10, 3), (2, 1), (50, 7)])

@@ -3,8 +3,7 @@
 import numpy as np
 import pytest
 
-from npddp.nn import (Conv2d, CrossEntropyLoss, Flatten, Linear, MaxPool2d, ReLU, cnn, mlp,
-                      summary)
+from npddp.nn import Conv2d, CrossEntropyLoss, Flatten, Linear, MaxPool2d, ReLU, cnn, mlp, summary
 from npddp.nn.gradcheck import check_module
 from npddp.optim import SGD, AdamW
 

@@ -3,8 +3,7 @@
 import numpy as np
 import pytest
 
-from npddp.nn import (GELU, PRESETS, Block, CausalSelfAttention, CrossEntropyLoss, Embedding, LayerNorm,
-                      Linear, gpt, gpt_num_parameters, gpt_preset, summary)
+from npddp.nn import GELU, PRESETS, Block, CausalSelfAttention, CrossEntropyLoss, Embedding, LayerNorm, Linear, gpt, gpt_num_parameters, gpt_preset, summary
 from npddp.nn.gradcheck import check_loss, check_module, numerical_grad, rel_error
 
 TOL = 1e-6

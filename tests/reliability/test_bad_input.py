@@ -13,11 +13,12 @@ import h5py
 import numpy as np
 import pytest
 
-from npddp import checkpoint
+from npddp.train import checkpoint
 from npddp.comm import BACKENDS, create, debug_from_env, timeout_from_env
-from npddp.config import ConfigError, check_config, parse_config
+from npddp.train.config import ConfigError, parse_config
+from npddp.train.validate import check_config
 from npddp.data import BatchLoader, DistributedSampler, iterate_batches
-from npddp.ddp import DistributedDataParallel
+from npddp.parallel.ddp import DistributedDataParallel
 from npddp.nn import mlp
 
 

@@ -1,14 +1,14 @@
 """A failure on one rank ends the whole job within seconds, with a non-zero exit and no process left behind.
 
 Serial tests that launch ``mpirun`` jobs: ``--inject-fault`` in the training CLI on 2 and 3
-ranks for the mpi and ring backends, and :func:`npddp.launch.abort_on_exception` on its own
+ranks for the mpi and ring backends, and :func:`npddp.process.job.abort_on_exception` on its own
 (an exception before MPI is even imported, a Ctrl-C or a ``sys.exit(3)`` on one rank while the
 others wait in a collective, and the single-process default it keeps).
 """
 
 import pytest
 
-from npddp import checkpoint
+from npddp.train import checkpoint
 
 #: Seconds from the failing rank's report to the end of mpirun that count as "ends the job".
 EXIT_WITHIN = 10.0
@@ -40,7 +40,7 @@ def test_the_fault_fires_exactly_at_its_step_and_rank(run_job, tmp_path):
 
 LAUNCH_SNIPPET = """
 import os, signal, sys, time
-from npddp.launch import abort_on_exception
+from npddp.process.job import abort_on_exception
 abort_on_exception()
 mode, rank = sys.argv[1], int(os.environ.get("PMI_RANK", "0"))
 if mode == "before-mpi" and rank == 1:
@@ -59,7 +59,7 @@ if rank == 1:
     if mode == "exit":
         sys.exit(3)
     if mode == "exit-in-main":
-        from npddp.launch import run_main
+        from npddp.process.job import run_main
 
         def main(argv):
             raise SystemExit(4)

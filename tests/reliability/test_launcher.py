@@ -16,10 +16,10 @@ import time
 
 import pytest
 
-from npddp.comm.segments import PREFIX, SHM_DIR
-from npddp.run import parse_args, rank_env
+from npddp.comm.node.names import PREFIX, SHM_DIR
+from npddp.process.spawn import parse_args, rank_env
 
-from .conftest import job_env
+from tests.reliability.conftest import job_env
 
 WORKER = """
 import os, sys, time

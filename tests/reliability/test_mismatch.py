@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from npddp.comm import BACKENDS, CollectiveMismatchError, create
-from npddp.comm.debug import FINGERPRINT_LENGTH, DebugCommunicator, describe, encode, mismatch
+from npddp.comm.wrappers.debug import FINGERPRINT_LENGTH, DebugCommunicator, describe, encode, mismatch
 
-from ..conftest import RUN_BACKENDS
+from tests.conftest import RUN_BACKENDS
 
 
 def fp(sequence, operation, buf=None, op=None, root=None):

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from npddp.comm import BACKENDS, DEFAULT_TIMEOUT, create
-from npddp.comm.tcp import TCPWorld
+from npddp.comm.transports.tcp import TCPWorld
 
-from ..conftest import RUN_BACKENDS
+from tests.conftest import RUN_BACKENDS
 
 TIMEOUT = 0.2
 SLACK = 5.0          # oversubscribed ranks may be scheduled late

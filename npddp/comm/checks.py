@@ -1,0 +1,136 @@
+"""What all backends share: the op table, argument checks, timeouts and block layout.
+
+Every check here runs before a backend sends a single message, so a bad argument
+raises the same error on the rank that passed it and nothing is left half-sent.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: Supported element types, by NumPy name.
+DTYPES = ("float16", "float32", "float64", "int32", "int64")
+_DTYPE_SET = frozenset(np.dtype(d) for d in DTYPES)
+
+#: Reduction name -> NumPy ufunc applied elementwise (``ufunc(a, b, out=a)``).
+OPS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+
+#: Tags below this bound are the user's (``send``/``recv``); collectives use the ones above.
+USER_TAG_LIMIT = 1 << 14
+COLLECTIVE_TAG_SPAN = 1 << 14
+
+
+#: Seconds the hand-written backends wait for a peer before raising TimeoutError.
+DEFAULT_TIMEOUT = 300.0
+
+
+def check_timeout(value, what: str = "timeout") -> float:
+    """Return a timeout in seconds as float; ``float('inf')`` waits forever. TypeError/ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{what} must be a number of seconds, got {type(value).__name__}")
+    if not value > 0:  # also rejects NaN
+        raise ValueError(f"{what}={value} is out of range; valid: seconds > 0 (inf: wait forever)")
+    return float(value)
+
+
+def check_op(op: str):
+    """Return the ufunc for reduction ``op``; ValueError naming the valid ops otherwise."""
+    try:
+        return OPS[op]
+    except (KeyError, TypeError):
+        raise ValueError(f"unsupported op {op!r}; valid ops: {', '.join(OPS)}") from None
+
+
+def check_buffer(buf, what: str = "buf", writable: bool = True) -> np.ndarray:
+    """Validate a communication buffer: ndarray, supported dtype, C-contiguous, writable if asked."""
+    if not isinstance(buf, np.ndarray):
+        raise TypeError(f"{what} must be a numpy.ndarray, got {type(buf).__name__}")
+    if buf.dtype not in _DTYPE_SET:
+        raise TypeError(f"{what} has unsupported dtype {buf.dtype}; valid dtypes: {', '.join(DTYPES)}")
+    if not buf.flags.c_contiguous:
+        raise ValueError(f"{what} must be C-contiguous (got strides {buf.strides} for shape {buf.shape}); "
+                         "pass np.ascontiguousarray(...)")
+    if writable and not buf.flags.writeable:
+        raise ValueError(f"{what} is read-only but the operation writes into it")
+    return buf
+
+
+def check_out(buf: np.ndarray, out) -> np.ndarray:
+    """Validate an ``out=`` array against its input: same shape and dtype, writable, no overlap."""
+    check_buffer(out, "out")
+    if out.shape != buf.shape or out.dtype != buf.dtype:
+        raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; expected shape {buf.shape} "
+                         f"and dtype {buf.dtype} like the input")
+    if out is not buf and np.shares_memory(out, buf):
+        raise ValueError("out overlaps the input buffer; pass out=None for an in-place operation")
+    return out
+
+
+def check_rank(value, size: int, what: str = "root") -> int:
+    """Return ``value`` as an int rank; ValueError naming the valid range otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{what} must be an int, got {type(value).__name__}")
+    if not 0 <= value < size:
+        raise ValueError(f"{what}={value} is out of range; valid ranks: 0..{size - 1}")
+    return int(value)
+
+
+def check_tag(tag) -> int:
+    """Return a user tag as int; ValueError unless 0 <= tag < USER_TAG_LIMIT."""
+    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)):
+        raise TypeError(f"tag must be an int, got {type(tag).__name__}")
+    if not 0 <= tag < USER_TAG_LIMIT:
+        raise ValueError(f"tag={tag} is out of range; valid tags: 0..{USER_TAG_LIMIT - 1}")
+    return int(tag)
+
+
+def check_stacked(buf, size: int, what: str = "buf") -> np.ndarray:
+    """Validate a ``(size, *block)`` buffer as used by scatter."""
+    check_buffer(buf, what, writable=False)
+    if buf.ndim == 0 or buf.shape[0] != size:
+        raise ValueError(f"{what} has shape {buf.shape}; expected (size={size}, *block)")
+    return buf
+
+
+def block_bounds(n: int, size: int) -> np.ndarray:
+    """Offsets of ``np.array_split`` blocks: block i is ``[b[i], b[i+1])``; shape (size + 1,)."""
+    q, r = divmod(n, size)
+    counts = np.full(size, q, dtype=np.int64)
+    counts[:r] += 1
+    bounds = np.zeros(size + 1, dtype=np.int64)
+    np.cumsum(counts, out=bounds[1:])
+    return bounds
+
+
+class Backend:
+    """Base of the backends: rank and size (read once by the subclass) and the timeout every wait honours."""
+
+    _rank: int
+    _size: int
+    _timeout: float
+
+    #: Whether :meth:`empty` gives node shared memory; the shared-memory backends set it.
+    shared_memory = False
+
+    @property
+    def rank(self) -> int:
+        """This process's rank."""
+        return self._rank
+
+    def empty(self, shape, dtype=np.float32) -> np.ndarray:
+        """A zeroed array in ordinary memory (backends with node shared memory override this)."""
+        return np.zeros(shape, dtype=dtype)
+
+    @property
+    def size(self) -> int:
+        """Number of ranks."""
+        return self._size
+
+    @property
+    def timeout(self) -> float:
+        """Seconds a blocking call (or ``Work.wait``) may wait for its peers before TimeoutError."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, value) -> None:
+        self._timeout = check_timeout(value)

@@ -1,0 +1,58 @@
+"""``hier``: the all-reduce for many nodes: shared memory on each node, messages between nodes.
+
+1. On each node, a shared-memory reduce-scatter (:mod:`npddp.comm.node.shm`): local rank i holds
+   block i of its node's sum.
+2. Between nodes, local rank i of every node all-reduces its block with the others of the same
+   local index, over the transport, with the algorithm ``inter`` names (``auto`` by default:
+   recursive doubling for small blocks, the ring or Rabenseifner's for large ones).
+3. On each node, local rank i writes the block into every peer's result (shared memory).
+
+Only ``1/L`` of the vector crosses the network per rank (``L`` ranks per node), and on the node
+nothing is copied through a network stack. Every node needs the same number of ranks.
+``NPDDP_RANKS_PER_NODE=K`` pretends that one machine is several nodes of ``K`` ranks, which is how
+the tests exercise the path between nodes on one machine.
+"""
+
+from __future__ import annotations
+
+from npddp.comm import checks as c
+from npddp.comm.p2p.communicator import P2PCommunicator
+from npddp.comm.node.shm import ShmCommunicator, ShmWork
+
+
+class HierCommunicator(ShmCommunicator):
+    """Shared memory within nodes, the ``inter`` algorithm across them."""
+
+    def __init__(self, transport, timeout: float = c.DEFAULT_TIMEOUT, inter: str = "auto"):
+        super().__init__(transport, timeout, "hier")
+        nodes = self._nodes
+        self.nodes = len(set(nodes))
+        index = [sum(1 for q in range(r) if nodes[q] == nodes[r]) for r in range(self._size)]  # local index
+        from npddp.comm.registry import build
+        self.inter = build(inter, transport.split(index), timeout, shared_memory=False) if self.nodes > 1 else None
+
+    def _node_ranks(self, nodes: list) -> list[int]:
+        """The ranks on this rank's node; ValueError unless every node has as many ranks."""
+        counts = sorted({nodes.count(n) for n in set(nodes)})
+        if len(counts) > 1:
+            raise ValueError(f"backend 'hier' needs the same number of ranks on every node; nodes have "
+                             f"{', '.join(map(str, counts))} ranks (ranks per node: {[nodes.count(n) for n in sorted(set(nodes))]})")
+        self._nodes = nodes
+        return [r for r in range(self._size) if nodes[r] == nodes[self._rank]]
+
+    def _allreduce_work(self, call, src, dst, ufunc, result):
+        inter = None
+        if self.inter is not None:
+            op = next(name for name, f in c.OPS.items() if f is ufunc)
+            inter = lambda block: self.inter.iallreduce(block, op)  # noqa: E731
+        return ShmWork(call, self.node, src, dst, ufunc, result, inter)
+
+    def _blocking_path(self, src):
+        """One node only takes the blocking shared-memory paths (across nodes every block also crosses the network)."""
+        return super()._blocking_path(src) if self.inter is None else None
+
+    def barrier(self) -> None:
+        """Dissemination barrier over the transport."""
+        for work in tuple(self._active):
+            work.wait()
+        P2PCommunicator.barrier(self)

@@ -1,0 +1,194 @@
+"""Shared memory among the ranks of one node: which ranks share a node, shared segments, and node barriers.
+
+Nodes. Ranks share a node when they report the same host name and boot id. The test-only
+variable ``NPDDP_RANKS_PER_NODE=K`` pretends instead that ranks ``0..K-1`` are one node, ``K..2K-1``
+the next, and so on, so one machine can exercise the paths meant for several.
+
+Segments. A segment is a file in ``/dev/shm`` named after the job (:mod:`npddp.comm.node.names`).
+The node's first rank creates it, sends its name to the others over the transport, and unlinks
+it as soon as every one of them has mapped it: from then on the memory has no name, so nothing
+is left in ``/dev/shm`` when the job ends, whether it finishes or is killed.
+
+Node barriers. Each rank owns one 64-byte line of a control segment: a sequence number and a few
+words describing where its data lies this call. A rank writes its words, then its sequence number;
+a peer reads the sequence number, then the words. On x86-64 (total store order) plain aligned
+8-byte stores and loads give exactly that order; on other architectures a lock round trip (a
+full barrier) is placed between them. Waiting polls the peers' sequence numbers, yielding the
+CPU between polls, and every so often checks the deadline and that every peer process is alive,
+so a killed peer ends the wait at once.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import platform
+import secrets
+import socket
+import threading
+
+import numpy as np
+
+from npddp.comm.p2p.engine import CLOCK_EVERY, Overdue
+from npddp.comm.node.names import SHM_DIR, job_id, segment_name
+
+#: Words (int64) in each rank's control line: sequence number, then what the algorithm publishes.
+LINE = 8
+SEQ, PID = 0, LINE - 1
+_NAME_BYTES = 128
+_TSO = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+_FENCE = threading.Lock()
+_LIVENESS_EVERY = 16  # clock reads between two checks that the peers are alive
+
+
+def fence() -> None:
+    """Order this process's earlier memory accesses before its later ones (a no-op on x86-64)."""
+    if not _TSO:
+        _FENCE.acquire()
+        _FENCE.release()
+
+
+def host_id() -> str:
+    """This machine's identity: host name and boot id."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def node_ids(comm, environ=None) -> list[int]:
+    """The node of every rank of ``comm`` (0, 1, ... in order of first rank); an all-gather over its transport."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get("NPDDP_RANKS_PER_NODE", "").strip()
+    if raw:
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValueError(f"NPDDP_RANKS_PER_NODE={raw!r} is out of range; valid: an integer >= 1")
+        return [r // int(raw) for r in range(comm.size)]
+    name = host_id().encode()[:_NAME_BYTES].ljust(_NAME_BYTES, b"\0")
+    table = comm.allgather(np.frombuffer(name, dtype=np.int64))  # (size, _NAME_BYTES / 8)
+    first: dict[bytes, int] = {}
+    return [first.setdefault(table[r].tobytes(), len(first)) for r in range(comm.size)]
+
+
+class Segment:
+    """A mapped shared segment; ``array`` is all of it as bytes."""
+
+    def __init__(self, fd: int, nbytes: int):
+        self.map = mmap.mmap(fd, nbytes)
+        self.array = np.frombuffer(self.map, dtype=np.uint8)  # (nbytes,)
+        self.address = self.array.ctypes.data
+        self.nbytes = nbytes
+
+
+def create_segment(comm, local: list[int], nbytes: int, call) -> Segment:
+    """Make a segment of ``nbytes`` mapped by every rank of ``local`` (ranks of ``comm`` on this node).
+
+    Collective over ``local``, messages under ``call``'s tag: the first rank creates and sizes the
+    file and sends its name, the others map it and answer, then the first rank unlinks it.
+    """
+    me, leader = comm.rank, local[0]
+    name = np.zeros(_NAME_BYTES // 8, dtype=np.int64)  # the file name's bytes
+    status = np.zeros(1, dtype=np.int64)
+    if me == leader:
+        file = segment_name(job_id(), secrets.token_hex(6))
+        path = os.path.join(SHM_DIR, file)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, nbytes)
+            segment = Segment(fd, nbytes)
+        except BaseException:  # whatever stopped the mapping, the file must not outlive it
+            os.unlink(path)
+            raise
+        finally:
+            os.close(fd)
+        name.view(np.uint8)[:len(file)] = np.frombuffer(file.encode(), dtype=np.uint8)
+        try:
+            comm._transfer(call, sends=[(name, r) for r in local[1:]])
+            answers = np.zeros((len(local), 1), dtype=np.int64)  # (local, 1) 0: mapped, else errno
+            comm._transfer(call, recvs=[(answers[i], r) for i, r in enumerate(local) if i])
+        finally:
+            os.unlink(path)
+        failed = [local[i] for i in range(1, len(local)) if answers[i, 0]]
+        if failed:
+            raise OSError(f"ranks {failed} could not map shared segment {file}: ranks that look like one node "
+                          "do not share /dev/shm (set NPDDP_RANKS_PER_NODE=1 to use no shared memory)")
+        return segment
+    comm._transfer(call, recvs=[(name, leader)])
+    file = bytes(name).rstrip(b"\0").decode()
+    segment, fd = None, -1
+    try:
+        fd = os.open(os.path.join(SHM_DIR, file), os.O_RDWR)
+        segment = Segment(fd, nbytes)
+    except OSError as exc:
+        status[0] = exc.errno or 1
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    comm._transfer(call, sends=[(status, leader)])
+    if segment is None:
+        raise OSError(f"rank {me} could not map shared segment {file} made by rank {leader}")
+    return segment
+
+
+class NodeSync:
+    """The control lines of the node's ranks: publish words, arrive at a barrier, wait for the others."""
+
+    def __init__(self, ctrl: np.ndarray, me: int, peers_rank: list[int]):
+        self.lines = ctrl.reshape(-1, LINE)                      # (local ranks, LINE) int64
+        self.words = memoryview(ctrl).cast("B").cast("q")        # the same, as fast scalar slots
+        self.me, self.n, self.ranks = me, len(peers_rank), peers_rank
+        self.words[me * LINE + PID] = os.getpid()
+        self.others = [i for i in range(self.n) if i != me]
+
+    def publish(self, *values: int) -> None:
+        """Write this rank's words 1.. (before it arrives)."""
+        w, base = self.words, self.me * LINE
+        for i, v in enumerate(values, 1):
+            w[base + i] = v
+
+    def word(self, local: int, index: int) -> int:
+        """Word ``index`` of local rank ``local``'s line."""
+        return self.words[local * LINE + index]
+
+    def arrive(self, seq: int) -> None:
+        """Announce this rank has reached barrier ``seq`` (everything written before is visible first)."""
+        fence()
+        self.words[self.me * LINE + SEQ] = seq
+
+    def arrived(self, seq: int) -> bool:
+        """True once every rank of the node has reached barrier ``seq``."""
+        w = self.words
+        for i in self.others:
+            if w[i * LINE + SEQ] < seq:
+                return False
+        fence()
+        return True
+
+    def wait(self, seq: int, call) -> None:
+        """Block until every rank has reached barrier ``seq``; Overdue past ``call``'s deadline."""
+        polls = 0
+        while not self.arrived(seq):
+            os.sched_yield()
+            polls += 1
+            if not polls % CLOCK_EVERY:
+                if call.overdue():
+                    raise Overdue
+                if not polls % (CLOCK_EVERY * _LIVENESS_EVERY):
+                    self.check_alive()
+
+    def late(self, seq: int) -> list[int]:
+        """Ranks (of the communicator) that have not reached barrier ``seq``."""
+        return [self.ranks[i] for i in self.others if self.words[i * LINE + SEQ] < seq]
+
+    def check_alive(self) -> None:
+        """ConnectionError naming a peer whose process is gone."""
+        for i in self.others:
+            pid = self.words[i * LINE + PID]
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                raise ConnectionError(f"rank {self.ranks[i]} (process {pid}) on this node has died") from None
+            except PermissionError:
+                pass

@@ -1,0 +1,205 @@
+"""``auto``: the all-reduce algorithm for each call chosen from (message bytes, world size, dtype).
+
+The choice comes from a table of size thresholds: below the first threshold one algorithm,
+then the next, and so on. The default table is the alpha-beta-gamma cost model of each
+algorithm (:func:`predict`) with constants measured on the machine these defaults were
+taken on; ``python -m npddp.tune`` measures every algorithm on the running job and writes a
+table for exactly that job (transport, world size), which ``auto`` loads from
+``create("auto", tuning=PATH)`` or ``NPDDP_TUNING=PATH``. A missing, corrupt or mismatched
+table falls back to the model with one warning. Rank 0 reads the file and broadcasts its bytes,
+so every rank picks the same algorithm for the same call.
+
+Tuning file (JSON)::
+
+    {"format": "npddp-allreduce-tuning", "version": 1, "transport": "mpi", "world_size": 4,
+     "table": {"*": [[65536, "rd"], [4194304, "rabenseifner"], [null, "ring"]],
+               "float16": [[null, "ring"]]}}
+
+Each list maps a dtype (``*``: any other) to ``[max_bytes, algorithm]`` steps in increasing
+order; a call of ``n`` bytes uses the first step with ``n <= max_bytes`` (``null``: no bound).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+
+import numpy as np
+
+from npddp.comm import checks as c
+from npddp.comm.p2p.communicator import P2PCommunicator
+from npddp.comm.registry import ALGORITHMS, NODE_ALGORITHMS, algorithm, node_group
+
+FORMAT = "npddp-allreduce-tuning"
+VERSION = 1
+#: Algorithms ``auto`` chooses among (naive is the baseline to beat, never the best); when every
+#: rank shares one node, ``shm`` too, and the model then takes it at every size.
+CANDIDATES = ("rd", "rabenseifner", "ring", "tree")
+#: Cost-model constants per transport: alpha (s per step), beta (s per byte sent), gamma (s per byte reduced).
+MODEL = {
+    "mpi": (12e-6, 1 / 6.0e9, 1 / 4.0e9),
+    "tcp": (40e-6, 1 / 2.5e9, 1 / 4.0e9),
+}
+_SIZES = [1 << k for k in range(41)]  # sizes the model is evaluated at to cut its table
+_CACHE_SIZE = 256
+
+
+def predict(name: str, nbytes: float, size: int, alpha: float, beta: float, gamma: float,
+            segment_bytes: int = 1 << 20) -> float:
+    """Seconds an all-reduce of ``nbytes`` on ``size`` ranks takes by the alpha-beta-gamma model."""
+    if size == 1:
+        return 0.0
+    p = 1 << (size.bit_length() - 1)
+    fold = 0 if p == size else 1            # extra ranks fold in and out: two more steps of the whole vector
+    lg = math.log2(p)
+    if name == "rd":
+        return (lg + 2 * fold) * (alpha + nbytes * beta) + (lg + fold) * nbytes * gamma
+    if name == "rabenseifner":
+        share = (p - 1) / p
+        return ((2 * lg + 2 * fold) * alpha + (2 * share + 2 * fold) * nbytes * beta
+                + (share + fold) * nbytes * gamma)
+    if name == "ring":
+        share = (size - 1) / size
+        segments = max(1, math.ceil(nbytes / size / segment_bytes))
+        return 2 * (size - 1) * segments * alpha + 2 * share * nbytes * beta + share * nbytes * gamma
+    if name == "tree":
+        depth = math.ceil(math.log2(size))
+        segments = max(1, math.ceil(nbytes / segment_bytes))
+        seg = nbytes / segments
+        # up and down the tree, the pipeline filling and draining; the root handles `depth` children per segment
+        return (2 * (depth + segments - 1) * alpha + 2 * (depth + segments - 1) * seg * beta * depth / 2
+                + (depth + segments - 1) * seg * gamma)
+    if name == "naive":
+        return 2 * (size - 1) * (alpha + nbytes * beta) + (size - 1) * nbytes * gamma
+    raise ValueError(f"no cost model for algorithm {name!r}")
+
+
+def model_table(transport: str, size: int, segment_bytes: int = 1 << 20) -> list:
+    """``[[max_bytes, algorithm], ...]`` from the cost model: the cheapest candidate at each size."""
+    alpha, beta, gamma = MODEL.get(transport, MODEL["mpi"])
+    steps: list = []
+    for nbytes in _SIZES:
+        best = min(CANDIDATES, key=lambda a: predict(a, nbytes, size, alpha, beta, gamma, segment_bytes))
+        if steps and steps[-1][1] == best:
+            steps[-1][0] = nbytes
+        else:
+            steps.append([nbytes, best])
+    steps[-1][0] = None
+    return steps
+
+
+def check_table(data, transport: str, size: int, node: bool = False) -> dict:
+    """The ``table`` of a parsed tuning file, validated for this job; ValueError naming what is wrong."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"not an npddp tuning file (format is not {FORMAT!r})")
+    if data.get("version") != VERSION:
+        raise ValueError(f"version {data.get('version')!r}; this npddp reads version {VERSION}")
+    if data.get("world_size") != size:
+        raise ValueError(f"it was measured on {data.get('world_size')} ranks, this job has {size}")
+    if data.get("transport") != transport:
+        raise ValueError(f"it was measured over transport {data.get('transport')!r}, this job uses {transport!r}")
+    table = data.get("table")
+    if not isinstance(table, dict) or "*" not in table:
+        raise ValueError("its table has no '*' entry (the default for every dtype)")
+    for dtype, steps in table.items():
+        if dtype != "*" and dtype not in c.DTYPES:
+            raise ValueError(f"table entry for unknown dtype {dtype!r}; valid: *, {', '.join(c.DTYPES)}")
+        if not isinstance(steps, list) or not steps or steps[-1][0] is not None:
+            raise ValueError(f"steps for {dtype!r} must be a non-empty list ending with [null, algorithm]")
+        bounds = [s[0] for s in steps[:-1]]
+        if any(not isinstance(b, int) or b < 0 for b in bounds) or bounds != sorted(bounds):
+            raise ValueError(f"steps for {dtype!r}: max_bytes must be increasing integers")
+        valid = [*ALGORITHMS, *NODE_ALGORITHMS] if node else list(ALGORITHMS)
+        unknown = [s[1] for s in steps if s[1] not in valid]
+        if unknown:
+            raise ValueError(f"steps for {dtype!r} name algorithms {unknown} this job cannot run; valid: "
+                             f"{', '.join(valid)}" + ("" if node else " (shm needs every rank on one node)"))
+    return table
+
+
+class AutoCommunicator(P2PCommunicator):
+    """Hand-written collectives whose all-reduce algorithm is chosen per call from a size table."""
+
+    def __init__(self, transport, timeout: float = c.DEFAULT_TIMEOUT, tuning=None, shared_memory: bool = True):
+        super().__init__(transport, None, "auto", timeout)
+        self.algorithms = {name: algorithm(name)(self) for name in ALGORITHMS}
+        shared_memory = shared_memory and os.environ.get("NPDDP_AUTO_SHM", "1") != "0"
+        self.node = node_group(self, self._begin("setup")) if shared_memory else None
+        if self.node is not None:  # one node: shared memory joins the candidates, and empty() gives shared memory
+            self.algorithms["shm"] = algorithm("shm")(self)
+        self.source, self.table = self._load(tuning if tuning is not None else os.environ.get("NPDDP_TUNING"))
+        self._setup_done()
+        self._picks: dict = {}
+
+    @property
+    def shared_memory(self) -> bool:
+        """True when every rank shares this node (then :meth:`empty` gives shared memory)."""
+        return self.node is not None
+
+    def empty(self, shape, dtype=np.float32) -> np.ndarray:
+        """Node shared memory when every rank shares this node (collective), else an ordinary zeroed array."""
+        if self.node is None:
+            return super().empty(shape, dtype)
+        return self.node.empty(self._begin("empty"), shape, dtype)
+
+    def _load(self, path) -> tuple[str, dict]:
+        """``(where the table came from, table)``: the tuning file's, or the model's with one warning."""
+        kind = self.transport.name
+        steps = [[None, "shm"]] if self.node is not None else model_table(kind, self._size, self.segment_bytes)
+        model = ("model", {"*": steps})
+        if not path:
+            return model
+        raw, problem = b"", ""
+        if self._rank == 0:
+            try:
+                with open(path, "rb") as f:
+                    raw = f.read(1 << 20)
+            except OSError as exc:
+                problem = f"cannot read it: {exc.strerror or exc}"
+        raw = self._share(raw, problem)
+        if isinstance(raw, str):
+            problem = raw
+        else:
+            try:
+                return f"tuning file {path}", check_table(json.loads(raw), kind, self._size, self.node is not None)
+            except (ValueError, TypeError, IndexError, KeyError) as exc:
+                problem = str(exc)
+        if self._rank == 0:
+            warnings.warn(f"auto: ignoring tuning file {path}: {problem}; using the cost model instead", stacklevel=4)
+        return model
+
+    def _share(self, raw: bytes, problem: str):
+        """Rank 0's file bytes (or its error text) on every rank."""
+        head = np.array([len(raw), len(problem.encode())], dtype=np.int64)
+        self.broadcast(head, root=0)
+        total = int(head.sum())
+        body = np.zeros(-(-total // 8), dtype=np.int64)  # the bytes, in whole words
+        if self._rank == 0:
+            body.view(np.uint8)[:total] = np.frombuffer(raw + problem.encode(), dtype=np.uint8)
+        self.broadcast(body, root=0)
+        data = body.view(np.uint8)[:total].tobytes()
+        if head[1]:
+            return data[head[0]:].decode(errors="replace")
+        return data
+
+    def algorithm_for(self, nbytes: int, dtype) -> str:
+        """The algorithm ``auto`` uses for an all-reduce of ``nbytes`` bytes of ``dtype``."""
+        key = (nbytes, dtype)
+        name = self._picks.get(key)
+        if name is None:
+            steps = self.table.get(np.dtype(dtype).name, self.table["*"])
+            name = next(a for limit, a in steps if limit is None or nbytes <= limit)
+            if len(self._picks) >= _CACHE_SIZE:
+                self._picks.clear()
+            self._picks[key] = name
+        return name
+
+    def _allreduce_work(self, call, src, dst, ufunc, result):
+        """Start the chosen algorithm."""
+        return self.algorithms[self.algorithm_for(src.nbytes, src.dtype)].start(call, src, dst, ufunc, result)
+
+    def _blocking_path(self, src):
+        """The chosen algorithm's blocking path, if it has one."""
+        return getattr(self.algorithms[self.algorithm_for(src.nbytes, src.dtype)], "run", None)

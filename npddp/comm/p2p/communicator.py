@@ -1,0 +1,322 @@
+"""The communicator of every hand-written backend: one all-reduce algorithm, over any Transport.
+
+:class:`P2PCommunicator` holds a :class:`~npddp.comm.transports.base.Transport`, the tag sequence,
+the scratch pool and the call bookkeeping, and runs the all-reduce algorithm it was built with
+(``ring``, ``rd``, ``rabenseifner``, ``tree``, or ``auto``'s choice per call). The other
+collectives use the same schedules for every algorithm: a dissemination barrier, a binomial
+tree (small) or pipelined chain (large) broadcast, ring reduce-scatter and all-gather, linear
+gather and scatter. The ``naive`` backend overrides them with its root-based versions.
+
+An all-reduce algorithm is a class with ``__init__(comm)`` and
+``start(call, src, dst, ufunc, result) -> Work`` that reduces flat ``src`` into flat ``dst``
+(maybe ``src`` itself) and returns a Work handle; it may cache plans on itself.
+
+Failure. A call still waiting ``timeout`` seconds after its first long wait raises
+TimeoutError naming the operation, its number and the ranks it waits for; a peer whose
+connection breaks raises ConnectionError. Either way every outstanding request is abandoned
+(its buffers kept alive, since the transport may still touch them) and the communicator refuses
+any further call, because its peers now stand at different points of the call sequence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from npddp.comm import checks as c
+from npddp.comm.p2p.engine import Call, DoneWork, Overdue, P2PWork, ScratchPool, TagSequence
+
+
+class P2PCommunicator(c.Backend):
+    """Collectives built from a transport's point-to-point messages; all-reduce by ``algorithm``."""
+
+    #: Ring steps and chain broadcasts are cut into segments of at most this many bytes.
+    segment_bytes = 1 << 20
+    #: Ring all-reduce receives kept in flight (scratch slots of one segment each).
+    window = 2
+    #: Broadcasts of at least this many bytes use a pipelined chain instead of a binomial tree.
+    chain_bytes = 1 << 20
+
+    def __init__(self, transport, algorithm, name: str, timeout: float = c.DEFAULT_TIMEOUT):
+        self.transport = transport
+        self._rank, self._size = transport.rank, transport.size
+        self.name = name
+        self.timeout = timeout
+        self.scratch = ScratchPool()
+        self._tags = TagSequence()
+        self._active: list[P2PWork] = []
+        self._failure: str | None = None   # why this communicator is unusable
+        self._stranded: list = []           # buffers and handles abandoned requests may still touch
+        self._empty = np.empty(0, dtype=np.uint8)
+        self.algorithm = algorithm(self) if algorithm is not None else None
+
+    # --- calls, waits and giving up --------------------------------------------------
+    def _begin(self, operation: str, user_tag: int | None = None) -> Call:
+        """Open a call (after its arguments were checked): a fresh collective tag, or the user's tag."""
+        if self._failure is not None:
+            raise self.unusable()
+        if user_tag is not None:
+            return Call(self, operation, None, user_tag)
+        tag = self._tags.next()
+        return Call(self, operation, self._tags.count, tag)
+
+    def _setup_done(self) -> None:
+        """Number the user's collectives from 1, whatever the constructor exchanged before them."""
+        self._tags.count = 0
+
+    def unusable(self) -> RuntimeError:
+        """The error of any call after a failure."""
+        return RuntimeError(f"this {self.name} communicator is unusable after an earlier failure: {self._failure}")
+
+    def _transfer(self, call: Call, recvs=(), sends=()) -> None:
+        """Post receives ``[(array, source)]`` and sends ``[(array, dest)]`` under the call's tag; wait for all."""
+        transport, tag = self.transport, call.tag
+        rreqs, sreqs = [], []
+        try:
+            rreqs += [(transport.irecv(a, source, tag), source) for a, source in recvs]
+            sreqs += [(transport.isend(a, dest, tag), dest) for a, dest in sends]
+            for request, _ in rreqs:
+                call.wait(request)
+            for request, _ in sreqs:
+                call.wait(request)
+        except Overdue:
+            raise self.give_up(call, rreqs, sreqs, (recvs, sends)) from None
+        except ConnectionError as exc:
+            raise self.fail(call, exc, rreqs, sreqs, (recvs, sends)) from None
+
+    def give_up(self, call: Call, recvs: list, sends: list, keep=None) -> TimeoutError:
+        """After ``call`` timed out: abandon every request in flight; return the TimeoutError to raise."""
+        recv_from = [peer for request, peer in recvs if not request.test()]
+        send_to = [peer for request, peer in sends if not request.test()]
+        node = getattr(self, "node", None)  # shared-memory backends: who has not reached the node barrier
+        late = node.late(self._active) if node is not None and not recvs and not sends else ()
+        error = call.timeout_error(recv_from, send_to, late)
+        self._abandon_all(str(error), recvs + sends, keep)
+        return error
+
+    def fail(self, call: Call, exc: Exception, recvs=(), sends=(), keep=None) -> ConnectionError:
+        """After a peer's connection broke during ``call``: abandon everything; return the error to raise."""
+        error = ConnectionError(f"[rank {self._rank}] {call.describe()}: {exc}; this communicator is now unusable")
+        self._abandon_all(str(error), [*recvs, *sends], keep)
+        return error
+
+    def _abandon_all(self, why: str, requests: list, keep) -> None:
+        """Cancel ``[(request, peer)]`` and every outstanding handle's requests; refuse later calls."""
+        self._failure = why
+        self._stranded.append(keep)
+        for work in tuple(self._active):
+            requests += sum(work._requests(), [])
+            work._abandoned = True
+            self._stranded.append(work)
+        self._active.clear()
+        for request, _ in requests:
+            try:
+                request.cancel()
+            except ConnectionError:
+                pass
+
+    # --- all-reduce ------------------------------------------------------------------
+    def allreduce(self, buf, op="sum", out=None):
+        """Check, open the call, then run it: the algorithm's blocking path when nothing else is in flight."""
+        prepared = self._prepare(buf, op, out, "allreduce")
+        if prepared.__class__ is DoneWork:
+            return prepared.wait()
+        call, src, dst, ufunc, result = prepared
+        if not self._active:
+            run = self._blocking_path(src)
+            if run is not None:
+                run(call, src, dst, ufunc)
+                return result
+        return self._allreduce_work(call, src, dst, ufunc, result).wait()
+
+    def iallreduce(self, buf, op="sum"):
+        """Start an in-place all-reduce; return its Work handle."""
+        prepared = self._prepare(buf, op, None, "iallreduce")
+        if prepared.__class__ is DoneWork:
+            return prepared
+        return self._allreduce_work(*prepared)
+
+    def _prepare(self, buf, op, out, operation):
+        """Check the arguments and open the call: ``(call, flat src, flat dst, ufunc, result)``, or a DoneWork."""
+        ufunc = c.check_op(op)
+        if out is None or out is buf:
+            dst = c.check_buffer(buf)
+        else:
+            c.check_buffer(buf, writable=False)
+            dst = c.check_out(buf, out)
+        call = self._begin(operation)
+        if self._size == 1 or buf.size == 0:
+            if dst is not buf:
+                np.copyto(dst, buf)
+            return DoneWork(dst)
+        flat = buf.reshape(-1)
+        return call, flat, flat if dst is buf else dst.reshape(-1), ufunc, dst
+
+    def _blocking_path(self, src):
+        """The algorithm's ``run(call, src, dst, ufunc)`` for a blocking call, if it has one."""
+        return getattr(self.algorithm, "run", None)
+
+    def _exchange(self, call, got, send, peer: int) -> None:
+        """Receive ``got`` from and send ``send`` to ``peer`` under the call's tag; wait for both."""
+        transport, tag = self.transport, call.tag
+        recv = transport.irecv(got, peer, tag)
+        sent = transport.isend(send, peer, tag)
+        try:
+            call.wait(recv)
+            call.wait(sent)
+        except Overdue:
+            raise self.give_up(call, [(recv, peer)], [(sent, peer)], (got, send)) from None
+        except ConnectionError as exc:
+            raise self.fail(call, exc, [(recv, peer)], [(sent, peer)], (got, send)) from None
+
+    def _allreduce_work(self, call, src, dst, ufunc, result):
+        """Start reducing flat ``src`` over ranks into flat ``dst`` with this communicator's algorithm."""
+        return self.algorithm.start(call, src, dst, ufunc, result)
+
+    # --- the other collectives -------------------------------------------------------
+    def barrier(self) -> None:
+        """Dissemination barrier: in round k, signal rank + 2**k and hear from rank - 2**k."""
+        call = self._begin("barrier")
+        empty, dist, size = self._empty, 1, self._size
+        while dist < size:
+            self._transfer(call, [(empty, (self._rank - dist) % size)], [(empty, (self._rank + dist) % size)])
+            dist <<= 1
+
+    def broadcast(self, buf, root=0):
+        """Binomial tree from root; a pipelined chain of segments for buffers of ``chain_bytes`` or more."""
+        c.check_buffer(buf)
+        root = c.check_rank(root, self._size)
+        call = self._begin("broadcast")
+        if buf.size == 0 or self._size == 1:
+            return buf
+        if buf.nbytes >= self.chain_bytes and self._size > 2:
+            self._chain_broadcast(call, buf.reshape(-1), root)
+        else:
+            self._tree_broadcast(call, buf, root)
+        return buf
+
+    def _tree_broadcast(self, call, buf, root):
+        """Receive from the parent (clear lowest set bit of the relative rank), then send to children."""
+        size, vrank = self._size, (self._rank - root) % self._size
+        mask = 1
+        while mask < size:
+            if vrank & mask:
+                self._transfer(call, recvs=[(buf, (vrank - mask + root) % size)])
+                break
+            mask <<= 1
+        children = []
+        mask >>= 1
+        while mask:
+            if vrank + mask < size:
+                children.append((buf, (vrank + mask + root) % size))
+            mask >>= 1
+        if children:
+            self._transfer(call, sends=children)
+
+    def _chain_broadcast(self, call, flat, root):
+        """Root -> root+1 -> ...: each rank forwards a segment as soon as it has arrived."""
+        size, vrank, tag = self._size, (self._rank - root) % self._size, call.tag
+        seg = max(1, self.segment_bytes // flat.itemsize)
+        parts = [flat[i:i + seg] for i in range(0, flat.size, seg)]
+        left, right = (self._rank - 1) % size, (self._rank + 1) % size
+        if vrank == 0:
+            self._transfer(call, sends=[(p, right) for p in parts])
+            return
+        transport, recvs, sends = self.transport, [], []
+        try:
+            recvs += [(transport.irecv(p, left, tag), left) for p in parts]
+            for p, (req, _) in zip(parts, recvs):
+                call.wait(req)
+                if vrank < size - 1:
+                    sends.append((transport.isend(p, right, tag), right))
+            for req, _ in sends:
+                call.wait(req)
+        except Overdue:
+            raise self.give_up(call, recvs, sends, parts) from None
+        except ConnectionError as exc:
+            raise self.fail(call, exc, recvs, sends, parts) from None
+
+    def reduce_scatter(self, buf, op="sum"):
+        """Ring reduce-scatter: step s forwards the partial of block rank-s-1, so rank r ends with block r."""
+        ufunc = c.check_op(op)
+        c.check_buffer(buf, writable=False)
+        call = self._begin("reduce_scatter")
+        flat = buf.reshape(-1)
+        size, rank = self._size, self._rank
+        bounds = c.block_bounds(flat.size, size).tolist()
+        out = np.empty(bounds[rank + 1] - bounds[rank], dtype=buf.dtype)
+        if size == 1:
+            np.copyto(out, flat)
+            return out
+        if flat.size == 0:
+            return out
+        left, right = (rank - 1) % size, (rank + 1) % size
+        slot = bounds[1] - bounds[0]
+        raw = self.scratch.acquire(2 * slot * flat.itemsize)
+        scratch = np.frombuffer(raw, dtype=buf.dtype, count=2 * slot).reshape(2, slot)  # (2, largest block)
+        sending = flat[bounds[(rank - 1) % size]:bounds[(rank - 1) % size + 1]]
+        for step in range(size - 1):
+            b = (rank - step - 2) % size
+            local = flat[bounds[b]:bounds[b + 1]]
+            got = scratch[step % 2, :local.size]
+            self._transfer(call, [(got, left)], [(sending, right)])
+            sending = ufunc(local, got, out=out if step == size - 2 else got)
+        self.scratch.release(raw)
+        return out
+
+    def allgather(self, buf):
+        """Ring all-gather: step s forwards block rank-s and receives block rank-s-1."""
+        c.check_buffer(buf, writable=False)
+        call = self._begin("allgather")
+        size, rank = self._size, self._rank
+        out = np.empty((size, *buf.shape), dtype=buf.dtype)
+        rows = out.reshape(size, -1)  # (size, buf.size)
+        rows[rank] = buf.reshape(-1)
+        if buf.size:
+            left, right = (rank - 1) % size, (rank + 1) % size
+            for step in range(size - 1):
+                self._transfer(call, [(rows[(rank - step - 1) % size], left)], [(rows[(rank - step) % size], right)])
+        return out
+
+    def gather(self, buf, root=0):
+        """Every rank sends ``buf`` to root, which receives them all at once."""
+        c.check_buffer(buf, writable=False)
+        root = c.check_rank(root, self._size)
+        call = self._begin("gather")
+        if self._rank != root:
+            if buf.size:
+                self._transfer(call, sends=[(buf, root)])
+            return None
+        out = np.empty((self._size, *buf.shape), dtype=buf.dtype)
+        rows = out.reshape(self._size, -1)  # (size, buf.size)
+        rows[root] = buf.reshape(-1)
+        if buf.size:
+            self._transfer(call, recvs=[(rows[s], s) for s in range(self._size) if s != root])
+        return out
+
+    def scatter(self, buf, root=0):
+        """Root sends ``buf[i]`` to each rank i; the others receive their block."""
+        c.check_stacked(buf, self._size)
+        root = c.check_rank(root, self._size)
+        call = self._begin("scatter")
+        out = np.empty(buf.shape[1:], dtype=buf.dtype)
+        if self._rank == root:
+            rows = buf.reshape(self._size, -1)  # (size, block size)
+            out[...] = buf[root]
+            if out.size:
+                self._transfer(call, sends=[(rows[d], d) for d in range(self._size) if d != root])
+        elif out.size:
+            self._transfer(call, recvs=[(out, root)])
+        return out
+
+    def send(self, buf, dest, tag=0):
+        """Blocking send of ``buf`` with a user tag (times out like a collective)."""
+        c.check_buffer(buf, writable=False)
+        dest, tag = c.check_rank(dest, self._size, "dest"), c.check_tag(tag)
+        self._transfer(self._begin("send", tag), sends=[(buf, dest)])
+
+    def recv(self, buf, source, tag=0):
+        """Blocking receive into ``buf`` with a user tag (times out like a collective)."""
+        c.check_buffer(buf)
+        source, tag = c.check_rank(source, self._size, "source"), c.check_tag(tag)
+        self._transfer(self._begin("recv", tag), recvs=[(buf, source)])
+        return buf

@@ -1,0 +1,109 @@
+"""Baseline backend: every collective goes through rank 0, over point-to-point messages.
+
+All-reduce gathers every buffer to rank 0, reduces there in rank order ((x0 op x1) op x2) ...,
+and sends the result to every rank: O(N) messages of the full buffer through one rank, the
+traffic pattern the other algorithms exist to beat. Barrier, broadcast, reduce-scatter and
+all-gather go through rank 0 the same way.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+
+from npddp.comm import checks as c
+from npddp.comm.p2p.engine import RoundWork
+from npddp.comm.p2p.communicator import P2PCommunicator
+
+ROOT = 0
+
+
+class Naive:
+    """Gather to rank 0, reduce there in rank order, send the result to every rank."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def start(self, call, src, dst, ufunc, result):
+        """Rounds: rank 0 receives and reduces each rank's buffer in rank order, then sends the result to all."""
+        comm = self.comm
+        if comm.rank != ROOT:
+            rounds = [([(src, ROOT)], (), None), ((), [(dst, ROOT)], None)]
+            return RoundWork(call, rounds, result)
+        raw = comm.scratch.acquire(src.nbytes)
+        got = np.frombuffer(raw, dtype=src.dtype, count=src.size)  # (n,)
+        rounds = [((), [(got, source)], partial(ufunc, src if source == 1 else dst, got, out=dst))
+                  for source in range(1, comm.size)]
+        rounds.append(([(dst, dest) for dest in range(1, comm.size)], (), None))
+        return RoundWork(call, rounds, result, partial(comm.scratch.release, raw))
+
+
+class NaiveCommunicator(P2PCommunicator):
+    """Root-based collectives over point-to-point messages: gather to rank 0, compute there, send back."""
+
+    def barrier(self) -> None:
+        """Every rank signals rank 0; rank 0 answers each once it has heard from all."""
+        call = self._begin("barrier")
+        if self._rank == ROOT:
+            others = range(1, self._size)
+            self._transfer(call, recvs=[(self._empty, source) for source in others])
+            self._transfer(call, sends=[(self._empty, dest) for dest in others])
+        else:
+            self._transfer(call, sends=[(self._empty, ROOT)])
+            self._transfer(call, recvs=[(self._empty, ROOT)])
+
+    def broadcast(self, buf, root=0):
+        """Root sends ``buf`` to every other rank (all sends posted at once)."""
+        c.check_buffer(buf)
+        root = c.check_rank(root, self._size)
+        call = self._begin("broadcast")
+        if buf.size and self._size > 1:
+            if self._rank == root:
+                self._transfer(call, sends=[(buf, dest) for dest in range(self._size) if dest != root])
+            else:
+                self._transfer(call, recvs=[(buf, root)])
+        return buf
+
+    def reduce_scatter(self, buf, op="sum"):
+        """Rank 0 receives and reduces every buffer in rank order, then sends each rank its block."""
+        ufunc = c.check_op(op)
+        c.check_buffer(buf, writable=False)
+        call = self._begin("reduce_scatter")
+        flat = buf.reshape(-1)
+        bounds = c.block_bounds(flat.size, self._size).tolist()
+        out = np.empty(bounds[self._rank + 1] - bounds[self._rank], dtype=buf.dtype)
+        if flat.size == 0 or self._size == 1:
+            np.copyto(out, flat)
+            return out
+        if self._rank != ROOT:
+            self._transfer(call, recvs=[(out, ROOT)], sends=[(flat, ROOT)])
+            return out
+        total = flat.copy()  # (n,)
+        raw = self.scratch.acquire(flat.nbytes)
+        got = np.frombuffer(raw, dtype=buf.dtype, count=flat.size)  # (n,)
+        for source in range(1, self._size):
+            self._transfer(call, recvs=[(got, source)])
+            ufunc(total, got, out=total)
+        del got
+        self.scratch.release(raw)
+        np.copyto(out, total[:bounds[1]])
+        self._transfer(call, sends=[(total[bounds[d]:bounds[d + 1]], d) for d in range(1, self._size)])
+        return out
+
+    def allgather(self, buf):
+        """Rank 0 receives every rank's buffer, then sends the stacked array to every rank."""
+        c.check_buffer(buf, writable=False)
+        call = self._begin("allgather")
+        out = np.empty((self._size, *buf.shape), dtype=buf.dtype)
+        rows = out.reshape(self._size, -1)  # (size, buf.size)
+        rows[self._rank] = buf.reshape(-1)
+        if buf.size and self._size > 1:
+            others = range(1, self._size)
+            if self._rank == ROOT:
+                self._transfer(call, recvs=[(rows[source], source) for source in others])
+                self._transfer(call, sends=[(out, dest) for dest in others])
+            else:
+                self._transfer(call, sends=[(buf, ROOT)])
+                self._transfer(call, recvs=[(out, ROOT)])
+        return out

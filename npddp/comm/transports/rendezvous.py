@@ -1,0 +1,334 @@
+"""How TCP ranks find each other: torchrun's environment variables, a table from rank 0, a full mesh.
+
+Every rank reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` (and
+``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` when set). Then:
+
+1. every rank opens a listening socket of its own on an ephemeral port;
+2. rank 0 listens on ``MASTER_ADDR:MASTER_PORT``; every other rank connects there (retrying
+   until the timeout, since rank 0 may start later) and registers its rank, the world size, its
+   listening address and its host name;
+3. once all have registered, rank 0 sends every rank the table of all of them, with a job
+   token, and closes the rendezvous;
+4. each rank connects to every lower rank's listener and accepts a connection from every higher
+   rank. Connecting never waits for the peer to accept (the listener's backlog holds the
+   connection), so this order cannot deadlock. Each connection starts with a handshake naming
+   the rank and the job token, so a stray connection is refused.
+
+The result is one connected, non-blocking, ``TCP_NODELAY`` socket per peer, wrapped in a
+:class:`~npddp.comm.transports.tcp.TCPWorld` once per process (:func:`world_from_env`). Every message
+here is fixed-size binary (``struct``); nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import secrets
+import socket
+import struct
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from npddp.comm.transports.tcp import TCPTransport, TCPWorld
+from npddp.util import env as process_env
+
+MAGIC = b"NPDD"
+VERSION = 1
+_NAME = 64                                                    # bytes for an address or a host name
+REGISTER = struct.Struct(f"<4sIII{_NAME}sH{_NAME}s")          # magic, version, rank, size, ip, port, host
+TABLE_HEAD = struct.Struct("<4sIQI")                          # magic, status (0 ok), token, error length
+ENTRY = struct.Struct(f"<{_NAME}sH{_NAME}s")                  # ip, port, host
+HELLO = struct.Struct("<4sIQ")                                # magic, rank, token
+_RETRY_S = 0.1
+
+
+class RendezvousError(ConnectionError):
+    """The ranks could not find each other: one line saying who, where and why."""
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """Where this rank stands, from the launcher's environment variables."""
+
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    local_rank: int
+    local_world_size: int
+
+
+def _int_var(environ, name: str, low: int, high: int | None = None, default=None) -> int:
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        if default is not None:
+            return default
+        raise ValueError(f"{name} is not set; the tcp transport needs RANK, WORLD_SIZE, MASTER_ADDR and "
+                         "MASTER_PORT (python -m npddp.run sets them)")
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or value < low or (high is not None and value > high):
+        valid = f"{low}..{high}" if high is not None else f"an integer >= {low}"
+        raise ValueError(f"{name}={raw!r} is out of range; valid: {valid}")
+    return value
+
+
+def launch_env(environ=None) -> LaunchEnv:
+    """Parse the launcher's variables; ValueError naming the bad variable and its valid range."""
+    environ = os.environ if environ is None else environ
+    size = _int_var(environ, "WORLD_SIZE", 1)
+    rank = _int_var(environ, "RANK", 0, size - 1)
+    port = _int_var(environ, "MASTER_PORT", 1, 65535, default=0 if size == 1 else None)
+    addr = environ.get("MASTER_ADDR", "").strip() or "127.0.0.1"
+    local_size = _int_var(environ, "LOCAL_WORLD_SIZE", 1, size, default=size)
+    local_rank = _int_var(environ, "LOCAL_RANK", 0, local_size - 1, default=rank % local_size)
+    return LaunchEnv(rank, size, addr, port, local_rank, local_size)
+
+
+def env_from_mpi(mpi_comm=None) -> LaunchEnv:
+    """For a TCP world inside an MPI job: rank and size from MPI, rank 0's address and a free port broadcast.
+
+    This lets one ``mpirun`` job put the TCP transport beside MPI's (the benchmarks do).
+    """
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+    rank, size = comm.Get_rank(), comm.Get_size()
+    names = np.zeros((size, _NAME // 8), dtype=np.int64)  # every rank's host name, to see if they share one
+    mine = np.zeros(_NAME // 8, dtype=np.int64)
+    mine.view(np.uint8)[:len(_pad(socket.gethostname()))] = np.frombuffer(_pad(socket.gethostname()), np.uint8)
+    comm.Allgather(mine, names)
+    one_host = bool((names == names[0]).all())
+    table = np.zeros(1 + _NAME // 8, dtype=np.int64)       # port, then rank 0's address
+    if rank == 0:
+        addr = "127.0.0.1" if one_host else socket.gethostbyname(socket.gethostname())
+        with socket.socket() as probe:
+            probe.bind((addr, 0))
+            table[0] = probe.getsockname()[1]
+        table[1:].view(np.uint8)[:len(addr)] = np.frombuffer(addr.encode(), np.uint8)
+    comm.Bcast(table, root=0)
+    addr = table[1:].view(np.uint8).tobytes().rstrip(b"\0").decode()
+    local = int((names == mine).all(axis=1).sum())
+    return LaunchEnv(rank, size, addr, int(table[0]), rank % local, local)
+
+
+def _pad(text: str) -> bytes:
+    raw = text.encode()
+    if len(raw) > _NAME:
+        raise ValueError(f"address or host name {text!r} is longer than {_NAME} bytes")
+    return raw
+
+
+def _text(raw: bytes) -> str:
+    return raw.rstrip(b"\0").decode()
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: float, what: str) -> bytes:
+    """Exactly ``n`` bytes from a blocking socket, before ``deadline``; RendezvousError otherwise."""
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            k = sock.recv_into(view[got:])
+        except socket.timeout:
+            raise RendezvousError(f"timed out waiting for {what}") from None
+        if not k:
+            raise RendezvousError(f"connection closed while waiting for {what}")
+        got += k
+    return bytes(buf)
+
+
+def _listener(host: str) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    return sock
+
+
+def _connect(addr: str, port: int, deadline: float, who: str) -> socket.socket:
+    """Connect to ``addr:port``, retrying refused connections until ``deadline``."""
+    last = None
+    while True:
+        try:
+            return socket.create_connection((addr, port), timeout=max(0.01, deadline - time.monotonic()))
+        except OSError as exc:
+            last = exc
+        if time.monotonic() + _RETRY_S > deadline:
+            raise RendezvousError(f"could not reach {who} at {addr}:{port} ({last.strerror or last}): is it "
+                                  "running, and are MASTER_ADDR/MASTER_PORT the same on every rank?")
+        time.sleep(_RETRY_S)
+
+
+def _serve_table(server: socket.socket, env: LaunchEnv, me: tuple, deadline: float) -> tuple[int, list]:
+    """Rank 0: collect every rank's registration, then send everyone the table."""
+    size = env.world_size
+    entries: list = [None] * size
+    entries[0] = me
+    clients: list = []
+    error = ""
+    try:
+        while any(e is None for e in entries) and not error:
+            server.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                conn, _ = server.accept()
+            except socket.timeout:
+                missing = [r for r, e in enumerate(entries) if e is None]
+                raise RendezvousError(f"rank 0 waited for ranks {missing} to register at "
+                                      f"{env.master_addr}:{env.master_port} until the timeout") from None
+            clients.append(conn)
+            magic, version, rank, wsize, ip, port, host = REGISTER.unpack(
+                _recv_exact(conn, REGISTER.size, deadline, "a registration"))
+            if magic != MAGIC or version != VERSION:
+                error = f"a process that is not an npddp rank of this version connected to port {env.master_port}"
+            elif wsize != size:
+                error = f"rank {rank} has WORLD_SIZE={wsize} but rank 0 has WORLD_SIZE={size}"
+            elif not 0 < rank < size or entries[rank] is not None:
+                error = f"two processes claim RANK={rank}" if 0 <= rank < size else f"RANK={rank} is out of range"
+            else:
+                entries[rank] = (_text(ip), port, _text(host))
+        token = secrets.randbits(63)
+        message = error.encode()
+        reply = TABLE_HEAD.pack(MAGIC, 1 if error else 0, token, len(message)) + message
+        if not error:
+            reply += b"".join(ENTRY.pack(_pad(ip), port, _pad(host)) for ip, port, host in entries)
+        for conn in clients:
+            conn.sendall(reply)
+    finally:
+        for conn in clients:
+            conn.close()
+    if error:
+        raise RendezvousError(error)
+    return token, entries
+
+
+def _fetch_table(env: LaunchEnv, me_host: str, listener: socket.socket, deadline: float):
+    """Ranks > 0: register with rank 0 and receive the table."""
+    sock = _connect(env.master_addr, env.master_port, deadline, "rank 0")
+    with sock:
+        ip = sock.getsockname()[0]
+        listener.bind((ip, 0))
+        listener.listen(env.world_size)
+        port = listener.getsockname()[1]
+        sock.sendall(REGISTER.pack(MAGIC, VERSION, env.rank, env.world_size, _pad(ip), port, _pad(me_host)))
+        magic, status, token, nerr = TABLE_HEAD.unpack(_recv_exact(sock, TABLE_HEAD.size, deadline, "the rank table"))
+        if magic != MAGIC:
+            raise RendezvousError(f"{env.master_addr}:{env.master_port} is not an npddp rank 0")
+        if status:
+            raise RendezvousError(_recv_exact(sock, nerr, deadline, "the error").decode())
+        raw = _recv_exact(sock, ENTRY.size * env.world_size, deadline, "the rank table")
+    entries = [ENTRY.unpack_from(raw, r * ENTRY.size) for r in range(env.world_size)]
+    return token, [(_text(ip), port, _text(host)) for ip, port, host in entries]
+
+
+def _bind_address(addr: str) -> str:
+    """Where rank 0 listens: the loopback address itself, else every interface."""
+    try:
+        loopback = ipaddress.ip_address(socket.gethostbyname(addr)).is_loopback
+    except (OSError, ValueError):
+        loopback = False
+    return addr if loopback else ""
+
+
+def connect(env: LaunchEnv, timeout: float) -> tuple[list, list[str]]:
+    """Build the full mesh: one connected socket per peer (None for this rank), and every rank's host name."""
+    deadline = time.monotonic() + min(timeout, 10 ** 9)
+    host = socket.gethostname()[:_NAME]
+    if env.world_size == 1:
+        return [None], [host]
+    listener = _listener(env.master_addr)
+    try:
+        if env.rank == 0:
+            server = _listener(env.master_addr)
+            with server:
+                try:
+                    server.bind((_bind_address(env.master_addr), env.master_port))
+                except OSError as exc:
+                    raise RendezvousError(f"rank 0 cannot listen on port {env.master_port} ({exc.strerror}): "
+                                          "choose another MASTER_PORT") from None
+                server.listen(env.world_size)
+                listener.bind((socket.gethostbyname(env.master_addr) if ":" not in env.master_addr
+                               else env.master_addr, 0))
+                listener.listen(env.world_size)
+                me = (listener.getsockname()[0], listener.getsockname()[1], host)
+                token, table = _serve_table(server, env, me, deadline)
+        else:
+            token, table = _fetch_table(env, host, listener, deadline)
+        socks = _mesh(env, table, token, listener, deadline)
+    except RendezvousError as exc:
+        raise RendezvousError(f"[rank {env.rank}] tcp rendezvous: {exc}") from None
+    finally:
+        listener.close()
+    return socks, [h for _, _, h in table]
+
+
+def _mesh(env: LaunchEnv, table: list, token: int, listener: socket.socket, deadline: float) -> list:
+    """Connect to every lower rank, accept every higher one; return the sockets by rank."""
+    socks: list = [None] * env.world_size
+    try:
+        for peer in range(env.rank):
+            ip, port, _ = table[peer]
+            sock = _connect(ip, port, deadline, f"rank {peer}")
+            sock.sendall(HELLO.pack(MAGIC, env.rank, token))
+            socks[peer] = sock
+        waiting = env.world_size - env.rank - 1
+        while waiting:
+            listener.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                sock, _ = listener.accept()
+            except socket.timeout:
+                missing = [r for r in range(env.rank + 1, env.world_size) if socks[r] is None]
+                raise RendezvousError(f"ranks {missing} never connected") from None
+            try:
+                magic, peer, their_token = HELLO.unpack(_recv_exact(sock, HELLO.size, deadline, "a handshake"))
+            except RendezvousError:
+                magic = None
+            if magic != MAGIC or their_token != token or not env.rank < peer < env.world_size or socks[peer]:
+                sock.close()  # not one of this job's ranks: ignore it
+                continue
+            socks[peer] = sock
+            waiting -= 1
+    except BaseException:
+        for sock in socks:
+            if sock is not None:
+                sock.close()
+        raise
+    for sock in socks:
+        if sock is not None:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return socks
+
+
+# ----------------------------------------------------------------------------- the world
+
+def world_over_mpi(mpi_comm, timeout: float) -> TCPWorld:
+    """A new TCP mesh among the ranks of an mpi4py communicator (MPI carries rank 0's address)."""
+    env = env_from_mpi(mpi_comm)
+    socks, hosts = connect(env, timeout)
+    return TCPWorld(env.rank, env.world_size, socks, hosts)
+
+
+_WORLDS: dict = {}  # LaunchEnv -> TCPWorld: this process's connections, made once (like MPI_COMM_WORLD)
+
+
+def world_from_env(timeout: float, environ=None) -> TCPTransport:
+    """The transport over every rank the launcher's environment describes; connects on first use.
+
+    Inside an MPI job without those variables, MPI tells rank and size and carries rank 0's address.
+    """
+    environ = os.environ if environ is None else environ
+    if process_env.launched_by_mpi(environ) and not all(v in environ for v in process_env.TCP_LAUNCHER_VARIABLES):
+        env = _WORLDS.get("mpi") or env_from_mpi()
+        _WORLDS["mpi"] = env
+    else:
+        env = launch_env(environ)
+    world = _WORLDS.get(env)
+    if world is None:
+        socks, hosts = connect(env, timeout)
+        world = _WORLDS[env] = TCPWorld(env.rank, env.world_size, socks, hosts)
+        world.base = world.transport()
+    return world.base

@@ -1,0 +1,1 @@
+"""Communicators that wrap another: cross-rank call checks (debug) and a background progress thread."""

@@ -1,0 +1,1 @@
+"""Data parallelism over a Communicator: DistributedDataParallel."""

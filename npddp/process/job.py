@@ -1,0 +1,157 @@
+"""Process-level glue for entry points: exit codes, and ending the whole job when one rank fails.
+
+Without it, a rank that dies of an exception or exits early leaves the others blocked in
+their next collective until someone kills the job. :func:`abort_on_exception` makes these
+end the whole job promptly:
+
+* an unhandled exception (``KeyboardInterrupt`` included) prints that rank's traceback and
+  calls ``MPI_Abort`` with ``exit_code`` (1);
+* ``sys.exit(n)`` with ``n`` non-zero on one rank prints one line and calls ``MPI_Abort(n)``,
+  so the job's exit status is ``n``.
+
+:func:`run_main` wraps an entry point's ``main``: a ``SystemExit`` raised inside it (however it
+was raised) with a non-zero code ends the job the same way. A :class:`JobError` is a failure
+every rank agrees on: the entry point prints it once (rank 0) and exits with its code.
+A single process (no MPI loaded, or a world of one rank) keeps Python's default behaviour;
+without MPI the launcher (``python -m npddp.run``) ends the other ranks when one exits non-zero.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+
+from npddp.util import env
+
+#: Exit statuses of the entry points (``python -m npddp.train``, ``npddp.evaluate``).
+EXIT_OK = 0
+EXIT_FAILED = 1      # an unhandled exception on some rank: the whole job was aborted
+EXIT_USAGE = 2       # bad input found before training: flags, data files, checkpoint, paths, MPI missing
+EXIT_DIVERGED = 3    # a non-finite loss, gradient or parameter stopped training
+EXIT_WRITE = 4       # a checkpoint or metrics file could not be written (disk full, I/O error)
+
+#: Seconds between printing the report and MPI_Abort, so the launcher can still forward it.
+_GRACE_S = 0.2
+
+
+class JobError(Exception):
+    """A failure every rank has agreed on: rank 0 prints ``error: <message>``; every rank exits ``code``."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE, local: bool = False):
+        super().__init__(message)
+        self.code = code
+        self.local = local   # found by this rank alone (e.g. it cannot reach rank 0): it prints it
+
+
+def _world():
+    """``MPI.COMM_WORLD`` if MPI is (or, under a launcher of several ranks, can be) initialized; else None."""
+    if "mpi4py.MPI" not in sys.modules and env.mpi_world_size() <= 1:
+        return None  # no MPI here (or a launcher without MPI, which ends the job itself)
+    try:
+        from mpi4py import MPI  # a rank that failed before importing MPI still aborts the job
+
+        if MPI.Is_finalized() or not MPI.Is_initialized():
+            return None
+        return MPI.COMM_WORLD
+    except Exception:  # noqa: BLE001  (MPI unusable: nothing to abort through)
+        return None
+
+
+def end_job(code: int, report: str) -> None:
+    """Print ``report`` and end every rank with ``code`` (MPI_Abort); returns only when this is the whole job."""
+    world = _world()
+    if world is None or world.Get_size() == 1:
+        return
+    sys.stdout.flush()
+    sys.stderr.write(f"[rank {world.Get_rank()}] {report.format(size=world.Get_size())}")   # one write
+    sys.stderr.flush()
+    time.sleep(_GRACE_S)  # let the launcher forward the report before it tears the job down
+    world.Abort(code)
+    os._exit(code)
+
+
+def exit_status(code) -> int:
+    """The process exit status Python gives ``SystemExit(code)``: None -> 0, an int as is, anything else 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return int(code) & 0xFF
+    return 1
+
+
+def abort_on_exception(exit_code: int = EXIT_FAILED) -> None:
+    """Make an unhandled exception, or ``sys.exit(n != 0)``, on this rank end the whole job."""
+    previous = sys.excepthook
+    if not getattr(sys.exit, "_npddp_wrapped", False):
+        original_exit = sys.exit
+
+        def exit_all(status=None):
+            code = exit_status(status)
+            if code:
+                message = f" ({status})" if not isinstance(status, int) and status is not None else ""
+                end_job(code, f"exit status {code}{message}, ending all {{size}} ranks\n")
+            original_exit(status)
+
+        exit_all._npddp_wrapped = True
+        sys.exit = exit_all
+
+    def hook(exc_type, exc, tb):
+        if _world() is None:
+            previous(exc_type, exc, tb)
+            return
+        what = "interrupted" if issubclass(exc_type, KeyboardInterrupt) else "unhandled exception"
+        report = "".join(traceback.format_exception(exc_type, exc, tb)).replace("{", "{{").replace("}", "}}")
+        end_job(exit_code, f"{what}, aborting all {{size}} ranks:\n{report}")
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = hook
+
+
+#: How to get an MPI library when mpi4py cannot load one.
+MPI_FIXES = ('install one: pip install "npddp[mpich]" (the MPICH wheel), or a system MPI (e.g. apt '
+             'install mpich, then pip install --force-reinstall --no-binary mpi4py mpi4py); or run '
+             'without MPI: python -m npddp.run --nproc N -m npddp.train --backend auto')
+
+
+def open_communicator(backend: str, timeout=None, transport: str = "auto", **kwargs):
+    """``npddp.comm.create(backend, ...)``, with a one-line JobError (exit 2) when MPI cannot be loaded.
+
+    Also turns a malformed ``NPDDP_DEBUG``/``NPDDP_TIMEOUT``, an unreachable rendezvous or a
+    backend the transport cannot run into a JobError.
+    """
+    from npddp.comm import create
+    from npddp.comm.transports.rendezvous import RendezvousError
+
+    try:
+        return create(backend, timeout=timeout, transport=transport, **kwargs)
+    except RendezvousError as exc:
+        raise JobError(str(exc), EXIT_USAGE, local=True) from None
+    except ImportError as exc:
+        raise JobError(f"mpi4py cannot be imported ({exc}), so there is no MPI to run on; {MPI_FIXES}",
+                       EXIT_USAGE) from None
+    except RuntimeError as exc:
+        if "MPI library" not in str(exc):
+            raise
+        detail = "; ".join(line for line in str(exc).splitlines()[1:] if line.strip())[:300]
+        raise JobError(f"cannot load the MPI library ({detail or 'libmpi not found'}); {MPI_FIXES}",
+                       EXIT_USAGE) from None
+    except ValueError as exc:
+        raise JobError(str(exc), EXIT_USAGE) from None
+
+
+def run_main(main, argv=None) -> int:
+    """Run an entry point's ``main(argv)`` and return its exit status, ending the job on a one-rank exit.
+
+    A ``SystemExit`` with a non-zero code escaping ``main`` on this rank ends every rank with
+    that code (``sys.exit(0)``, e.g. after ``--help``, exits normally).
+    """
+    abort_on_exception()
+    try:
+        return int(main(argv))
+    except SystemExit as exc:
+        code = exit_status(exc.code)
+        if code:
+            end_job(code, f"exit status {code} (SystemExit), ending all {{size}} ranks\n")
+        raise

@@ -1,0 +1,73 @@
+"""The lines the training CLI's rank 0 prints before and after training: header and summary.
+
+The header names the world, the transport (and MPI library), BLAS threads, model, sync and
+buckets (with ``--backend auto``: the algorithm it picks for them), data, optimizer and,
+on ``--resume``, where the run continues.
+"""
+
+from __future__ import annotations
+
+from npddp.train.config import Config
+from npddp.train.console import format_bytes
+
+
+def header(cfg: Config, comm, ds, model_text: str, model, ddp, trainer, env: dict,
+           thread_line: str) -> list[str]:
+    """The lines rank 0 prints before training."""
+    per_rank = cfg.batch_size // comm.size
+    nbytes = model.num_bytes()
+    scaled = f", --normalize {cfg.normalize}" if cfg.normalize != "none" else ""
+    kind = transport_of(comm)
+    where = f"MPI {env.get('mpi_library', '?')}" if kind == "mpi" else "TCP sockets, no MPI"
+    lines = [f"npddp.train: {comm.size} rank{'s' * (comm.size > 1)}, backend {cfg.backend} over {kind}, {where}",
+             thread_line,
+             f"model: {model_text}; {model.num_parameters():,} parameters ({cfg.dtype}, {format_bytes(nbytes)})",
+             f"sync: {cfg.sync}, {len(ddp.buckets)} bucket{'s' * (len(ddp.buckets) > 1)}, compression "
+             f"{cfg.compression}" + (f", local SGD every {cfg.local_sgd} steps" if cfg.local_sgd else "")
+             + auto_picks(comm, ddp),
+             (f"data: {ds.name}, {ds.n_train} train / {ds.n_val} val sequences of {cfg.context_length} tokens, "
+              f"vocabulary {ds.num_classes}; batch {cfg.batch_size} = {comm.size} x {per_rank} sequences, "
+              if cfg.model == "gpt" else
+              f"data: {ds.name}, {ds.n_train} train / {ds.n_val} val rows of shape {tuple(ds.input_shape)}, "
+              f"{ds.num_classes} classes{scaled}; batch {cfg.batch_size} = {comm.size} x {per_rank}, ")
+             + f"{len(trainer.loader)} steps per epoch",
+             f"optimizer: {cfg.optimizer}, lr {cfg.lr}"
+             + (f", momentum {cfg.momentum}" if cfg.optimizer == "sgd" else "")
+             + f", weight decay {cfg.weight_decay}; {cfg.epochs} epochs, seed {cfg.seed}"]
+    if cfg.resume:
+        lines.append(f"resuming {cfg.checkpoint} at epoch {trainer.epochs_done + 1}, batch "
+                     f"{trainer.batches_done} done (step {trainer.step})")
+    return lines
+
+
+def transport_of(comm) -> str:
+    """``mpi`` or ``tcp``: what carries ``comm``'s messages (MPI's own collectives: mpi)."""
+    transport = getattr(comm, "transport", None)
+    return getattr(transport, "name", "mpi")
+
+
+def auto_picks(comm, ddp) -> str:
+    """For ``--backend auto``: ``; auto picks ring for 3 buckets (cost model)``, naming what each bucket size gets."""
+    pick = getattr(comm, "algorithm_for", None)
+    if pick is None or not ddp.buckets:
+        return ""
+    counts: dict = {}
+    for bucket in ddp.buckets:
+        name = pick(bucket.buffer.nbytes, bucket.buffer.dtype)
+        counts[name] = counts.get(name, 0) + 1
+    chosen = ", ".join(f"{name} for {n} bucket{'s' * (n > 1)}" for name, n in counts.items())
+    return f"; auto picks {chosen} ({'cost model' if comm.source == 'model' else comm.source})"
+
+
+def summary(cfg: Config, status: str, trainer, trained: float, total: float) -> str:
+    """The final line."""
+    row = trainer.last_row
+    text = (f"{'done' if status == 'complete' else 'stopped (--max-steps)'}: epoch {trainer.epochs_done}"
+            f"/{cfg.epochs}, step {trainer.step}, {trained:.1f} s training, {total:.1f} s in all")
+    if row is not None:
+        text += f"; last val_acc {100 * row['val_acc']:.2f}%, val_loss {row['val_loss']:.4f}"
+        text += trainer.tokens_per_s(row, sep=", ")
+    for name in ("checkpoint", "metrics"):
+        if getattr(cfg, name):
+            text += f"; {name} {getattr(cfg, name)}"
+    return text

@@ -1,0 +1,329 @@
+"""The training CLI's configuration: one dataclass whose field metadata builds the argparse parser.
+
+Each field of :class:`Config` is one ``--flag`` (underscores become dashes). Its metadata
+holds the help text, the valid choices, and whether a resumed run must repeat the value
+(``resume="match"``). :func:`parse_config` turns argv into a ``Config``; :func:`npddp.train.validate.check_config`
+validates it against the world size. Both raise :class:`ConfigError` with a message meant to be
+printed after ``error: ``; neither communicates, so every rank reaches the same verdict.
+
+The choice lists come from the modules that implement them; importing this module does not
+import mpi4py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+
+from npddp.comm import BACKENDS, DEFAULT_TIMEOUT, TRANSPORTS
+from npddp.data import DATASET_NAMES, NORMALIZE_MODES
+from npddp.data.arrays import ARRAY_SUFFIXES
+from npddp.parallel.ddp import BUCKET_CAP_MB, COMPRESSIONS, SYNCS
+from npddp.train.models import DTYPES, MODELS
+from npddp.nn.gpt import PRESETS
+from npddp.optim import OPTIMIZERS
+from npddp.train.console import PROGRESS_MODES
+from npddp.process.threads import parse_threads
+
+#: Data set names the CLI trains on: the classification sets among the loaders' names.
+DATASETS = tuple(n for n in DATASET_NAMES if n != "regression")
+DATA_SUFFIXES = ARRAY_SUFFIXES
+H5_SUFFIXES = (".h5", ".hdf5")
+PROG = "python -m npddp.train"
+#: How a field behaves on --resume: must repeat the saved value / taken from the checkpoint
+#: unless given (may change) / this run's own.
+RESUME_KINDS = ("match", "inherit", "")
+
+
+class ConfigError(ValueError):
+    """Bad command-line input: printed once as ``error: <message>``, exit code 2."""
+
+
+def _opt(default, help: str, *, choices=None, metavar=None, resume: str = "", shown=None, parse=None):
+    """A dataclass field carrying its command-line help.
+
+    ``resume``: "match" (fixed: taken from the checkpoint, and a different value given again is
+    an error), "inherit" (taken from the checkpoint unless given; may change) or "" (this
+    run's own). ``parse`` converts the command-line string (default: the field's type).
+    """
+    assert resume in RESUME_KINDS, resume
+    meta = {"help": help, "choices": choices, "metavar": metavar, "resume": resume, "shown": shown,
+            "parse": parse}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every setting of a training run."""
+
+    # --- communication
+    backend: str = _opt("mpi", "communication backend: MPI's own collectives (mpi); hand-written over "
+                        "--transport: ring, naive (gather to rank 0 and back), rd (recursive doubling), "
+                        "rabenseifner, tree, auto (picks one per call, shared memory on one node); "
+                        "shm (one node, shared memory), hier (shared memory per node, then the "
+                        "network); may change on --resume", choices=BACKENDS, resume="inherit")
+    transport: str = _opt("auto", "how the hand-written backends move messages: tcp (sockets; processes "
+                          "started by python -m npddp.run or torchrun, no MPI needed), mpi (MPI's "
+                          "point-to-point calls) or auto (tcp when RANK/WORLD_SIZE are set and no MPI "
+                          "launcher started the job, else mpi); --backend mpi needs mpi",
+                          choices=("auto", *TRANSPORTS), resume="inherit")
+    sync: str = _opt("overlap", "gradient sync strategy: one all-reduce per tensor (per_param), one "
+                     "flat buffer (flat), buckets after backward (bucketed), or buckets reduced "
+                     "while backward runs (overlap)", choices=SYNCS, resume="inherit")
+    bucket_mb: float = _opt(BUCKET_CAP_MB, "bucket size cap in MiB for bucketed/overlap (DistributedDataParallel's "
+                            "bucket_cap_mb); smaller buckets start all-reducing earlier during backward",
+                            metavar="MB", resume="inherit")
+    compression: str = _opt("none", "gradient compression: none, fp16 (half-precision all-reduce) or "
+                            "topk (largest --topk-ratio of each bucket, with error feedback)",
+                            choices=COMPRESSIONS, resume="inherit")
+    topk_ratio: float = _opt(0.01, "fraction of each bucket sent by --compression topk, in (0, 1]",
+                             metavar="R", resume="inherit")
+    local_sgd: int = _opt(0, "average parameters every K steps instead of gradients every step "
+                          "(0: plain data parallelism)", metavar="K", resume="match")
+    timeout: typing.Optional[float] = _opt(
+        None, "seconds a collective may wait for the other ranks before raising TimeoutError, which "
+        "ends the job (inf: wait forever)", metavar="SECONDS",
+        shown=f"$NPDDP_TIMEOUT, else {DEFAULT_TIMEOUT:g}")
+    # --- model
+    model: str = _opt("mlp", "network: mlp (Linear+ReLU layers), cnn (3x3 conv, ReLU, 2x2 max-pool "
+                      "stages, then a dense head) or gpt (a Transformer language model on token data)",
+                      choices=MODELS, resume="match")
+    hidden: list = _opt([256, 256], "widths of the hidden dense layers (the MLP, or the CNN's head)",
+                        metavar="N", resume="match")
+    channels: list = _opt([8, 16], "CNN only: output channels of each conv stage", metavar="C",
+                          resume="match")
+    dropout: float = _opt(0.0, "dropout probability after each hidden dense layer, in [0, 1) "
+                          "(0: no dropout layers); each rank draws its own masks", metavar="P",
+                          resume="match")
+    dtype: str = _opt("float32", "floating type of data, parameters and gradients", choices=DTYPES,
+                      resume="match")
+    model_size: str = _opt("tiny", "GPT only: size preset (" + ", ".join(
+        f"{k} d_model {v[0]}, {v[2]} layers" for k, v in PRESETS.items()) + ")", choices=tuple(PRESETS),
+        resume="match")
+    context_length: int = _opt(64, "GPT only: tokens per training sequence (and learned positions)",
+                               metavar="T", resume="match")
+    vocab_size: int = _opt(0, "GPT only: vocabulary size (0: from the data: 256 for text: and "
+                           "synthetic-tokens, largest id + 1 for tokens:)", metavar="V", resume="match")
+    # --- data
+    dataset: typing.Optional[str] = _opt(
+        None, "synthetic, synthetic-image, digits (needs scikit-learn), mnist (IDX files in "
+        "--data-dir), a .npz/.h5/.hdf5 file, or a directory (a path with a '/') of two .npy "
+        "files; the arrays are --x-key (inputs) and --y-key (integer labels); for --model gpt: "
+        "synthetic-tokens (a random Markov chain), tokens:PATH (a .bin of uint16 token ids, as "
+        "nanoGPT writes them, or a 1-D .npy) or text:PATH (a file's bytes)",
+        metavar="NAME|PATH", resume="match",
+        shown="synthetic; synthetic-image with --model cnn; synthetic-tokens with --model gpt")
+    x_key: str = _opt("X", "array of inputs in an array file: an .npz name, an HDF5 path such as "
+                      "train/images, or <KEY>.npy in a directory", metavar="KEY", resume="match")
+    y_key: str = _opt("y", "array of integer class labels, named like --x-key", metavar="KEY",
+                      resume="match")
+    normalize: str = _opt("none", "rescale inputs on load with training-set statistics: standard "
+                          "(per feature: subtract the mean, divide by the standard deviation), unit "
+                          "(min-max to [0, 1]) or none; inputs that look unscaled (integers, or "
+                          "values beyond +-10) get a warning", choices=NORMALIZE_MODES,
+                          resume="match")
+    data_dir: typing.Optional[str] = _opt(None, "directory holding the MNIST files (and relative "
+                                          "array-file paths)", metavar="DIR", shown="none",
+                                          resume="inherit")
+    train_samples: int = _opt(0, "use this many training rows (synthetic sets generate exactly that "
+                              "many; 0: 32768 for synthetic, 8192 for synthetic-image, all rows "
+                              "otherwise)", metavar="N",
+                              resume="match")
+    val_samples: int = _opt(0, "use this many validation rows (0: 1024 for synthetic sets, all "
+                            "rows otherwise)", metavar="N", resume="inherit")
+    # --- optimisation
+    epochs: int = _opt(5, "passes over the training set", metavar="N", resume="inherit")
+    batch_size: int = _opt(96, "GLOBAL batch size, split evenly across ranks: it must be a multiple "
+                           "of the world size (96 suits 1, 2, 3, 4, 6, 8, ... ranks)", metavar="B",
+                           resume="match")
+    lr: float = _opt(0.05, "learning rate", metavar="LR", resume="inherit")
+    optimizer: str = _opt("sgd", "sgd (with --momentum) or adamw", choices=OPTIMIZERS, resume="match")
+    momentum: float = _opt(0.9, "SGD momentum in [0, 1) (ignored by adamw)", metavar="M",
+                           resume="match")
+    weight_decay: float = _opt(0.0, "L2 penalty for sgd, decoupled decay for adamw", metavar="WD",
+                               resume="match")
+    seed: int = _opt(0, "seed of the initial weights, the data shuffle (seed + epoch) and the "
+                     "dropout streams", metavar="S", resume="match")
+    max_steps: int = _opt(0, "stop after this many optimizer steps in all (counting those before a "
+                          "--resume), writing the checkpoint; 0: no limit", metavar="N")
+    # --- files
+    checkpoint: typing.Optional[str] = _opt(
+        None, "HDF5 checkpoint written atomically by rank 0 at the end of every epoch and of the "
+        "run (and every --checkpoint-every steps), with a checksum per dataset; it may replace "
+        "an npddp checkpoint, never another file", metavar="PATH.h5", shown="none")
+    checkpoint_every: int = _opt(0, "also write the checkpoint every N optimizer steps (0: only "
+                                 "at epoch ends and at the end)", metavar="N", resume="inherit")
+    resume: bool = _opt(False, "continue the run saved in --checkpoint, with its settings: flags "
+                        "marked [fixed on resume] are taken from it (given again, they must "
+                        "repeat the saved value), those marked [from the checkpoint] too unless "
+                        "given; the backend and the world size may change")
+    metrics: typing.Optional[str] = _opt(
+        None, "HDF5 file of per-step and per-epoch metrics (groups /steps and /epochs of 1-D "
+        "columns), rewritten atomically by rank 0 at every epoch end and checkpoint; it may "
+        "replace an npddp metrics file, never another file",
+        metavar="PATH.h5", shown="none", resume="inherit")
+    # --- process
+    threads: typing.Union[int, str] = _opt(
+        "auto", "BLAS threads per rank, applied with threadpoolctl before any NumPy work: auto "
+        "(the CPUs this process may use divided by the ranks on this node, at least 1) or N",
+        metavar="auto|N", parse=parse_threads)
+    quiet: bool = _opt(False, "print only the final summary (and errors and warnings)")
+    progress: str = _opt("auto", "progress within an epoch: bar (a tqdm bar on stderr), log (a "
+                         "line every --log-every seconds on stdout, as under mpirun or in a log "
+                         "file), auto (bar when stderr is a terminal, else log), or none",
+                         choices=PROGRESS_MODES)
+    log_every: float = _opt(10.0, "seconds between progress lines (--progress log)", metavar="SECONDS")
+    inject_fault: typing.Optional[str] = _opt(
+        None, "testing aid: on rank RANK at the start of optimizer step STEP (counted from 1, as "
+        "in the metrics) raise an exception (KIND raise, the default), call sys.exit(3) (exit), "
+        "or make the loss NaN (nan), to check that a failure on one rank ends the whole job",
+        metavar="RANK:STEP[:KIND]", shown="none")
+
+    def dataset_name(self) -> str:
+        """--dataset, or the default for --model."""
+        if self.dataset is not None:
+            return self.dataset
+        return {"cnn": "synthetic-image", "gpt": "synthetic-tokens"}.get(self.model, "synthetic")
+
+    def as_dict(self) -> dict:
+        """The fields as a plain dict (lists copied)."""
+        return {f.name: _copy(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+def _copy(value):
+    return list(value) if isinstance(value, list) else value
+
+
+def flag(name: str) -> str:
+    """``batch_size`` -> ``--batch-size``."""
+    return "--" + name.replace("_", "-")
+
+
+def fixed_on_resume() -> tuple[str, ...]:
+    """Names of the fields a resumed run takes from the checkpoint and may not change."""
+    return tuple(f.name for f in dataclasses.fields(Config) if f.metadata["resume"] == "match")
+
+
+def inherited_on_resume() -> tuple[str, ...]:
+    """Names of the fields a resumed run takes from the checkpoint unless they are given again."""
+    return tuple(f.name for f in dataclasses.fields(Config) if f.metadata["resume"] == "inherit")
+
+
+def _show(value) -> str:
+    """A default as it would be typed on the command line."""
+    if isinstance(value, list):
+        return " ".join(str(v) for v in value)
+    if isinstance(value, bool):
+        return "off" if not value else "on"
+    return "none" if value is None else str(value)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser that raises ConfigError instead of exiting, and prints help to a chosen file."""
+
+    def __init__(self, *args, help_file=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._help_file = help_file
+
+    def error(self, message):
+        raise ConfigError(message)
+
+    def print_help(self, file=None):
+        super().print_help(file if file is not None else self._help_file)
+
+
+_EPILOG = """\
+batch size: --batch-size is the global batch; each rank takes batch_size / world_size rows
+  per step, so it must be a multiple of the world size (an error names the nearest valid one).
+resume: --checkpoint run.h5 --resume continues where run.h5 stopped (epoch, batch, optimizer
+  and every random state) with the settings saved in it; with the same world size and backend
+  the final parameters are bit-identical to a run that never stopped. The backend and the
+  world size may change (the header says what changed and that bit-identity is given up).
+threads: --threads auto gives each rank (CPUs it may use) / (ranks on this node) BLAS threads.
+data: inputs that look unscaled (integers, values beyond +-10) get a warning; --normalize
+  standard rescales them on load.
+exit codes: 0 done; 1 an unhandled exception on any rank (the whole job is aborted); 2 bad
+  input found before training (one 'error: ...' line from rank 0, nothing overwritten);
+  3 a non-finite loss, gradient or parameter stopped training (the last checkpoint is kept);
+  4 a checkpoint or metrics file could not be written (disk full; the previous file is kept).
+failures: an exception, a sys.exit(N), a Ctrl-C or a --timeout on any rank ends every rank; a
+  killed rank ends the job through mpirun; the last checkpoint stays loadable. NPDDP_DEBUG=1
+  checks before every collective that all ranks make the same call.
+examples:
+  mpirun -n 2 python -m npddp.train
+  mpirun -n 4 python -m npddp.train --backend ring --model cnn --epochs 5 --checkpoint run.h5
+  mpirun -n 4 python -m npddp.train --checkpoint run.h5 --resume
+  python -m npddp.evaluate run.h5
+"""
+
+
+#: The field that opens each section of --help.
+_GROUPS = {"backend": "communication", "model": "model", "dataset": "data",
+           "epochs": "optimisation", "checkpoint": "files", "threads": "process"}
+
+
+def build_parser(help_file=None) -> argparse.ArgumentParser:
+    """The parser for every Config field, with defaults and choices in the help."""
+    parser = _Parser(prog=PROG, description="Train a NumPy model with Distributed Data Parallel over "
+                     "MPI; rank 0 prints progress and writes the HDF5 files.", epilog=_EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter, help_file=help_file,
+                     allow_abbrev=False)
+    hints = typing.get_type_hints(Config)
+    group = parser
+    for f in dataclasses.fields(Config):
+        if f.name in _GROUPS:
+            group = parser.add_argument_group(_GROUPS[f.name])
+        meta = f.metadata
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        shown = meta["shown"] if meta["shown"] is not None else _show(default)
+        text = meta["help"] + f" (default: {shown})"
+        if meta["resume"] == "match":
+            text += " [fixed on resume]"
+        elif meta["resume"] == "inherit":
+            text += " [from the checkpoint]"
+        kwargs: dict = {"dest": f.name, "default": argparse.SUPPRESS, "help": text}
+        kind = hints[f.name]
+        if kind is bool:
+            kwargs["action"] = "store_true"
+        else:
+            if meta["parse"] is not None:
+                kwargs["type"] = _checked(meta["parse"])
+            elif kind is list:
+                kwargs.update(type=int, nargs="+")
+            else:
+                kwargs["type"] = next(a for a in typing.get_args(kind) if a is not type(None)) \
+                    if typing.get_origin(kind) is typing.Union else kind
+            if meta["choices"]:
+                kwargs["choices"] = meta["choices"]
+                kwargs["metavar"] = "{" + ",".join(meta["choices"]) + "}"
+            elif meta["metavar"]:
+                kwargs["metavar"] = meta["metavar"]
+        group.add_argument(flag(f.name), **kwargs)
+    return parser
+
+
+def _checked(parse):
+    """``parse`` as an argparse type: its ValueError becomes argparse's one-line error."""
+    def convert(text):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return convert
+
+
+def parse_args(argv=None, help_file=None) -> dict:
+    """The flags given in ``argv`` (default ``sys.argv[1:]``) as {field: value}; ConfigError when bad.
+
+    ``--help`` prints to ``help_file`` (stdout when None) and raises SystemExit(0).
+    """
+    return vars(build_parser(help_file).parse_args(argv))
+
+
+def parse_config(argv=None, help_file=None) -> Config:
+    """A Config from ``argv``: the flags given, defaults for the rest; ConfigError on a bad or unknown flag."""
+    return Config(**parse_args(argv, help_file))

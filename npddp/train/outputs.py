@@ -1,0 +1,82 @@
+"""The files a run writes (``--checkpoint``, ``--metrics``): checked before training, tidied after crashes.
+
+:func:`check_outputs` refuses, before any rank trains, a path that is a directory, sits in a
+missing or read-only directory, is not a regular file (a FIFO would block the first read or
+write), or is a file that is not an npddp file of the same kind (so nothing foreign is
+replaced). :func:`remove_stale` deletes the temporary files a crashed writer left beside
+them (see :mod:`npddp.util.atomicfile`). Both run on rank 0 only.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from npddp.util.atomicfile import remove_stale_temps
+from npddp.train.checkpoint import FORMAT as CHECKPOINT_FORMAT
+from npddp.train.metrics import FORMAT as METRICS_FORMAT
+from npddp.train.console import format_bytes
+
+#: field name -> the ``format`` attribute a file there must already have to be replaced.
+KINDS = {"checkpoint": CHECKPOINT_FORMAT, "metrics": METRICS_FORMAT}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _format_of(path: str) -> str | None:
+    """The ``format`` attribute of a regular HDF5 file, or None (not HDF5, unreadable, no such attribute)."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            value = f.attrs.get("format")
+    except (OSError, RuntimeError, ValueError):
+        return None
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def check_output(name: str, path: str | None, resuming: bool = False) -> str | None:
+    """Why the file ``path`` given to ``--<name>`` cannot be written, or None."""
+    if path is None:
+        return None
+    where = f"{_flag(name)} {path!r}"
+    parent = os.path.dirname(os.path.abspath(path))
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        return f"{where}: {exc.strerror or exc}"
+    if mode is not None and stat.S_ISDIR(mode):
+        return f"{where} is a directory"
+    if mode is not None and not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        return f"{where} is {kind}, not a regular file; refusing to use it (choose a file path)"
+    if not os.path.isdir(parent):
+        return f"{where}: directory {parent!r} does not exist"
+    if not os.access(parent, os.W_OK):
+        return f"{where}: directory {parent!r} is not writable"
+    if mode is not None and not resuming and _format_of(path) != KINDS[name]:
+        return (f"{where} exists and is not an npddp {name} file; refusing to replace it (move it "
+                "away or choose another path)")
+    return None
+
+
+def check_outputs(checkpoint: str | None, metrics: str | None, resuming: bool) -> str | None:
+    """The first problem with the checkpoint or metrics path, or None (``--resume`` reads the checkpoint itself)."""
+    return check_output("checkpoint", checkpoint, resuming) or check_output("metrics", metrics)
+
+
+def remove_stale(paths) -> list[str]:
+    """Remove temporary files crashed writers left beside ``paths``; one line per path that had some."""
+    lines = []
+    for path in paths:
+        if path is None:
+            continue
+        count, freed = remove_stale_temps(path)
+        if count:
+            lines.append(f"removed {count} stale temporary file{'s' * (count > 1)} of {path} "
+                         f"({format_bytes(freed)}) left by an earlier run that crashed while writing it")
+    return lines

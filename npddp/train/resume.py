@@ -1,0 +1,182 @@
+"""``--resume``: the settings a resumed run takes from its checkpoint, what may change, and restoring.
+
+A checkpoint stores the whole config. A resumed run takes from it every field marked
+``resume="match"`` in :class:`~npddp.train.config.Config` ([fixed on resume]: given again with
+another value, it is an error) and every field marked ``"inherit"`` ([from the checkpoint]:
+unless given again; the backend is one); the rest (timeout, threads, printing, --max-steps)
+are this run's own. So ``--checkpoint run.h5 --resume`` alone continues a run.
+
+Allowed changes and what they cost: the backend and the sync settings change the order in
+which gradients are summed, and a new world size restarts per-rank state (dropout streams,
+top-k residuals, local-SGD replicas); results stay defined but are no longer bit-identical to
+an uninterrupted run, and the header says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from npddp.train import checkpoint
+from npddp.train import state
+from npddp.train.agree import agree, share_text
+from npddp.train.config import Config, ConfigError, fixed_on_resume, flag, inherited_on_resume
+from npddp.process.job import EXIT_USAGE, JobError
+from npddp.train.metrics import TOTALS, MetricsLog
+
+#: Fields whose change on resume alters the order of the gradient sums.
+_ORDER_FIELDS = ("backend", "sync", "bucket_mb")
+
+
+def _show(value) -> str:
+    """A config value as typed on the command line."""
+    if isinstance(value, list):
+        return " ".join(str(v) for v in value)
+    return "none" if value is None else str(value)
+
+
+def read_saved(comm, path: str):
+    """(rank 0's verified Checkpoint or None elsewhere, what every rank needs of it as a dict).
+
+    Collective. The dict holds ``config``, ``backend``, ``world_size`` and the position; a
+    missing, damaged or foreign file is a JobError (exit 2) on every rank.
+    """
+    ckpt, message, text = None, None, ""
+    if comm.rank == 0:
+        try:
+            ckpt = checkpoint.read(path)
+            text = json.dumps({"config": ckpt.config, "backend": ckpt.backend, "world_size": ckpt.world_size,
+                               "step": ckpt.step, "epochs_done": ckpt.epochs_done,
+                               "batches_done": ckpt.batches_done})
+        except checkpoint.CheckpointError as exc:
+            message = f"--resume: {exc}"
+    message = agree(comm, message)
+    if message:
+        raise JobError(message, EXIT_USAGE)
+    return ckpt, json.loads(share_text(comm, text))
+
+
+def merge(given: dict, saved: dict, path: str) -> Config:
+    """This run's Config: the flags ``given``, then the checkpoint's fixed and inherited fields, then defaults.
+
+    ConfigError when a fixed flag is given with another value than the saved one.
+    """
+    config = saved["config"]
+    fields = set(Config.__dataclass_fields__)
+    differ = [name for name in fixed_on_resume() if name in given and name in config
+              and given[name] != config[name]
+              and not (name == "momentum" and given.get("optimizer", config.get("optimizer")) != "sgd")]
+    if differ:
+        was = " ".join(f"{flag(n)} {_show(config[n])}" for n in differ)
+        now = " ".join(f"{flag(n)} {_show(given[n])}" for n in differ)
+        raise ConfigError(f"--resume: checkpoint {path!r} was written with {was}, this run has {now}; "
+                          "flags marked [fixed on resume] come from the checkpoint: leave them out "
+                          "or repeat the saved values")
+    values = {n: config[n] for n in (*fixed_on_resume(), *inherited_on_resume()) if n in config and n in fields}
+    values.update(given)
+    return Config(**values)
+
+
+def changes(cfg: Config, given: dict, saved: dict, world_size: int) -> list[str]:
+    """Header lines naming what differs from the checkpoint and whether bit-identity still holds."""
+    config, lines, order = saved["config"], [], []
+    now, was = {"world size": world_size}, {"world size": saved["world_size"]}
+    for name in inherited_on_resume():
+        if name in given and name in config and given[name] != config[name]:
+            now[flag(name)], was[flag(name)] = given[name], config[name]
+    for key in now:
+        if now[key] != was[key]:
+            lines.append(f"{key} {_show(was[key])} -> {_show(now[key])}")
+            if key.lstrip("-").replace("-", "_") in _ORDER_FIELDS:
+                order.append(key)
+    if not lines:
+        return ["resume: same settings as the checkpoint; bit-identical to an uninterrupted run"]
+    text = "resume: changed since the checkpoint: " + ", ".join(lines)
+    if world_size != saved["world_size"]:
+        text += ("; per-rank state (dropout streams, top-k residuals, local-SGD replicas) starts "
+                 "afresh and the rows each rank reads change, so the run is no longer bit-identical "
+                 "to an uninterrupted one")
+    elif order:
+        text += ("; gradients are summed in another order, so results may differ in the last bits "
+                 "from an uninterrupted run")
+    return [text]
+
+
+def steps_per_epoch(n_train: int, batch_size: int, world_size: int) -> int:
+    """Optimizer steps in one epoch: each rank's ceil(n / N) rows in batches of batch_size / N."""
+    per_rank, local = -(-n_train // world_size), batch_size // world_size
+    return -(-per_rank // local)
+
+
+def _describe(a) -> str:
+    a = np.asarray(a)
+    return f"{tuple(a.shape)} {a.dtype.name}"
+
+
+def incompatibility(ckpt, path, *, named_params, optimizer, ddp, optimizer_name: str,
+                    steps: int | None = None) -> str | None:
+    """Why ``ckpt`` cannot continue this run (a message naming both values), or None.
+
+    ``steps``: steps per epoch at the checkpoint's world size (checks ``batches_done``).
+    """
+    where = f"--resume: checkpoint {os.fspath(path)!r}"
+    if steps is not None and ckpt.batches_done >= steps:
+        return (f"{where} says {ckpt.batches_done} batches of the epoch are done, but an epoch of "
+                f"this data has {steps} steps on {ckpt.world_size} ranks; valid: 0..{steps - 1}")
+    mine = [(name, p.data) for name, p in named_params]
+    if list(ckpt.params) != [name for name, _ in mine]:
+        return (f"{where} holds a different model: parameters {list(ckpt.params)} there, "
+                f"{[name for name, _ in mine]} here")
+    lead = (ckpt.world_size,) if ckpt.per_rank else ()
+    for name, data in mine:
+        saved = ckpt.params[name]
+        if saved.shape != lead + data.shape or saved.dtype != data.dtype:
+            return (f"{where} holds a different model: parameter {name!r} is {_describe(saved)} there, "
+                    f"{_describe(np.empty(lead + data.shape, data.dtype))} here")
+    if ckpt.optimizer_name != optimizer_name:
+        return f"{where} holds {ckpt.optimizer_name} state, this run uses {optimizer_name}"
+    template = optimizer.state_dict()
+    if set(template) != set(ckpt.optimizer):
+        return (f"{where} holds optimizer state {sorted(ckpt.optimizer)}, this run's optimizer "
+                f"needs {sorted(template)}")
+    for key, value in template.items():
+        if isinstance(value, np.ndarray) and value.ndim:
+            saved = np.asarray(ckpt.optimizer[key])
+            if saved.shape != lead + value.shape or saved.dtype != value.dtype:
+                return f"{where}: optimizer state {key!r} is {_describe(saved)} there, {_describe(value)} here"
+    if ddp.compression == "topk" and ckpt.residuals and ckpt.world_size == ddp.comm.size:
+        have = [int(r.shape[1]) for r in ckpt.residuals]
+        want = [int(b.buffer.size) for b in ddp.buckets]
+        if have != want:
+            return (f"{where} holds top-k residuals for buckets of {have} elements, this run's buckets "
+                    f"have {want}; resume with the saved --sync and --bucket-mb "
+                    f"({_show(ckpt.config.get('sync'))}, {_show(ckpt.config.get('bucket_mb'))})")
+    return None
+
+
+def restore_into(trainer, ckpt, saved: dict, out) -> None:
+    """Check ``ckpt`` against ``trainer``'s run and load it (collective); JobError (exit 2) when it does not fit."""
+    cfg, comm = trainer.cfg, trainer.comm
+    named = trainer.model.named_parameters()
+    message = None
+    if comm.rank == 0:
+        steps = steps_per_epoch(trainer.n_train, cfg.batch_size, ckpt.world_size)
+        message = incompatibility(ckpt, cfg.checkpoint, named_params=named, optimizer=trainer.optimizer,
+                                  ddp=trainer.ddp, optimizer_name=cfg.optimizer, steps=steps)
+    message = agree(comm, message)
+    if message:
+        raise JobError(message, EXIT_USAGE)
+    got = state.restore(comm, ckpt, named_params=named, optimizer=trainer.optimizer, ddp=trainer.ddp,
+                        dropouts=trainer.dropouts)
+    trainer.optimizer.lr = cfg.lr
+    trainer.epochs_done, trainer.batches_done, trainer.step = got["epochs_done"], got["batches_done"], got["step"]
+    trainer.saved_at = trainer.step
+    if len(got["totals"]) == len(TOTALS):
+        trainer.totals[:] = got["totals"]
+    trainer.attrs["resumed_from_step"] = trainer.step
+    if trainer.log is not None:
+        trainer.log, note = MetricsLog.resume(cfg.metrics, trainer.step, trainer.epochs_done)
+        if note:
+            out.warn(note)

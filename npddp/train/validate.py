@@ -1,0 +1,130 @@
+"""Validation of a training :class:`~npddp.train.config.Config`: ranges, combinations, data names, paths, faults.
+
+Every check looks at the Config and the world size only (no files read, no messages), so every
+rank reaches the same verdict; each failure is one :class:`ConfigError` naming the bad value
+and what is valid.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from npddp.data.datasets import TOKEN_PREFIXES
+from npddp.process.threads import parse_threads
+from npddp.train.config import DATA_SUFFIXES, DATASETS, H5_SUFFIXES, Config, ConfigError, flag
+
+def _positive(cfg: Config, name: str, allow_zero: bool = False) -> None:
+    value = getattr(cfg, name)
+    ok = value >= 0 if allow_zero else value > 0
+    if not (ok and math.isfinite(value)):
+        what = "an integer >= 0" if isinstance(value, int) and allow_zero else \
+            "a positive integer" if isinstance(value, int) else "a positive number"
+        raise ConfigError(f"{flag(name)} must be {what}, got {value}")
+
+
+def check_config(cfg: Config, world_size: int) -> None:
+    """Raise ConfigError on the first setting that is invalid for ``world_size`` ranks.
+
+    Looks at nothing but ``cfg`` and ``world_size`` (no files, no messages), so every rank
+    reaches the same verdict.
+    """
+    for name in ("epochs", "batch_size", "lr", "bucket_mb", "log_every", "context_length"):
+        _positive(cfg, name)
+    for name in ("local_sgd", "seed", "max_steps", "checkpoint_every", "train_samples", "val_samples",
+                 "vocab_size"):
+        _positive(cfg, name, allow_zero=True)
+    try:
+        parse_threads(cfg.threads)
+    except ValueError:
+        raise ConfigError(f"--threads must be auto or a positive integer, got {cfg.threads!r}") from None
+    for name in ("x_key", "y_key"):
+        if not getattr(cfg, name).strip():
+            raise ConfigError(f"{flag(name)} must name an array, got an empty string")
+    if not (0.0 <= cfg.momentum < 1.0):
+        raise ConfigError(f"--momentum must be in [0, 1), got {cfg.momentum}")
+    if not (0.0 <= cfg.weight_decay < math.inf):
+        raise ConfigError(f"--weight-decay must be a finite number >= 0, got {cfg.weight_decay}")
+    if not (0.0 <= cfg.dropout < 1.0):
+        raise ConfigError(f"--dropout must be in [0, 1), got {cfg.dropout}")
+    if cfg.model == "gpt" and cfg.dropout:
+        raise ConfigError(f"--dropout {cfg.dropout} applies to mlp and cnn; the gpt has no dropout layers")
+    if not (0.0 < cfg.topk_ratio <= 1.0):
+        raise ConfigError(f"--topk-ratio must be in (0, 1], got {cfg.topk_ratio}")
+    for name in ("hidden", "channels"):
+        bad = [v for v in getattr(cfg, name) if v < 1]
+        if bad:
+            raise ConfigError(f"{flag(name)} takes positive integers, got {bad[0]}")
+    if cfg.batch_size < world_size:
+        raise ConfigError(f"--batch-size {cfg.batch_size} is smaller than the world size {world_size}: "
+                          "every rank needs at least one row per step")
+    if cfg.batch_size % world_size:
+        lower = cfg.batch_size - cfg.batch_size % world_size
+        raise ConfigError(f"--batch-size {cfg.batch_size} does not split evenly over {world_size} "
+                          f"ranks: use a multiple of {world_size}, e.g. {lower} or {lower + world_size}")
+    if cfg.timeout is not None:
+        if not cfg.timeout > 0:
+            raise ConfigError(f"--timeout must be a number of seconds > 0 (inf: wait forever), got {cfg.timeout}")
+    if cfg.inject_fault is not None:
+        parse_fault(cfg.inject_fault, world_size)
+    if cfg.local_sgd and cfg.compression != "none":
+        raise ConfigError(f"--local-sgd {cfg.local_sgd} averages parameters, so it cannot be combined "
+                          f"with --compression {cfg.compression}")
+    _check_dataset(cfg)
+    _check_files(cfg)
+
+
+#: What ``--inject-fault RANK:STEP:KIND`` does on that rank and step.
+FAULT_KINDS = ("raise", "exit", "nan")
+
+
+def parse_fault(text: str, world_size: int) -> tuple[int, int, str]:
+    """``--inject-fault RANK:STEP[:KIND]`` as ``(rank, step, kind)``; ConfigError naming the valid ranges otherwise."""
+    head = f"--inject-fault {text!r}"
+    parts = text.split(":")
+    if len(parts) not in (2, 3):
+        raise ConfigError(f"{head} must be RANK:STEP or RANK:STEP:KIND, e.g. 1:5 or 1:5:exit")
+    kind = parts[2] if len(parts) == 3 else "raise"
+    try:
+        rank, step = int(parts[0]), int(parts[1])
+    except ValueError:
+        raise ConfigError(f"{head} must be RANK:STEP with two integers, e.g. 1:5") from None
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"{head}: rank {rank} is out of range; valid ranks: 0..{world_size - 1}")
+    if step < 1:
+        raise ConfigError(f"{head}: step {step} is out of range; valid steps: 1 and up")
+    if kind not in FAULT_KINDS:
+        raise ConfigError(f"{head}: kind {kind!r} is not one of {', '.join(FAULT_KINDS)}")
+    return rank, step, kind
+
+
+def _check_dataset(cfg: Config) -> None:
+    """A known dataset name, a path with a data-file suffix, or a directory path; mnist needs --data-dir."""
+    name = cfg.dataset_name()
+    tokens = name == "synthetic-tokens" or name.startswith(TOKEN_PREFIXES)
+    if name not in DATASETS and not name.lower().endswith(DATA_SUFFIXES) and "/" not in name \
+            and os.sep not in name and not tokens:
+        raise ConfigError(f"unknown --dataset {name!r}; valid: {', '.join(d for d in DATASETS if d != 'synthetic-tokens')}, "
+                          f"a path ending in {', '.join(DATA_SUFFIXES)}, or a directory path (with a '/') "
+                          f"holding {cfg.x_key}.npy and {cfg.y_key}.npy; for --model gpt: synthetic-tokens, "
+                          "tokens:PATH or text:PATH")
+    if tokens != (cfg.model == "gpt"):
+        raise ConfigError(f"--dataset {name} holds token sequences, which only --model gpt takes" if tokens else
+                          f"--model gpt needs token data: --dataset synthetic-tokens, tokens:PATH or "
+                          f"text:PATH, not {name!r}")
+    if name == "mnist" and not cfg.data_dir:
+        raise ConfigError("--dataset mnist needs --data-dir DIR: the directory holding "
+                          "train-images-idx3-ubyte and the other three IDX files")
+
+
+def _check_files(cfg: Config) -> None:
+    """Output paths end in .h5/.hdf5 and differ; flags that need --checkpoint have it."""
+    for name in ("checkpoint", "metrics"):
+        path = getattr(cfg, name)
+        if path is not None and not path.lower().endswith(H5_SUFFIXES):
+            raise ConfigError(f"{flag(name)} {path!r} must end in {' or '.join(H5_SUFFIXES)}")
+    if cfg.checkpoint and cfg.metrics and os.path.abspath(cfg.checkpoint) == os.path.abspath(cfg.metrics):
+        raise ConfigError(f"--checkpoint and --metrics name the same file {cfg.checkpoint!r}")
+    for name in ("resume", "checkpoint_every"):
+        if getattr(cfg, name) and cfg.checkpoint is None:
+            raise ConfigError(f"{flag(name)} needs --checkpoint PATH.h5")

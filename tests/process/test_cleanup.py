@@ -1,0 +1,86 @@
+"""Shared memory left by failed MPI jobs: ./mpi_run.sh removes its own job's segments when the job
+fails, and only those; ``python -m npddp.process.cleanup clean`` finds orphans (old, unmapped, this user's)."""
+
+import mmap
+import os
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from npddp.process import cleanup as shm
+from tests.train.test_cli import _env
+
+ROOT = Path(__file__).resolve().parents[2]
+
+FAILING = """
+import sys
+from npddp.process.job import abort_on_exception
+abort_on_exception()
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+comm.Barrier()
+if comm.Get_rank() == 0:
+    mine = sorted({line.split(None, 5)[5].strip() for line in open("/proc/self/maps") if "/dev/shm/mpich" in line})
+    print("SEGMENTS", *mine, flush=True)
+comm.Barrier()
+if comm.Get_rank() == 1:
+    raise RuntimeError("boom")
+comm.Barrier()
+"""
+
+LIVE = """
+import sys, time
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+comm.Barrier()
+if comm.Get_rank() == 0:
+    mine = sorted({line.split(None, 5)[5].strip() for line in open("/proc/self/maps") if "/dev/shm/mpich" in line})
+    print("SEGMENTS", *mine, flush=True)
+time.sleep(float(sys.argv[1]))
+comm.Barrier()
+"""
+
+
+def _segments(output: str) -> list[str]:
+    line = next(line for line in output.splitlines() if line.startswith("SEGMENTS"))
+    return line.split()[1:]
+
+
+def test_a_failed_job_under_mpi_run_sh_leaves_no_segment_and_others_keep_theirs(tmp_path):
+    (tmp_path / "failing.py").write_text(FAILING)
+    (tmp_path / "live.py").write_text(LIVE)
+    decoy = Path(f"/dev/shm/mpich_shm_npddptest{secrets.token_hex(4)}_0")   # ours, unmapped, not the job's
+    decoy.write_bytes(b"\0" * 4096)
+    other = subprocess.Popen([str(ROOT / "mpi_run.sh"), "-n", "2", sys.executable, str(tmp_path / "live.py"), "20"],
+                             cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        theirs = _segments(other.stdout.readline() + other.stdout.readline())
+        failed = subprocess.run([str(ROOT / "mpi_run.sh"), "-n", "2", sys.executable, str(tmp_path / "failing.py")],
+                                cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60)
+        ours = _segments(failed.stdout)
+        assert failed.returncode == 1 and ours and not set(ours) & set(theirs)
+        assert f"shared-memory segment{'s' * (len(ours) > 1)} (" in failed.stderr and "left by the failed job" \
+            in failed.stderr
+        assert not any(os.path.exists(p) for p in ours), ours
+        assert decoy.exists() and all(os.path.exists(p) for p in theirs)      # another job's are never touched
+    finally:
+        other.kill()
+        other.wait()
+        decoy.unlink(missing_ok=True)
+
+
+def test_orphans_are_old_unmapped_files_of_this_user_named_like_mpi_segments(tmp_path):
+    old, young, mapped, foreign_name = (tmp_path / n for n in ("mpich_shm_a_0", "mpich_shm_b_0", "mpich_shm_c_0",
+                                                               "my_cache_file"))
+    for p in (old, young, mapped, foreign_name):
+        p.write_bytes(b"\0" * 4096)
+    past = time.time() - 3600
+    for p in (old, mapped, foreign_name):
+        os.utime(p, (past, past))
+    with open(mapped, "r+b") as f, mmap.mmap(f.fileno(), 4096) as view:     # this process maps it
+        assert view[0] == 0
+        assert shm.orphans(min_age_s=60, directory=tmp_path) == [old]
+        assert shm.remove_unused([str(old), str(mapped)], directory=tmp_path) == [(str(old), 4096)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mpich_shm_b_0", "mpich_shm_c_0", "my_cache_file"]

@@ -1,0 +1,139 @@
+"""``python -m npddp.train`` when things go wrong during a run, and what a user sees while it runs,
+launched under ``mpirun -n 2`` as subprocesses (serial tests that need a working mpirun).
+
+Covered: a non-finite loss or gradient stops every rank with one line and exit 3, leaving the last
+checkpoint; ``sys.exit`` on one rank ends the job with its status; a checkpoint or metrics write that
+fails (a file-size limit standing in for a full disk) is one line and exit 4 with the previous file
+intact and no temporary file; a missing MPI library is one line naming the fixes; temporary files of
+a crashed writer are removed with one line; progress lines appear in a log; evaluate and load_model
+reproduce the validation numbers of the run.
+"""
+
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from npddp.train import checkpoint
+from tests.train.test_cli import TINY, _env, _mpirun, epoch_lines, ok, train
+
+
+def _error_line(proc) -> str:
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("backend", ["mpi", "ring"], ids=["with-mpi-backend", "with-ring-backend"])
+def test_a_nan_on_one_rank_stops_every_rank_with_exit_3_and_keeps_the_last_checkpoint(tmp_path, backend):
+    proc = train(tmp_path, *TINY, "--backend", backend, "--checkpoint", "c.h5", "--checkpoint-every", "2",
+                 "--metrics", "m.h5", "--inject-fault", "1:5:nan")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    line = _error_line(proc)
+    assert "training diverged at step 5 (epoch 1): the gradient of" in line and "NaN or infinite" in line
+    assert "the last checkpoint c.h5 (step 4) is kept" in line and "--lr" in line
+    assert "done:" not in proc.stdout
+    saved = checkpoint.read(tmp_path / "c.h5")
+    assert saved.step == 4 and all(np.all(np.isfinite(v)) for v in saved.params.values())
+
+
+def test_a_learning_rate_that_blows_up_is_stopped_instead_of_printing_nan(tmp_path):
+    proc = train(tmp_path, *TINY[:-4], "--epochs", "4", "--lr", "50")           # float32
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "training diverged at step" in _error_line(proc)
+    assert "nan" not in "".join(epoch_lines(proc.stdout)).lower()
+
+
+@pytest.mark.parametrize("backend", ["mpi", "ring"], ids=["with-mpi-backend", "with-ring-backend"])
+def test_sys_exit_on_one_rank_ends_the_job_with_its_status(tmp_path, backend):
+    start = time.monotonic()
+    proc = train(tmp_path, *TINY, "--backend", backend, "--inject-fault", "1:3:exit", timeout=90)
+    assert proc.returncode == 3 and time.monotonic() - start < 30, proc.stderr
+    assert "[rank 1] exit status 3, ending all 2 ranks" in proc.stderr
+
+
+#: Runs the training CLI with writes limited to 12 kB per file from the moment MPI is initialised
+#: (MPI's own shared-memory files must be created first): a checkpoint write then fails with EFBIG,
+#: as on a full disk. SIGXFSZ is ignored so the write fails instead of killing the process.
+LIMITED = """
+import resource, runpy, signal, sys
+from mpi4py import MPI
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (12000, 12000))
+sys.argv[0] = "npddp.train"
+runpy.run_module("npddp.train", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_checkpoint_write_that_fails_is_one_line_exit_4_and_the_old_file_survives(tmp_path):
+    ok(train(tmp_path, *TINY, "--checkpoint", "c.h5", "--max-steps", "5"))
+    before = (tmp_path / "c.h5").read_bytes()
+    command = [_mpirun(), "-n", "2", sys.executable, "-c", LIMITED, "--checkpoint", "c.h5", "--resume"]
+    proc = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    line = _error_line(proc)
+    assert line.startswith("error: cannot write c.h5: File too large; the previous file is kept"), line
+    assert (tmp_path / "c.h5").read_bytes() == before and checkpoint.read(tmp_path / "c.h5").step == 5
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.h5"]
+
+
+def test_a_missing_mpi_library_is_one_line_naming_the_fixes(tmp_path):
+    env = {**_env(), "MPI4PY_LIBMPI": str(tmp_path / "no" / "libmpi.so.12")}
+    proc = subprocess.run([sys.executable, "-m", "npddp.train", "--epochs", "1"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    line = _error_line(proc)
+    assert line.startswith("error: cannot load the MPI library (") and "libmpi.so.12" in line
+    assert 'pip install "npddp[mpich]"' in line and "a system MPI" in line
+    assert "python -m npddp.run --nproc N -m npddp.train --backend auto" in line
+    no_mpi4py = "import sys; sys.modules['mpi4py'] = None; from npddp.train.cli import main; sys.exit(main([]))"
+    proc = subprocess.run([sys.executable, "-c", no_mpi4py], cwd=tmp_path, env=_env(), capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and _error_line(proc).startswith("error: mpi4py cannot be imported")
+
+
+def test_temporary_files_left_by_a_crashed_writer_are_removed_with_one_line(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".c.h5.{socket.gethostname()}.{dead.pid}.0badc0de.npddp.tmp"
+    stale.write_bytes(b"\0" * 4096)
+    proc = ok(train(tmp_path, *TINY, "--epochs", "1", "--checkpoint", "c.h5"))
+    assert proc.stderr.strip() == ("warning: removed 1 stale temporary file of c.h5 (4.0 KiB) left by an "
+                                   "earlier run that crashed while writing it")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.h5"]
+
+
+def test_under_mpirun_a_log_shows_progress_lines_within_an_epoch(tmp_path):
+    proc = ok(train(tmp_path, *TINY, "--log-every", "1e-6"))   # stderr is no terminal: auto -> log; a line a step
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
+    assert len(lines) >= 10 and proc.stderr == ""
+    for field in ("/24  epoch ", "%)  loss ", " samples/s  elapsed ", "  ETA "):
+        assert all(field in line for line in lines), lines[0]
+    assert not [line for line in ok(train(tmp_path, *TINY, "--quiet", "--log-every", "0.001")).stdout.splitlines()
+                if line.startswith("step ")]
+
+
+def test_evaluate_and_load_model_reproduce_the_runs_validation_numbers(tmp_path):
+    run = ok(train(tmp_path, *TINY, "--checkpoint", "c.h5"))
+    last = epoch_lines(run.stdout)[-1]
+    val_loss, val_acc = last.split("val_loss ")[1].split()[0], last.split("val_acc")[1].split("%")[0].strip()
+    one = subprocess.run([sys.executable, "-m", "npddp.evaluate", "c.h5"], cwd=tmp_path, env=_env(),
+                         capture_output=True, text=True, timeout=60)
+    two = subprocess.run([_mpirun(), "-n", "2", sys.executable, "-m", "npddp.evaluate", "c.h5"], cwd=tmp_path,
+                         env=_env(), capture_output=True, text=True, timeout=60)
+    for proc, ranks in ((one, "1 rank"), (two, "2 ranks")):
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+        assert proc.stdout.startswith("evaluate: c.h5 (step 24, mlp 64-16-10) on synthetic val, 96 rows, " + ranks)
+        assert proc.stdout.rstrip().endswith(f"loss {val_loss}, accuracy {val_acc}%"), (proc.stdout, last)
+    model = checkpoint.load_model(tmp_path / "c.h5")
+    from npddp.train.inputs import load_data
+
+    ds, _ = load_data(checkpoint.read(tmp_path / "c.h5").config)
+    correct = np.mean(np.argmax(model.forward(ds.X_val.reshape(len(ds.X_val), -1)), axis=1) == ds.y_val)
+    assert f"{100 * correct:.2f}" == val_acc
+    bad = subprocess.run([sys.executable, "-m", "npddp.evaluate", "nope.h5"], cwd=tmp_path, env=_env(),
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr == "error: checkpoint 'nope.h5' does not exist\n"
