@@ -3,16 +3,18 @@
 A collective on ``n`` ranks moving ``S`` bytes takes ``T = steps * alpha + fraction * S / beta``:
 ``alpha`` is the per-message latency, ``beta`` the link bandwidth, ``steps`` the sequential
 messages on the critical path and ``fraction`` the multiple of ``S`` the busiest link carries.
-All-reduce algorithms (textbook costs; ``p = ceil(log2 n)``, non-power-of-two fix-ups left out):
+An all-reduce algorithm's steps and fraction are its own cost description (the ``cost`` of its
+class in ``npddp/comm/p2p/``, the one ``auto`` and the tuner read too), taken unpipelined:
+``p = floor(log2 n)``, ``f`` = 1 when n is not a power of two (the fold), ``d = ceil(log2 n)``:
 
 ==============  ============  ==================  ==============================================
 algorithm       steps         fraction            schedule
 ==============  ============  ==================  ==============================================
 ring            2(n-1)        2(n-1)/n            reduce-scatter then all-gather around a ring
 naive           2(n-1)        2(n-1)              gather to rank 0, reduce, send to every rank
-rd              p             p                   recursive doubling: whole buffer each round
-rabenseifner    2p            2(n-1)/n            recursive halving, then doubling
-tree            2p            2p                  binomial reduce, then binomial broadcast
+rd              p + 2f        p + 2f              recursive doubling: whole buffer each round
+rabenseifner    2p + 2f       2(p-1)/p + 2f       recursive halving, then doubling
+tree            2d            2d                  binomial reduce, then binomial broadcast
 ==============  ============  ==================  ==============================================
 
 Other collectives use the ring (chain for broadcast): reduce-scatter and all-gather n-1 steps
@@ -28,28 +30,22 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmarks._common import GB, busbw_factor, check_collective
+from npddp.comm.registry import ALGORITHMS
+from npddp.comm.registry import algorithm as algorithm_class
 
 
-def _log2(n: int) -> int:
-    """ceil(log2 n), 0 for n = 1."""
-    return (n - 1).bit_length()
+#: All-reduce algorithms with a cost description (the hand-written ones over messages).
+ALLREDUCE_MODELS = tuple(ALGORITHMS)
 
 
-#: All-reduce cost models: algorithm -> n -> (steps, fraction).
-ALLREDUCE_MODELS = {
-    "ring": lambda n: (2 * (n - 1), 2.0 * (n - 1) / n),
-    "naive": lambda n: (2 * (n - 1), 2.0 * (n - 1)),
-    "rd": lambda n: (_log2(n), float(_log2(n))),
-    "rabenseifner": lambda n: (2 * _log2(n), 2.0 * (n - 1) / n),
-    "tree": lambda n: (2 * _log2(n), 2.0 * _log2(n)),
-}
-
-
-def terms(collective: str, n: int, algorithm: str = "ring") -> tuple[int, float]:
+def terms(collective: str, n: int, algorithm: str = "ring") -> tuple[float, float]:
     """(steps, fraction) of ``algorithm`` (ring when it has no model, or for other collectives)."""
     check_collective(collective, n)
     if collective == "allreduce":
-        return ALLREDUCE_MODELS.get(algorithm, ALLREDUCE_MODELS["ring"])(n)
+        if n == 1:
+            return 0, 0.0
+        cost = algorithm_class(algorithm if algorithm in ALLREDUCE_MODELS else "ring").cost(1.0, n)
+        return cost.steps, cost.sent
     steps = n - 1
     return steps, busbw_factor(collective, n)
 

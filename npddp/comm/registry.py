@@ -2,7 +2,8 @@
 
 Backends and algorithms never import each other; ``create``, ``auto`` and ``hier`` find what
 they compose here, by name, and modules are imported only when a name is used (so a TCP-only
-process never loads mpi4py).
+process never loads mpi4py). Every entry is a (module, class) pair below ``npddp.comm``, loaded
+by name, so this module imports no backend and no backend module imports back into a circle.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ ALGORITHMS = {
 }
 #: Algorithms among the ranks of one node through shared memory: name -> (module, class).
 NODE_ALGORITHMS = {"shm": ("node.shm", "Shm")}
-#: Backends built on a transport's point-to-point messages: name -> (module, communicator class).
-_P2P_COMMUNICATORS = {"naive": ("p2p.naive", "NaiveCommunicator")}
+#: Communicators other than the plain P2PCommunicator: name -> (module, communicator class).
+_COMMUNICATORS = {"naive": ("p2p.naive", "NaiveCommunicator"), "auto": ("p2p.auto", "AutoCommunicator"),
+                  "shm": ("node.shm", "ShmCommunicator"), "hier": ("node.hier", "HierCommunicator")}
 #: Every backend ``npddp.comm.create`` accepts.
 BACKENDS = ("mpi", *ALGORITHMS, "auto", "shm", "hier")
 
@@ -54,11 +56,8 @@ def build(name: str, transport, timeout: float, tuning=None, shared_memory: bool
     ranks lie on different nodes even where ``NPDDP_RANKS_PER_NODE`` pretends so on one machine).
     """
     if name == "auto":
-        from npddp.comm.p2p.auto import AutoCommunicator
-        return AutoCommunicator(transport, timeout, tuning, shared_memory)
+        return _load(*_COMMUNICATORS[name])(transport, timeout, tuning, shared_memory)
     if name in ("shm", "hier"):
-        module, cls = {"shm": ("node.shm", "ShmCommunicator"), "hier": ("node.hier", "HierCommunicator")}[name]
-        return _load(module, cls)(transport, timeout)
-    from npddp.comm.p2p.communicator import P2PCommunicator
-    cls = _load(*_P2P_COMMUNICATORS[name]) if name in _P2P_COMMUNICATORS else P2PCommunicator
+        return _load(*_COMMUNICATORS[name])(transport, timeout)
+    cls = _load(*_COMMUNICATORS.get(name, ("p2p.communicator", "P2PCommunicator")))
     return cls(transport, algorithm(name), name, timeout)

@@ -85,13 +85,17 @@ def test_projection_bucket_size_only_changes_the_latency_term():
         cm.project_ddp([10**6], [2], -1.0)
 
 
-def test_algorithm_models_match_their_textbook_costs():
-    for n, p in [(1, 0), (2, 1), (4, 2), (8, 3), (5, 3), (1024, 10)]:
+def test_algorithm_models_match_the_schedules_they_run():
+    # d = ceil(log2 n); p = floor(log2 n) active levels and f = 1 fold step in and out when n is not a power of two
+    for n, d, p, f in [(1, 0, 0, 0), (2, 1, 1, 0), (4, 2, 2, 0), (8, 3, 3, 0), (5, 3, 2, 1), (6, 3, 2, 1), (1024, 10, 10, 0)]:
+        if n == 1:
+            assert all(cm.terms("allreduce", 1, a) == (0, 0.0) for a in cm.ALLREDUCE_MODELS)
+            continue
         assert cm.terms("allreduce", n, "ring") == (2 * (n - 1), pytest.approx(2 * (n - 1) / n))
         assert cm.terms("allreduce", n, "naive") == (2 * (n - 1), 2.0 * (n - 1))
-        assert cm.terms("allreduce", n, "rd") == (p, p)
-        assert cm.terms("allreduce", n, "rabenseifner") == (2 * p, pytest.approx(2 * (n - 1) / n))
-        assert cm.terms("allreduce", n, "tree") == (2 * p, 2 * p)
+        assert cm.terms("allreduce", n, "rd") == (p + 2 * f, p + 2 * f)
+        assert cm.terms("allreduce", n, "rabenseifner") == (2 * p + 2 * f, pytest.approx(2 * (2**p - 1) / 2**p + 2 * f))
+        assert cm.terms("allreduce", n, "tree") == (2 * d, 2 * d)
         assert cm.terms("allreduce", n, "mpi") == cm.terms("allreduce", n, "ring")  # no model: the ring's shape
         assert cm.terms("reduce_scatter", n, "rd") == (n - 1, pytest.approx((n - 1) / n))
     assert [a for a in ("ring", "rd", "mpi", "auto") if cm.modelled(a)] == ["ring", "rd"]

@@ -91,21 +91,21 @@ def test_ring_segments_and_windows(group, values, assert_all_ranks, assert_ranks
     """Tiny segments force many units per ring step; every window size must give exact results."""
     comm = create("ring", group)
     problems, results = [], []
-    for segment_bytes in (8, 100):
+    for chunk_bytes in (8, 100):
         for window in (1, 3):
-            comm.segment_bytes, comm.window = segment_bytes, window
+            comm.chunk_bytes, comm.window = chunk_bytes, window
             for n in (0, 1, comm.size + 1, 1009):
                 for dtype in ("float16", "int64"):
                     for op in ("sum", "prod"):
                         got, found = run_case(comm, values, n, dtype, op, inplace=n % 2 == 0)
-                        problems += [f"segment_bytes={segment_bytes} window={window} {p}" for p in found]
+                        problems += [f"chunk_bytes={chunk_bytes} window={window} {p}" for p in found]
                         results.append(got)
             bufs = [values.rank(n, comm.rank, "float32", "sum") for n in (1009, 37, 0, 3)]
             works = [comm.iallreduce(b, "sum") for b in bufs]
             poll_until_done(works)
             for b, work in zip(bufs, works):
                 if work.wait() is not b or not np.array_equal(b, values.expected(b.size, comm.size, "float32", "sum")):
-                    problems.append(f"segment_bytes={segment_bytes} window={window} iallreduce n={b.size}")
+                    problems.append(f"chunk_bytes={chunk_bytes} window={window} iallreduce n={b.size}")
     assert_ranks_agree_on_all(results, group)
     assert_all_ranks(not problems, "; ".join(problems[:4]), group)
 

@@ -37,15 +37,15 @@ def test_ring_broadcast_tree_and_chain(group, assert_all_ranks, assert_ranks_agr
     """Large broadcasts go down a pipelined chain of segments; small ones down a binomial tree."""
     comm = create("ring", group)
     problems, results = [], []
-    for chain_bytes, segment_bytes in ((1 << 30, 1 << 20), (0, 64), (0, 1 << 20)):
-        comm.chain_bytes, comm.segment_bytes = chain_bytes, segment_bytes
+    for chain_bytes, chunk_bytes in ((1 << 30, 1 << 20), (0, 64), (0, 1 << 20)):
+        comm.chain_bytes, comm.chunk_bytes = chain_bytes, chunk_bytes
         for root in range(comm.size):
             for n in (1, 1009, 300_001):
                 expected = rank_array(root, (n,), "float32")
                 buf = expected.copy() if comm.rank == root else np.zeros(n, dtype=np.float32)
                 comm.broadcast(buf, root=root)
                 if not np.array_equal(buf, expected):
-                    problems.append(f"chain_bytes={chain_bytes} segment_bytes={segment_bytes} root={root} n={n}")
+                    problems.append(f"chain_bytes={chain_bytes} chunk_bytes={chunk_bytes} root={root} n={n}")
                 results.append(buf)
     assert_ranks_agree_on_all(results, group)
     assert_all_ranks(not problems, "; ".join(problems[:4]), group)
@@ -165,3 +165,25 @@ def post_recv(raw, buf, source, tag):
         while not request.test():
             assert time.monotonic() < deadline, "the test's own receive never completed"
     return wait
+
+
+@pytest.mark.parametrize("name", ["ring", "rd", "rabenseifner", "tree"])
+def test_every_p2p_backend_shares_the_rings_reduce_scatter_and_allgather(name, group, assert_all_ranks):
+    """One ring schedule: reduce_scatter gives block r of the ring all-reduce bit for bit, at any chunk and window."""
+    comm, ring = create(name, group), create("ring", group)
+    rng = np.random.default_rng(7 + comm.rank)
+    problems = []
+    for chunk_bytes, window in ((1 << 20, 2), (12, 1), (40, 3)):
+        comm.chunk_bytes, comm.window = ring.chunk_bytes, ring.window = chunk_bytes, window
+        for n in (1, comm.size - 1, comm.size + 1, 1009):
+            x = rng.standard_normal(n).astype(np.float32)  # rounded sums: the order of addition shows in the bits
+            block = comm.reduce_scatter(x)
+            whole = ring.allreduce(x, out=np.empty_like(x))
+            lo, hi = (np.array_split(np.arange(n), comm.size)[comm.rank][[0, -1]] + [0, 1]
+                      if block.size else (0, 0))
+            if block.tobytes() != whole[lo:hi].tobytes():
+                problems.append(f"{name} chunk={chunk_bytes} window={window} n={n}: block differs from the ring's")
+            table = comm.allgather(block.reshape(1, -1)[:, :1] if block.size else np.zeros((1, 1), np.float32))
+            if table.shape != (comm.size, 1, 1):
+                problems.append(f"{name} n={n}: allgather shape {table.shape}")
+    assert_all_ranks(not problems, "; ".join(problems[:4]), group)

@@ -87,8 +87,8 @@ def test_debug_is_on_with_the_argument_or_the_environment_and_forwards_attribute
         assert isinstance(create("ring", MPI.COMM_SELF), DebugCommunicator) == on, value
     monkeypatch.setenv("NPDDP_DEBUG", "1")
     ring = create("ring", MPI.COMM_SELF)
-    ring.segment_bytes = 64                                   # reaches the wrapped backend
-    assert ring.inner.segment_bytes == 64 and ring.segment_bytes == 64 and ring.timeout == ring.inner.timeout
+    ring.chunk_bytes = 64                                   # reaches the wrapped backend
+    assert ring.inner.chunk_bytes == 64 and ring.chunk_bytes == 64 and ring.timeout == ring.inner.timeout
 
 
 def test_a_wrapped_backend_gives_the_same_results_and_checks_arguments_before_any_exchange():

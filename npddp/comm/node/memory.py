@@ -105,9 +105,9 @@ def create_segment(comm, local: list[int], nbytes: int, call) -> Segment:
             os.close(fd)
         name.view(np.uint8)[:len(file)] = np.frombuffer(file.encode(), dtype=np.uint8)
         try:
-            comm._transfer(call, sends=[(name, r) for r in local[1:]])
+            call.transfer(sends=[(name, r) for r in local[1:]])
             answers = np.zeros((len(local), 1), dtype=np.int64)  # (local, 1) 0: mapped, else errno
-            comm._transfer(call, recvs=[(answers[i], r) for i, r in enumerate(local) if i])
+            call.transfer(recvs=[(answers[i], r) for i, r in enumerate(local) if i])
         finally:
             os.unlink(path)
         failed = [local[i] for i in range(1, len(local)) if answers[i, 0]]
@@ -115,7 +115,7 @@ def create_segment(comm, local: list[int], nbytes: int, call) -> Segment:
             raise OSError(f"ranks {failed} could not map shared segment {file}: ranks that look like one node "
                           "do not share /dev/shm (set NPDDP_RANKS_PER_NODE=1 to use no shared memory)")
         return segment
-    comm._transfer(call, recvs=[(name, leader)])
+    call.transfer(recvs=[(name, leader)])
     file = bytes(name).rstrip(b"\0").decode()
     segment, fd = None, -1
     try:
@@ -126,7 +126,7 @@ def create_segment(comm, local: list[int], nbytes: int, call) -> Segment:
     finally:
         if fd >= 0:
             os.close(fd)
-    comm._transfer(call, sends=[(status, leader)])
+    call.transfer(sends=[(status, leader)])
     if segment is None:
         raise OSError(f"rank {me} could not map shared segment {file} made by rank {leader}")
     return segment

@@ -93,15 +93,17 @@ class ShmWork(P2PWork):
 class Shm:
     """The shared-memory all-reduce as an algorithm of a communicator that has a node group (``auto``)."""
 
-    def __init__(self, comm):
-        self.comm = comm
+    def __init__(self, ctx):
+        if ctx.node is None:
+            raise ValueError("the shm algorithm needs a communicator whose ranks share one node")
+        self.node = ctx.node
 
     def start(self, call, src, dst, ufunc, result):
-        return ShmWork(call, self.comm.node, src, dst, ufunc, result)
+        return ShmWork(call, self.node, src, dst, ufunc, result)
 
     def run(self, call, src, dst, ufunc) -> None:
         """Blocking: the one-barrier path for small vectors, else the two-barrier one."""
-        self.comm.node.allreduce(call, src, dst, ufunc)
+        self.node.allreduce(call, src, dst, ufunc)
 
 
 class ShmCommunicator(P2PCommunicator):
@@ -109,7 +111,7 @@ class ShmCommunicator(P2PCommunicator):
 
     def __init__(self, transport, timeout: float = c.DEFAULT_TIMEOUT, name: str = "shm"):
         super().__init__(transport, None, name, timeout)
-        self.node = NodeGroup(self, self._node_ranks(node_ids(self)), self._begin("setup"))
+        self.node = self.context.node = NodeGroup(self, self._node_ranks(node_ids(self)), self._begin("setup"))
         self._setup_done()
 
     def _node_ranks(self, nodes: list) -> list[int]:

@@ -2,7 +2,7 @@
 
 The choice comes from a table of size thresholds: below the first threshold one algorithm,
 then the next, and so on. The default table is the alpha-beta-gamma cost model of each
-algorithm (:func:`predict`) with constants measured on the machine these defaults were
+algorithm (its ``cost``, read by :func:`predict`) with constants measured on the machine these defaults were
 taken on; ``python -m npddp.tune`` measures every algorithm on the running job and writes a
 table for exactly that job (transport, world size), which ``auto`` loads from
 ``create("auto", tuning=PATH)`` or ``NPDDP_TUNING=PATH``. A missing, corrupt or mismatched
@@ -22,7 +22,6 @@ order; a call of ``n`` bytes uses the first step with ``n <= max_bytes`` (``null
 from __future__ import annotations
 
 import json
-import math
 import os
 import warnings
 
@@ -47,41 +46,19 @@ _CACHE_SIZE = 256
 
 
 def predict(name: str, nbytes: float, size: int, alpha: float, beta: float, gamma: float,
-            segment_bytes: int = 1 << 20) -> float:
-    """Seconds an all-reduce of ``nbytes`` on ``size`` ranks takes by the alpha-beta-gamma model."""
+            chunk_bytes: int = 1 << 20) -> float:
+    """Seconds an all-reduce of ``nbytes`` on ``size`` ranks takes by the algorithm's own cost description."""
     if size == 1:
         return 0.0
-    p = 1 << (size.bit_length() - 1)
-    fold = 0 if p == size else 1            # extra ranks fold in and out: two more steps of the whole vector
-    lg = math.log2(p)
-    if name == "rd":
-        return (lg + 2 * fold) * (alpha + nbytes * beta) + (lg + fold) * nbytes * gamma
-    if name == "rabenseifner":
-        share = (p - 1) / p
-        return ((2 * lg + 2 * fold) * alpha + (2 * share + 2 * fold) * nbytes * beta
-                + (share + fold) * nbytes * gamma)
-    if name == "ring":
-        share = (size - 1) / size
-        segments = max(1, math.ceil(nbytes / size / segment_bytes))
-        return 2 * (size - 1) * segments * alpha + 2 * share * nbytes * beta + share * nbytes * gamma
-    if name == "tree":
-        depth = math.ceil(math.log2(size))
-        segments = max(1, math.ceil(nbytes / segment_bytes))
-        seg = nbytes / segments
-        # up and down the tree, the pipeline filling and draining; the root handles `depth` children per segment
-        return (2 * (depth + segments - 1) * alpha + 2 * (depth + segments - 1) * seg * beta * depth / 2
-                + (depth + segments - 1) * seg * gamma)
-    if name == "naive":
-        return 2 * (size - 1) * (alpha + nbytes * beta) + (size - 1) * nbytes * gamma
-    raise ValueError(f"no cost model for algorithm {name!r}")
+    return algorithm(name).cost(nbytes, size, chunk_bytes).time(alpha, beta, gamma)
 
 
-def model_table(transport: str, size: int, segment_bytes: int = 1 << 20) -> list:
+def model_table(transport: str, size: int, chunk_bytes: int = 1 << 20) -> list:
     """``[[max_bytes, algorithm], ...]`` from the cost model: the cheapest candidate at each size."""
     alpha, beta, gamma = MODEL.get(transport, MODEL["mpi"])
     steps: list = []
     for nbytes in _SIZES:
-        best = min(CANDIDATES, key=lambda a: predict(a, nbytes, size, alpha, beta, gamma, segment_bytes))
+        best = min(CANDIDATES, key=lambda a: predict(a, nbytes, size, alpha, beta, gamma, chunk_bytes))
         if steps and steps[-1][1] == best:
             steps[-1][0] = nbytes
         else:
@@ -124,11 +101,11 @@ class AutoCommunicator(P2PCommunicator):
 
     def __init__(self, transport, timeout: float = c.DEFAULT_TIMEOUT, tuning=None, shared_memory: bool = True):
         super().__init__(transport, None, "auto", timeout)
-        self.algorithms = {name: algorithm(name)(self) for name in ALGORITHMS}
+        self.algorithms = {name: algorithm(name)(self.context) for name in ALGORITHMS}
         shared_memory = shared_memory and os.environ.get("NPDDP_AUTO_SHM", "1") != "0"
-        self.node = node_group(self, self._begin("setup")) if shared_memory else None
+        self.node = self.context.node = node_group(self, self._begin("setup")) if shared_memory else None
         if self.node is not None:  # one node: shared memory joins the candidates, and empty() gives shared memory
-            self.algorithms["shm"] = algorithm("shm")(self)
+            self.algorithms["shm"] = algorithm("shm")(self.context)
         self.source, self.table = self._load(tuning if tuning is not None else os.environ.get("NPDDP_TUNING"))
         self._setup_done()
         self._picks: dict = {}
@@ -147,7 +124,7 @@ class AutoCommunicator(P2PCommunicator):
     def _load(self, path) -> tuple[str, dict]:
         """``(where the table came from, table)``: the tuning file's, or the model's with one warning."""
         kind = self.transport.name
-        steps = [[None, "shm"]] if self.node is not None else model_table(kind, self._size, self.segment_bytes)
+        steps = [[None, "shm"]] if self.node is not None else model_table(kind, self._size, self.chunk_bytes)
         model = ("model", {"*": steps})
         if not path:
             return model

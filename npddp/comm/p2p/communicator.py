@@ -7,9 +7,13 @@ collectives use the same schedules for every algorithm: a dissemination barrier,
 tree (small) or pipelined chain (large) broadcast, ring reduce-scatter and all-gather, linear
 gather and scatter. The ``naive`` backend overrides them with its root-based versions.
 
-An all-reduce algorithm is a class with ``__init__(comm)`` and
-``start(call, src, dst, ufunc, result) -> Work`` that reduces flat ``src`` into flat ``dst``
-(maybe ``src`` itself) and returns a Work handle; it may cache plans on itself.
+An all-reduce algorithm is a class with ``__init__(ctx)`` (a :class:`~npddp.comm.p2p.engine.Context`:
+rank, size, transport, scratch pool, tunables) and ``start(call, src, dst, ufunc, result) -> Work``
+that reduces flat ``src`` into flat ``dst`` (maybe ``src`` itself) and returns a Work handle; it
+may cache plans on itself, offer a blocking ``run(call, src, dst, ufunc)``, and describe its
+cost with a static ``cost(nbytes, size, chunk_bytes) -> Cost``. Reduce-scatter and all-gather
+run the two halves of the ring's schedule (:mod:`npddp.comm.p2p.ring`), so rank r's block is
+block r for every backend.
 
 Failure. A call still waiting ``timeout`` seconds after its first long wait raises
 TimeoutError naming the operation, its number and the ranks it waits for; a peer whose
@@ -23,16 +27,13 @@ from __future__ import annotations
 import numpy as np
 
 from npddp.comm import checks as c
-from npddp.comm.p2p.engine import Call, DoneWork, Overdue, P2PWork, ScratchPool, TagSequence
+from npddp.comm.p2p.engine import Call, Context, DoneWork, Overdue, P2PWork, ScratchPool, TagSequence
+from npddp.comm.p2p.ring import Ring
 
 
 class P2PCommunicator(c.Backend):
     """Collectives built from a transport's point-to-point messages; all-reduce by ``algorithm``."""
 
-    #: Ring steps and chain broadcasts are cut into segments of at most this many bytes.
-    segment_bytes = 1 << 20
-    #: Ring all-reduce receives kept in flight (scratch slots of one segment each).
-    window = 2
     #: Broadcasts of at least this many bytes use a pipelined chain instead of a binomial tree.
     chain_bytes = 1 << 20
 
@@ -47,7 +48,27 @@ class P2PCommunicator(c.Backend):
         self._failure: str | None = None   # why this communicator is unusable
         self._stranded: list = []           # buffers and handles abandoned requests may still touch
         self._empty = np.empty(0, dtype=np.uint8)
-        self.algorithm = algorithm(self) if algorithm is not None else None
+        self.context = Context(transport, self.scratch, chunk_bytes=1 << 20, window=2)
+        self._ring = Ring(self.context)          # the schedule of reduce-scatter and all-gather
+        self.algorithm = algorithm(self.context) if algorithm is not None else None
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Ring steps, tree levels and chain broadcasts move chunks of at most this many bytes (default 1 MiB)."""
+        return self.context.chunk_bytes
+
+    @chunk_bytes.setter
+    def chunk_bytes(self, value: int) -> None:
+        self.context.chunk_bytes = int(value)
+
+    @property
+    def window(self) -> int:
+        """Ring receives kept in flight (scratch slots of one chunk each; default 2)."""
+        return self.context.window
+
+    @window.setter
+    def window(self, value: int) -> None:
+        self.context.window = int(value)
 
     # --- calls, waits and giving up --------------------------------------------------
     def _begin(self, operation: str, user_tag: int | None = None) -> Call:
@@ -66,22 +87,6 @@ class P2PCommunicator(c.Backend):
     def unusable(self) -> RuntimeError:
         """The error of any call after a failure."""
         return RuntimeError(f"this {self.name} communicator is unusable after an earlier failure: {self._failure}")
-
-    def _transfer(self, call: Call, recvs=(), sends=()) -> None:
-        """Post receives ``[(array, source)]`` and sends ``[(array, dest)]`` under the call's tag; wait for all."""
-        transport, tag = self.transport, call.tag
-        rreqs, sreqs = [], []
-        try:
-            rreqs += [(transport.irecv(a, source, tag), source) for a, source in recvs]
-            sreqs += [(transport.isend(a, dest, tag), dest) for a, dest in sends]
-            for request, _ in rreqs:
-                call.wait(request)
-            for request, _ in sreqs:
-                call.wait(request)
-        except Overdue:
-            raise self.give_up(call, rreqs, sreqs, (recvs, sends)) from None
-        except ConnectionError as exc:
-            raise self.fail(call, exc, rreqs, sreqs, (recvs, sends)) from None
 
     def give_up(self, call: Call, recvs: list, sends: list, keep=None) -> TimeoutError:
         """After ``call`` timed out: abandon every request in flight; return the TimeoutError to raise."""
@@ -155,19 +160,6 @@ class P2PCommunicator(c.Backend):
         """The algorithm's ``run(call, src, dst, ufunc)`` for a blocking call, if it has one."""
         return getattr(self.algorithm, "run", None)
 
-    def _exchange(self, call, got, send, peer: int) -> None:
-        """Receive ``got`` from and send ``send`` to ``peer`` under the call's tag; wait for both."""
-        transport, tag = self.transport, call.tag
-        recv = transport.irecv(got, peer, tag)
-        sent = transport.isend(send, peer, tag)
-        try:
-            call.wait(recv)
-            call.wait(sent)
-        except Overdue:
-            raise self.give_up(call, [(recv, peer)], [(sent, peer)], (got, send)) from None
-        except ConnectionError as exc:
-            raise self.fail(call, exc, [(recv, peer)], [(sent, peer)], (got, send)) from None
-
     def _allreduce_work(self, call, src, dst, ufunc, result):
         """Start reducing flat ``src`` over ranks into flat ``dst`` with this communicator's algorithm."""
         return self.algorithm.start(call, src, dst, ufunc, result)
@@ -178,11 +170,11 @@ class P2PCommunicator(c.Backend):
         call = self._begin("barrier")
         empty, dist, size = self._empty, 1, self._size
         while dist < size:
-            self._transfer(call, [(empty, (self._rank - dist) % size)], [(empty, (self._rank + dist) % size)])
+            call.transfer([(empty, (self._rank - dist) % size)], [(empty, (self._rank + dist) % size)])
             dist <<= 1
 
     def broadcast(self, buf, root=0):
-        """Binomial tree from root; a pipelined chain of segments for buffers of ``chain_bytes`` or more."""
+        """Binomial tree from root; a pipelined chain of chunks for buffers of ``chain_bytes`` or more."""
         c.check_buffer(buf)
         root = c.check_rank(root, self._size)
         call = self._begin("broadcast")
@@ -200,7 +192,7 @@ class P2PCommunicator(c.Backend):
         mask = 1
         while mask < size:
             if vrank & mask:
-                self._transfer(call, recvs=[(buf, (vrank - mask + root) % size)])
+                call.transfer(recvs=[(buf, (vrank - mask + root) % size)])
                 break
             mask <<= 1
         children = []
@@ -210,16 +202,16 @@ class P2PCommunicator(c.Backend):
                 children.append((buf, (vrank + mask + root) % size))
             mask >>= 1
         if children:
-            self._transfer(call, sends=children)
+            call.transfer(sends=children)
 
     def _chain_broadcast(self, call, flat, root):
-        """Root -> root+1 -> ...: each rank forwards a segment as soon as it has arrived."""
+        """Root -> root+1 -> ...: each rank forwards a chunk as soon as it has arrived."""
         size, vrank, tag = self._size, (self._rank - root) % self._size, call.tag
-        seg = max(1, self.segment_bytes // flat.itemsize)
+        seg = max(1, self.chunk_bytes // flat.itemsize)
         parts = [flat[i:i + seg] for i in range(0, flat.size, seg)]
         left, right = (self._rank - 1) % size, (self._rank + 1) % size
         if vrank == 0:
-            self._transfer(call, sends=[(p, right) for p in parts])
+            call.transfer(sends=[(p, right) for p in parts])
             return
         transport, recvs, sends = self.transport, [], []
         try:
@@ -236,45 +228,37 @@ class P2PCommunicator(c.Backend):
             raise self.fail(call, exc, recvs, sends, parts) from None
 
     def reduce_scatter(self, buf, op="sum"):
-        """Ring reduce-scatter: step s forwards the partial of block rank-s-1, so rank r ends with block r."""
+        """The ring schedule's first half: rank r ends with block r of the reduction."""
         ufunc = c.check_op(op)
         c.check_buffer(buf, writable=False)
         call = self._begin("reduce_scatter")
         flat = buf.reshape(-1)
-        size, rank = self._size, self._rank
-        bounds = c.block_bounds(flat.size, size).tolist()
-        out = np.empty(bounds[rank + 1] - bounds[rank], dtype=buf.dtype)
-        if size == 1:
+        bounds = c.block_bounds(flat.size, self._size)
+        out = np.empty(int(bounds[self._rank + 1] - bounds[self._rank]), dtype=buf.dtype)
+        if self._size == 1 or flat.size == 0:
             np.copyto(out, flat)
             return out
-        if flat.size == 0:
-            return out
-        left, right = (rank - 1) % size, (rank + 1) % size
-        slot = bounds[1] - bounds[0]
-        raw = self.scratch.acquire(2 * slot * flat.itemsize)
-        scratch = np.frombuffer(raw, dtype=buf.dtype, count=2 * slot).reshape(2, slot)  # (2, largest block)
-        sending = flat[bounds[(rank - 1) % size]:bounds[(rank - 1) % size + 1]]
-        for step in range(size - 1):
-            b = (rank - step - 2) % size
-            local = flat[bounds[b]:bounds[b + 1]]
-            got = scratch[step % 2, :local.size]
-            self._transfer(call, [(got, left)], [(sending, right)])
-            sending = ufunc(local, got, out=out if step == size - 2 else got)
-        self.scratch.release(raw)
+        raw = self.scratch.acquire(flat.nbytes)
+        partials = np.frombuffer(raw, dtype=buf.dtype, count=flat.size)  # (n,) partial sums land here
+        try:
+            self._ring.start(call, flat, partials, ufunc, out, phase="reduce_scatter").wait()
+            np.copyto(out, partials[bounds[self._rank]:bounds[self._rank + 1]])
+        finally:
+            del partials
+            self.scratch.release(raw)
         return out
 
     def allgather(self, buf):
-        """Ring all-gather: step s forwards block rank-s and receives block rank-s-1."""
+        """The ring schedule's second half: each rank's ``buf`` is its block of the stacked result."""
         c.check_buffer(buf, writable=False)
         call = self._begin("allgather")
         size, rank = self._size, self._rank
         out = np.empty((size, *buf.shape), dtype=buf.dtype)
         rows = out.reshape(size, -1)  # (size, buf.size)
         rows[rank] = buf.reshape(-1)
-        if buf.size:
-            left, right = (rank - 1) % size, (rank + 1) % size
-            for step in range(size - 1):
-                self._transfer(call, [(rows[(rank - step - 1) % size], left)], [(rows[(rank - step) % size], right)])
+        if buf.size and size > 1:
+            flat = out.reshape(-1)
+            self._ring.start(call, flat, flat, None, out, phase="allgather").wait()
         return out
 
     def gather(self, buf, root=0):
@@ -284,13 +268,13 @@ class P2PCommunicator(c.Backend):
         call = self._begin("gather")
         if self._rank != root:
             if buf.size:
-                self._transfer(call, sends=[(buf, root)])
+                call.transfer(sends=[(buf, root)])
             return None
         out = np.empty((self._size, *buf.shape), dtype=buf.dtype)
         rows = out.reshape(self._size, -1)  # (size, buf.size)
         rows[root] = buf.reshape(-1)
         if buf.size:
-            self._transfer(call, recvs=[(rows[s], s) for s in range(self._size) if s != root])
+            call.transfer(recvs=[(rows[s], s) for s in range(self._size) if s != root])
         return out
 
     def scatter(self, buf, root=0):
@@ -303,20 +287,20 @@ class P2PCommunicator(c.Backend):
             rows = buf.reshape(self._size, -1)  # (size, block size)
             out[...] = buf[root]
             if out.size:
-                self._transfer(call, sends=[(rows[d], d) for d in range(self._size) if d != root])
+                call.transfer(sends=[(rows[d], d) for d in range(self._size) if d != root])
         elif out.size:
-            self._transfer(call, recvs=[(out, root)])
+            call.transfer(recvs=[(out, root)])
         return out
 
     def send(self, buf, dest, tag=0):
         """Blocking send of ``buf`` with a user tag (times out like a collective)."""
         c.check_buffer(buf, writable=False)
         dest, tag = c.check_rank(dest, self._size, "dest"), c.check_tag(tag)
-        self._transfer(self._begin("send", tag), sends=[(buf, dest)])
+        self._begin("send", tag).transfer(sends=[(buf, dest)])
 
     def recv(self, buf, source, tag=0):
         """Blocking receive into ``buf`` with a user tag (times out like a collective)."""
         c.check_buffer(buf)
         source, tag = c.check_rank(source, self._size, "source"), c.check_tag(tag)
-        self._transfer(self._begin("recv", tag), recvs=[(buf, source)])
+        self._begin("recv", tag).transfer(recvs=[(buf, source)])
         return buf

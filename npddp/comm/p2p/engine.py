@@ -1,8 +1,11 @@
 """The engine under every hand-written collective: tags, deadlines, scratch buffers and Work handles.
 
+* :class:`Context` is what an algorithm sees of the communicator it runs in: its rank and size,
+  the transport, the scratch pool and its tunables. :class:`Cost` is an algorithm's
+  alpha-beta-gamma description, the one ``auto``, the tuner and the report's projection all read.
 * :class:`TagSequence` gives each collective its own tag, the same on every rank, above the
-  user tags; :class:`Call` is one collective in progress: its name, number and tag, and the
-  deadline of its waits.
+  user tags; :class:`Call` is one collective in progress: its name, number and tag, the deadline
+  of its waits, and blocking transfers under its tag (:meth:`Call.transfer`, :meth:`Call.exchange`).
 * :class:`ScratchPool` lends reusable receive buffers, so steady-state collectives allocate nothing.
 * :class:`P2PWork` is the Work handle of a collective driven by transport requests; its
   subclasses implement ``_advance(block)``. :class:`RoundWork` runs a schedule of rounds;
@@ -22,6 +25,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -36,6 +40,33 @@ SPIN_ROUNDS = 16
 NAP_S = 50e-6
 _POLLS = range(CLOCK_EVERY)
 _yield = os.sched_yield
+
+
+class Cost(NamedTuple):
+    """One all-reduce's alpha-beta-gamma terms: ``time = steps * alpha + sent * beta + reduced * gamma``."""
+
+    steps: float    # messages one after another on the critical path
+    sent: float     # bytes the busiest rank sends on the critical path
+    reduced: float  # bytes it reduces on the critical path
+
+    def time(self, alpha: float, beta: float, gamma: float = 0.0) -> float:
+        """Seconds, for alpha (s per message), beta (s per byte sent) and gamma (s per byte reduced)."""
+        return self.steps * alpha + self.sent * beta + self.reduced * gamma
+
+
+class Context:
+    """What an all-reduce algorithm sees of the communicator it runs in.
+
+    ``chunk_bytes``: pipelined algorithms (ring steps, tree, chain broadcast) cut messages into
+    chunks of at most this many bytes; ``window``: ring receives kept in flight; ``node``: the
+    node's shared-memory group, when the communicator has one (else None).
+    """
+
+    __slots__ = ("rank", "size", "transport", "scratch", "chunk_bytes", "window", "node")
+
+    def __init__(self, transport, scratch, chunk_bytes: int, window: int):
+        self.rank, self.size, self.transport, self.scratch = transport.rank, transport.size, transport, scratch
+        self.chunk_bytes, self.window, self.node = chunk_bytes, window, None
 
 
 class TagSequence:
@@ -60,12 +91,16 @@ class Overdue(Exception):
 
 
 class Call:
-    """One collective (or send/recv) in progress: what to name in errors, and the deadline of its waits."""
+    """One collective (or send/recv) in progress: what to name in errors, its tag, and the deadline of its waits.
 
-    __slots__ = ("owner", "operation", "number", "tag", "expires", "rounds")
+    ``owner`` is the communicator: it turns an overdue wait or a broken connection into the error
+    to raise (``give_up``, ``fail``) and refuses later calls.
+    """
+
+    __slots__ = ("owner", "transport", "operation", "number", "tag", "expires", "rounds")
 
     def __init__(self, owner, operation: str, number: int | None, tag: int):
-        self.owner, self.operation, self.number, self.tag = owner, operation, number, tag
+        self.owner, self.transport, self.operation, self.number, self.tag = owner, owner.transport, operation, number, tag
         self.expires = 0.0  # set at the first clock read
         self.rounds = 0     # clock reads so far
 
@@ -90,6 +125,35 @@ class Call:
                 _yield()
             if self.overdue():
                 raise Overdue
+
+    def transfer(self, recvs=(), sends=()) -> None:
+        """Post receives ``[(array, source)]`` and sends ``[(array, dest)]`` under this call's tag; wait for all."""
+        transport, tag = self.transport, self.tag
+        rreqs, sreqs = [], []
+        try:
+            rreqs += [(transport.irecv(a, source, tag), source) for a, source in recvs]
+            sreqs += [(transport.isend(a, dest, tag), dest) for a, dest in sends]
+            for request, _ in rreqs:
+                self.wait(request)
+            for request, _ in sreqs:
+                self.wait(request)
+        except Overdue:
+            raise self.owner.give_up(self, rreqs, sreqs, (recvs, sends)) from None
+        except ConnectionError as exc:
+            raise self.owner.fail(self, exc, rreqs, sreqs, (recvs, sends)) from None
+
+    def exchange(self, got, send, peer: int) -> None:
+        """Receive ``got`` from and send ``send`` to ``peer`` under this call's tag; wait for both."""
+        transport, tag = self.transport, self.tag
+        recv = transport.irecv(got, peer, tag)
+        sent = transport.isend(send, peer, tag)
+        try:
+            self.wait(recv)
+            self.wait(sent)
+        except Overdue:
+            raise self.owner.give_up(self, [(recv, peer)], [(sent, peer)], (got, send)) from None
+        except ConnectionError as exc:
+            raise self.owner.fail(self, exc, [(recv, peer)], [(sent, peer)], (got, send)) from None
 
     def describe(self) -> str:
         """E.g. ``ring allreduce (collective #12, tag 16395)``."""
@@ -272,7 +336,7 @@ class RoundWork(P2PWork):
 
     def _advance(self, block):
         call = self._call
-        transport, tag = call.owner.transport, call.tag
+        transport, tag = call.transport, call.tag
         while True:
             if self._reqs is None:
                 if self._next == len(self._rounds):

@@ -23,6 +23,11 @@ class Fold:
         else:
             self.vrank, self.partner = rank - self.extra, -1
 
+    @staticmethod
+    def extra_steps(size: int) -> int:
+        """1 when ``size`` is not a power of two (the extra ranks fold in and out), else 0."""
+        return 0 if size & (size - 1) == 0 else 1
+
     def real(self, vrank: int) -> int:
         """The rank of active rank ``vrank``."""
         return 2 * vrank + 1 if vrank < self.extra else vrank + self.extra

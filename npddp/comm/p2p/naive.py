@@ -13,7 +13,7 @@ from functools import partial
 import numpy as np
 
 from npddp.comm import checks as c
-from npddp.comm.p2p.engine import RoundWork
+from npddp.comm.p2p.engine import Context, Cost, RoundWork
 from npddp.comm.p2p.communicator import P2PCommunicator
 
 ROOT = 0
@@ -22,21 +22,26 @@ ROOT = 0
 class Naive:
     """Gather to rank 0, reduce there in rank order, send the result to every rank."""
 
-    def __init__(self, comm):
-        self.comm = comm
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+
+    @staticmethod
+    def cost(nbytes: float, size: int, chunk_bytes: float | None = None) -> Cost:
+        """Rank 0 receives and sends the whole vector ``N - 1`` times each, and reduces it ``N - 1`` times."""
+        return Cost(2 * (size - 1), 2 * (size - 1) * nbytes, (size - 1) * nbytes)
 
     def start(self, call, src, dst, ufunc, result):
         """Rounds: rank 0 receives and reduces each rank's buffer in rank order, then sends the result to all."""
-        comm = self.comm
-        if comm.rank != ROOT:
+        ctx = self.ctx
+        if ctx.rank != ROOT:
             rounds = [([(src, ROOT)], (), None), ((), [(dst, ROOT)], None)]
             return RoundWork(call, rounds, result)
-        raw = comm.scratch.acquire(src.nbytes)
+        raw = ctx.scratch.acquire(src.nbytes)
         got = np.frombuffer(raw, dtype=src.dtype, count=src.size)  # (n,)
         rounds = [((), [(got, source)], partial(ufunc, src if source == 1 else dst, got, out=dst))
-                  for source in range(1, comm.size)]
-        rounds.append(([(dst, dest) for dest in range(1, comm.size)], (), None))
-        return RoundWork(call, rounds, result, partial(comm.scratch.release, raw))
+                  for source in range(1, ctx.size)]
+        rounds.append(([(dst, dest) for dest in range(1, ctx.size)], (), None))
+        return RoundWork(call, rounds, result, partial(ctx.scratch.release, raw))
 
 
 class NaiveCommunicator(P2PCommunicator):
@@ -47,11 +52,11 @@ class NaiveCommunicator(P2PCommunicator):
         call = self._begin("barrier")
         if self._rank == ROOT:
             others = range(1, self._size)
-            self._transfer(call, recvs=[(self._empty, source) for source in others])
-            self._transfer(call, sends=[(self._empty, dest) for dest in others])
+            call.transfer(recvs=[(self._empty, source) for source in others])
+            call.transfer(sends=[(self._empty, dest) for dest in others])
         else:
-            self._transfer(call, sends=[(self._empty, ROOT)])
-            self._transfer(call, recvs=[(self._empty, ROOT)])
+            call.transfer(sends=[(self._empty, ROOT)])
+            call.transfer(recvs=[(self._empty, ROOT)])
 
     def broadcast(self, buf, root=0):
         """Root sends ``buf`` to every other rank (all sends posted at once)."""
@@ -60,9 +65,9 @@ class NaiveCommunicator(P2PCommunicator):
         call = self._begin("broadcast")
         if buf.size and self._size > 1:
             if self._rank == root:
-                self._transfer(call, sends=[(buf, dest) for dest in range(self._size) if dest != root])
+                call.transfer(sends=[(buf, dest) for dest in range(self._size) if dest != root])
             else:
-                self._transfer(call, recvs=[(buf, root)])
+                call.transfer(recvs=[(buf, root)])
         return buf
 
     def reduce_scatter(self, buf, op="sum"):
@@ -77,18 +82,18 @@ class NaiveCommunicator(P2PCommunicator):
             np.copyto(out, flat)
             return out
         if self._rank != ROOT:
-            self._transfer(call, recvs=[(out, ROOT)], sends=[(flat, ROOT)])
+            call.transfer(recvs=[(out, ROOT)], sends=[(flat, ROOT)])
             return out
         total = flat.copy()  # (n,)
         raw = self.scratch.acquire(flat.nbytes)
         got = np.frombuffer(raw, dtype=buf.dtype, count=flat.size)  # (n,)
         for source in range(1, self._size):
-            self._transfer(call, recvs=[(got, source)])
+            call.transfer(recvs=[(got, source)])
             ufunc(total, got, out=total)
         del got
         self.scratch.release(raw)
         np.copyto(out, total[:bounds[1]])
-        self._transfer(call, sends=[(total[bounds[d]:bounds[d + 1]], d) for d in range(1, self._size)])
+        call.transfer(sends=[(total[bounds[d]:bounds[d + 1]], d) for d in range(1, self._size)])
         return out
 
     def allgather(self, buf):
@@ -101,9 +106,9 @@ class NaiveCommunicator(P2PCommunicator):
         if buf.size and self._size > 1:
             others = range(1, self._size)
             if self._rank == ROOT:
-                self._transfer(call, recvs=[(rows[source], source) for source in others])
-                self._transfer(call, sends=[(out, dest) for dest in others])
+                call.transfer(recvs=[(rows[source], source) for source in others])
+                call.transfer(sends=[(out, dest) for dest in others])
             else:
-                self._transfer(call, sends=[(buf, ROOT)])
-                self._transfer(call, recvs=[(out, ROOT)])
+                call.transfer(sends=[(buf, ROOT)])
+                call.transfer(recvs=[(out, ROOT)])
         return out

@@ -15,12 +15,13 @@ bandwidth with the latency of recursive doubling. The choice for medium vectors.
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import numpy as np
 
 from npddp.comm import checks as c
-from npddp.comm.p2p.engine import RoundWork
+from npddp.comm.p2p.engine import Context, Cost, RoundWork
 from npddp.comm.p2p.fold import Fold
 
 _PLAN_CACHE_SIZE = 64
@@ -64,10 +65,17 @@ class RabenseifnerPlan:
 class Rabenseifner:
     """Rabenseifner's all-reduce of one communicator: cached plans, rounds per call."""
 
-    def __init__(self, comm):
-        self.comm = comm
-        self.fold = Fold(comm.rank, comm.size)
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.fold = Fold(ctx.rank, ctx.size)
         self._plans: dict[int, RabenseifnerPlan] = {}
+
+    @staticmethod
+    def cost(nbytes: float, size: int, chunk_bytes: float | None = None) -> Cost:
+        """``2 log2 p`` steps moving ``2 (p-1)/p`` of the vector (+ the whole vector in and out when folding)."""
+        fold, p = Fold.extra_steps(size), 1 << (size.bit_length() - 1)
+        lg, share = math.log2(p), (p - 1) / p
+        return Cost(2 * lg + 2 * fold, (2 * share + 2 * fold) * nbytes, (share + fold) * nbytes)
 
     def plan(self, n: int) -> RabenseifnerPlan:
         """The (cached) plan for ``n`` elements."""
@@ -83,7 +91,7 @@ class Rabenseifner:
         fold = self.fold
         if fold.vrank < 0:  # hand the vector to the partner, get the result back
             return RoundWork(call, [([(src, fold.partner)], (), None), ((), [(dst, fold.partner)], None)], result)
-        plan, pool = self.plan(src.size), self.comm.scratch
+        plan, pool = self.plan(src.size), self.ctx.scratch
         nrecv = max(plan.scratch_elems, src.size if fold.partner >= 0 else 0)
         raw = pool.acquire(nrecv * src.itemsize)
         got = np.frombuffer(raw, dtype=src.dtype, count=nrecv)  # (nrecv,) what the partner sent

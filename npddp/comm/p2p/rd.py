@@ -12,29 +12,37 @@ vectors, wasteful for long ones (it moves ``log2 p`` times what the ring moves).
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import numpy as np
 
-from npddp.comm.p2p.engine import RoundWork
+
+from npddp.comm.p2p.engine import Context, Cost, RoundWork
 from npddp.comm.p2p.fold import Fold
 
 
 class RecursiveDoubling:
     """The recursive-doubling all-reduce of one communicator."""
 
-    def __init__(self, comm):
-        self.comm = comm
-        self.fold = Fold(comm.rank, comm.size)
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.fold = Fold(ctx.rank, ctx.size)
         fold = self.fold
         # (partner rank, True if the partner's partial goes first) for each doubling step
         self.steps = [] if fold.vrank < 0 else [
             (fold.real(fold.vrank ^ mask), fold.vrank ^ mask < fold.vrank)
             for mask in (1 << k for k in range(fold.p.bit_length() - 1))]
 
+    @staticmethod
+    def cost(nbytes: float, size: int, chunk_bytes: float | None = None) -> Cost:
+        """``log2 p`` exchanges of the whole vector (+2 steps when folding), reducing it each time."""
+        fold, lg = Fold.extra_steps(size), math.log2(1 << (size.bit_length() - 1))
+        return Cost(lg + 2 * fold, (lg + 2 * fold) * nbytes, (lg + fold) * nbytes)
+
     def start(self, call, src, dst, ufunc, result):
         """Rounds: fold in, the doubling steps, fold out."""
-        pool, fold = self.comm.scratch, self.fold
+        pool, fold = self.ctx.scratch, self.fold
         raw = pool.acquire(src.nbytes)
         got = np.frombuffer(raw, dtype=src.dtype, count=src.size)  # (n,) the partner's partial
         if fold.vrank < 0:  # hand the vector to the partner, get the result back
@@ -54,28 +62,28 @@ class RecursiveDoubling:
 
     def run(self, call, src, dst, ufunc) -> None:
         """The same schedule as :meth:`start`, run to completion at once (a blocking call's short path)."""
-        comm, fold = self.comm, self.fold
-        raw = comm.scratch.acquire(src.nbytes)
+        pool, fold = self.ctx.scratch, self.fold
+        raw = pool.acquire(src.nbytes)
         got = np.frombuffer(raw, dtype=src.dtype, count=src.size)  # (n,)
         try:
             if fold.vrank < 0:
-                comm._transfer(call, sends=[(src, fold.partner)])
-                comm._transfer(call, recvs=[(dst, fold.partner)])
+                call.transfer(sends=[(src, fold.partner)])
+                call.transfer(recvs=[(dst, fold.partner)])
                 return
             cur = src
             if fold.partner >= 0:
-                comm._transfer(call, recvs=[(got, fold.partner)])
+                call.transfer(recvs=[(got, fold.partner)])
                 ufunc(got, src, out=dst)
                 cur = dst
             for peer, peer_first in self.steps:
-                comm._exchange(call, got, cur, peer)
+                call.exchange(got, cur, peer)
                 if peer_first:
                     ufunc(got, cur, out=dst)
                 else:
                     ufunc(cur, got, out=dst)
                 cur = dst
             if fold.partner >= 0:
-                comm._transfer(call, sends=[(dst, fold.partner)])
+                call.transfer(sends=[(dst, fold.partner)])
         finally:
             del got
-            comm.scratch.release(raw)
+            pool.release(raw)

@@ -1,22 +1,26 @@
 """Ring all-reduce: a ring reduce-scatter, then a ring all-gather, as a non-blocking state machine.
 
-The vector is cut into ``size`` blocks as ``np.array_split`` cuts it. In step s of the
-reduce-scatter, rank r sends its partial sum of block ``r - s`` to its right neighbour and
-receives the partial of block ``r - s - 1`` from its left, which it adds to its own. After
-``size - 1`` steps rank r holds block ``r + 1`` fully reduced. The all-gather then passes the
-reduced blocks around the ring, each rank copying what it receives: every element is reduced
-at exactly one place and only copied afterwards, so every rank ends with the same bits.
-Bandwidth-optimal (each rank sends ``2 (N-1)/N`` of the vector) but ``2 (N-1)`` steps long.
+The schedule. The vector is cut into ``size`` blocks as ``np.array_split`` cuts it. A ring pass
+has ``2 (N-1)`` steps; in step s rank r sends block ``r - s - 1`` to its right neighbour and
+receives block ``r - s - 2`` from its left (:func:`ring_blocks`). In the first ``N - 1`` steps
+(the reduce-scatter) it adds what it receives to its own partial of that block, so after them
+rank r holds block ``r`` fully reduced; in the last ``N - 1`` (the all-gather) it passes the
+reduced blocks on, copying what it receives. Every element is reduced at exactly one place and
+only copied afterwards, so every rank ends with the same bits. Bandwidth-optimal (each rank
+sends ``2 (N-1)/N`` of the vector) but ``2 (N-1)`` steps long. The blocking ``reduce_scatter``
+and ``allgather`` of every hand-written communicator run the first or the second half of the
+same schedule (:class:`RingPlan` with ``phase``).
 
-The state machine. Each step's block is cut into ``nseg`` segments; a *unit* is one segment of
-one step, numbered ``u = step * nseg + segment`` over both halves (``2 (N-1) nseg`` units).
-Four counters describe the whole state:
+The state machine. Each step's block is cut into ``nchunk`` chunks of at most ``chunk_bytes``;
+a *unit* is one chunk of one step, numbered ``u = step * nchunk + chunk`` (``2 (N-1) nchunk``
+units for an all-reduce). Four counters describe the whole state:
 
-* ``nsent``: sends posted. Unit u's send forwards what unit ``u - nseg`` received (reduced,
-  in the first half), so it may start once ``ndone > u - nseg``.
+* ``nsent``: sends posted. Unit u's send forwards what unit ``u - nchunk`` received (reduced,
+  in the first half), so it may start once ``ndone > u - nchunk``; the first ``nchunk`` units
+  send the rank's own data.
 * ``nposted``: receives posted, at most ``window`` ahead of ``ndone``. Reduce-scatter receives
-  land in a scratch slot; all-gather receives land in the result directly, but only once the
-  send that read that region has completed.
+  land in a scratch slot; all-gather receives land in the result directly, but in an all-reduce
+  only once the send that read that region has completed.
 * ``ndone``: receives completed (and, in the first half, reduced into the result).
 * ``nsent_done``: sends completed, in order.
 
@@ -26,80 +30,102 @@ repeats; non-blocking, it returns as soon as that receive has not arrived yet.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import numpy as np
 
 from npddp.comm import checks as c
-from npddp.comm.p2p.engine import P2PWork
+from npddp.comm.p2p.engine import Context, Cost, P2PWork
 
 _PLAN_CACHE_SIZE = 64
+#: Which part of the ring pass a plan runs.
+PHASES = ("allreduce", "reduce_scatter", "allgather")
+
+
+def ring_blocks(rank: int, size: int, step: int) -> tuple[int, int]:
+    """(block sent, block received) by ``rank`` at ``step`` of a ring pass (0 .. 2N-3; the all-gather starts at N-1)."""
+    return (rank - step - 1) % size, (rank - step - 2) % size
 
 
 class RingPlan:
-    """Per-unit slices of a ring all-reduce on one rank; unit ``u`` is segment ``u % nseg`` of step ``u // nseg``.
+    """Per-unit slices of one rank's part of a ring pass over ``n`` elements; unit ``u`` is chunk ``u % nchunk``.
 
-    Step s sends block ``rank - s`` and receives block ``rank - s - 1`` (mod size), in both
-    halves; ``scratch[u]`` is where reduce-scatter unit u lands: slot ``u % window``.
+    ``phase``: ``allreduce`` (both halves), ``reduce_scatter`` (the first: partials land in the
+    result, block ``rank`` ends reduced) or ``allgather`` (the second: block ``rank`` is the
+    rank's own, the others arrive). ``reduce_units``: units that reduce what they receive;
+    ``scratch[u]`` is where reduce-scatter unit u lands: slot ``u % window``.
     """
 
-    __slots__ = ("nseg", "nunits", "rs_units", "window", "send", "recv", "scratch", "scratch_elems")
+    __slots__ = ("phase", "nchunk", "nunits", "reduce_units", "window", "send", "recv", "scratch", "scratch_elems",
+                 "own")
 
-    def __init__(self, n: int, size: int, rank: int, seg_elems: int, window: int):
+    def __init__(self, n: int, size: int, rank: int, chunk_elems: int, window: int, phase: str = "allreduce"):
         bounds = c.block_bounds(n, size).tolist()
-        self.nseg = nseg = max(1, -(-(bounds[1] - bounds[0]) // seg_elems))  # block 0 is the largest
-        self.rs_units = (size - 1) * nseg
-        self.nunits = 2 * self.rs_units
-        self.window = window = max(1, min(window, self.rs_units))
-        self.send = [_segment(bounds, (rank - u // nseg) % size, u % nseg, nseg) for u in range(self.nunits)]
-        self.recv = [_segment(bounds, (rank - u // nseg - 1) % size, u % nseg, nseg) for u in range(self.nunits)]
-        slot = max(r.stop - r.start for r in self.recv)
+        self.phase = phase
+        self.nchunk = nchunk = max(1, -(-(bounds[1] - bounds[0]) // chunk_elems))  # block 0 is the largest
+        half = (size - 1) * nchunk
+        first = half if phase == "allgather" else 0           # the first unit of the pass this plan runs
+        self.nunits = 2 * half if phase == "allreduce" else half
+        self.reduce_units = 0 if phase == "allgather" else half
+        self.window = window = max(1, min(window, self.reduce_units or self.nunits))
+        units = range(first, first + self.nunits)
+        self.send = [_chunk(bounds, ring_blocks(rank, size, u // nchunk)[0], u % nchunk, nchunk) for u in units]
+        self.recv = [_chunk(bounds, ring_blocks(rank, size, u // nchunk)[1], u % nchunk, nchunk) for u in units]
+        slot = max((r.stop - r.start for r in self.recv), default=0)
         self.scratch = [slice((u % window) * slot, (u % window) * slot + r.stop - r.start)
-                        for u, r in enumerate(self.recv[:self.rs_units])]
-        self.scratch_elems = window * slot
+                        for u, r in enumerate(self.recv[:self.reduce_units])]
+        self.scratch_elems = window * slot if self.reduce_units else 0
+        self.own = slice(bounds[rank], bounds[rank + 1])     # the block this rank reduces (or owns)
 
 
-def _segment(bounds: list[int], block: int, j: int, nseg: int) -> slice:
-    """Slice of segment ``j`` of ``nseg`` of block ``block``."""
+def _chunk(bounds: list[int], block: int, j: int, nchunk: int) -> slice:
+    """Slice of chunk ``j`` of ``nchunk`` of block ``block``."""
     lo, length = bounds[block], bounds[block + 1] - bounds[block]
-    return slice(lo + length * j // nseg, lo + length * (j + 1) // nseg)
+    return slice(lo + length * j // nchunk, lo + length * (j + 1) // nchunk)
 
 
 class Ring:
-    """The ring all-reduce algorithm of one communicator: cached plans, one state machine per call."""
+    """The ring all-reduce of one communicator: cached plans, one state machine per call."""
 
-    def __init__(self, comm):
-        self.comm = comm
-        self._plans: dict[tuple[int, int, int], RingPlan] = {}
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self._plans: dict[tuple, RingPlan] = {}
 
-    def plan(self, n: int, itemsize: int) -> RingPlan:
-        """The (cached) plan for ``n`` elements of ``itemsize`` bytes at the communicator's segment and window."""
-        comm = self.comm
-        key = (n, max(1, comm.segment_bytes // itemsize), comm.window)
+    @staticmethod
+    def cost(nbytes: float, size: int, chunk_bytes: float | None = None) -> Cost:
+        """``2 (N-1)`` steps per chunk, ``2 (N-1)/N`` of the vector sent and ``(N-1)/N`` reduced."""
+        share = (size - 1) / size
+        chunks = 1 if chunk_bytes is None else max(1, math.ceil(nbytes / size / chunk_bytes))
+        return Cost(2 * (size - 1) * chunks, 2 * share * nbytes, share * nbytes)
+
+    def plan(self, n: int, itemsize: int, phase: str = "allreduce") -> RingPlan:
+        """The (cached) plan for ``n`` elements of ``itemsize`` bytes at the context's chunk size and window."""
+        ctx = self.ctx
+        key = (n, max(1, ctx.chunk_bytes // itemsize), ctx.window, phase)
         plan = self._plans.get(key)
         if plan is None:
             if len(self._plans) >= _PLAN_CACHE_SIZE:
                 del self._plans[next(iter(self._plans))]
-            plan = self._plans[key] = RingPlan(n, comm.size, comm.rank, *key[1:])
+            plan = self._plans[key] = RingPlan(n, ctx.size, ctx.rank, *key[1:])
         return plan
 
-    def start(self, call, src, dst, ufunc, result):
-        """Start the state machine for flat ``src`` -> flat ``dst``."""
-        return RingWork(call, src, dst, ufunc, self.plan(src.size, src.itemsize), result)
+    def start(self, call, src, dst, ufunc, result, phase: str = "allreduce"):
+        """Start the state machine for flat ``src`` -> flat ``dst`` (``phase``: which part of the pass)."""
+        return RingWork(call, self.ctx, src, dst, ufunc, self.plan(src.size, src.itemsize, phase), result)
 
 
 class RingWork(P2PWork):
-    """One ring all-reduce in progress (see the module docstring for its four counters)."""
+    """One ring pass in progress (see the module docstring for its four counters)."""
 
     __slots__ = ("_transport", "_tag", "_left", "_right", "_src", "_dst", "_ufunc", "_plan", "_pool", "_raw",
                  "_scratch", "_nsent", "_nsent_done", "_nposted", "_ndone", "_sends", "_recvs")
 
-    def __init__(self, call, src, dst, ufunc, plan, result):
+    def __init__(self, call, ctx: Context, src, dst, ufunc, plan: RingPlan, result):
         super().__init__(call, result)
-        comm = call.owner
-        self._transport, self._tag = comm.transport, call.tag
-        self._left, self._right = (comm.rank - 1) % comm.size, (comm.rank + 1) % comm.size
-        self._src, self._dst, self._ufunc, self._plan, self._pool = src, dst, ufunc, plan, comm.scratch
+        self._transport, self._tag = ctx.transport, call.tag
+        self._left, self._right = (ctx.rank - 1) % ctx.size, (ctx.rank + 1) % ctx.size
+        self._src, self._dst, self._ufunc, self._plan, self._pool = src, dst, ufunc, plan, ctx.scratch
         self._raw = self._pool.acquire(plan.scratch_elems * src.itemsize)
         self._scratch = np.frombuffer(self._raw, dtype=src.dtype, count=plan.scratch_elems)  # (window * slot,)
         self._nsent = self._nsent_done = self._nposted = self._ndone = 0
@@ -121,21 +147,23 @@ class RingWork(P2PWork):
 
     def _advance(self, block):
         plan, transport, tag, src, dst = self._plan, self._transport, self._tag, self._src, self._dst
-        nseg, nunits, rs_units, window = plan.nseg, plan.nunits, plan.rs_units, plan.window
+        nchunk, nunits, reduce_units, window = plan.nchunk, plan.nunits, plan.reduce_units, plan.window
+        guarded = plan.phase == "allreduce"   # all-gather receives overwrite what reduce-scatter sends read
+        own = src if reduce_units else dst   # where the first nchunk units' data lies
         sends, recvs = self._sends, self._recvs
         nsent, nposted, ndone = self._nsent, self._nposted, self._ndone
         while True:
-            stop = min(ndone + nseg, nunits)
-            while nsent < stop:  # forward what has arrived (the first nseg units send our own data)
-                sends.append(transport.isend((src if nsent < nseg else dst)[plan.send[nsent]], self._right, tag))
+            stop = min(ndone + nchunk, nunits)
+            while nsent < stop:  # forward what has arrived (the first nchunk units send our own data)
+                sends.append(transport.isend((own if nsent < nchunk else dst)[plan.send[nsent]], self._right, tag))
                 nsent += 1
             stop = min(ndone + window, nunits)
             while nposted < stop:
-                if nposted < rs_units:
+                if nposted < reduce_units:
                     target = self._scratch[plan.scratch[nposted]]
-                else:  # overwrites what the reduce-scatter send of unit nposted - rs_units read
-                    v = nposted - rs_units
-                    if v >= nsent or not self._sends_complete(v + 1, block):
+                else:
+                    v = nposted - reduce_units
+                    if guarded and (v >= nsent or not self._sends_complete(v + 1, block)):
                         break
                     target = dst[plan.recv[nposted]]
                 recvs.append(transport.irecv(target, self._left, tag))
@@ -150,7 +178,7 @@ class RingWork(P2PWork):
             elif not recvs[0].test():
                 return False
             recvs.popleft()
-            if ndone < rs_units:  # reduce the arrived partial into our block
+            if ndone < reduce_units:  # reduce the arrived partial into our block
                 region = dst[plan.recv[ndone]]
                 self._ufunc(region if src is dst else src[plan.recv[ndone]],
                             self._scratch[plan.scratch[ndone]], out=region)

@@ -127,7 +127,7 @@ def mismatch(table: np.ndarray) -> str | None:
 class DebugCommunicator:
     """Wraps any backend; before every collective, checks that all ranks make the same call.
 
-    Attributes it does not have itself (``timeout``, ``segment_bytes``, ...) are read from and
+    Attributes it does not have itself (``timeout``, ``chunk_bytes``, ...) are read from and
     written to the wrapped communicator, so the wrapper can stand in for it anywhere.
     """
 

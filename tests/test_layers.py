@@ -1,0 +1,91 @@
+"""The package's layers, read from the source: who may import whom, and no circle between modules."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "npddp"
+#: Each layer and the layers it may import (besides itself); util is the floor, the faces are the top.
+ALLOWED = {
+    "util": set(),
+    "comm": {"util"},
+    "nn": {"util"}, "data": {"util"}, "optim": {"util", "nn"},
+    "parallel": {"util", "comm", "nn", "data", "optim"},
+    "process": {"util", "comm"},
+    "train": {"util", "comm", "nn", "data", "optim", "parallel", "process"},
+    "tune": {"util", "comm", "process"},
+    "run": {"process"}, "evaluate": {"train"}, "__init__": set(),
+}
+
+
+def modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the package."""
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def imports_of(name: str, path: Path, known: dict) -> set[str]:
+    """The package modules ``name`` imports anywhere in its file (module level or inside functions)."""
+    found = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        found |= {t for t in targets if t in known and t != name}
+    return found
+
+
+def layer(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+GRAPH = {name: imports_of(name, path, modules()) for name, path in modules().items()}
+
+
+@pytest.mark.parametrize("name", sorted(GRAPH))
+def test_every_module_imports_only_its_own_and_lower_layers(name):
+    mine = layer(name)
+    assert mine in ALLOWED, f"{name} is in no known layer; add {mine!r} to ALLOWED"
+    upward = sorted(t for t in GRAPH[name] if layer(t) != mine and layer(t) not in ALLOWED[mine]
+                    and t != "npddp")
+    assert not upward, f"{name} ({mine}) imports {upward}, outside the layers it may use: {sorted(ALLOWED[mine])}"
+
+
+def test_no_two_modules_import_each_other_even_indirectly():
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(GRAPH[node]):
+            if state.get(nxt) == "open":
+                cycle = stack[stack.index(nxt):] + [nxt]
+                pytest.fail("import circle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(GRAPH):
+        if node not in state:
+            visit(node)
+
+
+def test_the_package_root_holds_at_most_eight_modules_and_every_subpackage_says_what_it_holds():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 8, f"npddp/ holds {len(top)} modules directly: {top}"
+    for init in PACKAGE.rglob("__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc, f"{init.relative_to(PACKAGE.parent)} has no docstring saying what the subpackage holds"
