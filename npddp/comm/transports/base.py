@@ -44,6 +44,10 @@ class Transport(Protocol):
     """Non-blocking point-to-point messages of NumPy buffers between the ranks of one group."""
 
     @property
+    def name(self) -> str:
+        """``mpi`` or ``tcp``: one of :data:`TRANSPORTS`."""
+
+    @property
     def rank(self) -> int:
         """This process's rank in the group."""
 
@@ -56,6 +60,9 @@ class Transport(Protocol):
 
     def irecv(self, buf: np.ndarray, source: int, tag: int) -> Request:
         """Start receiving a message from ``source`` with ``tag`` into contiguous ``buf``."""
+
+    def split(self, colors) -> "Transport":
+        """The transport among the ranks whose color matches this rank's (collective: every rank, same list)."""
 
 
 def is_transport(obj) -> bool:
