@@ -77,21 +77,21 @@ def world_rank(environ=None) -> int:
     return max(0, first_int((*MPI_RANK_VARIABLES, "RANK"), environ, 0))
 
 
-def local_size(environ=None) -> tuple[int, str] | None:
-    """(ranks on this node, the variable that said so), or None when no launcher said."""
+def first_positive(names, environ=None) -> tuple[int, str] | None:
+    """(value, variable) of the first of ``names`` set to a positive integer, else None."""
     environ = _environ(environ)
-    for name in LOCAL_SIZE_VARIABLES:
+    for name in names:
         raw = environ.get(name, "").strip()
         if raw.isdigit() and int(raw) > 0:
             return int(raw), name
     return None
+
+
+def local_size(environ=None) -> tuple[int, str] | None:
+    """(ranks on this node, the variable that said so), or None when no launcher said."""
+    return first_positive(LOCAL_SIZE_VARIABLES, environ)
 
 
 def thread_setting(environ=None) -> tuple[int, str] | None:
     """(threads, variable) for the first thread variable set to a positive integer, else None."""
-    environ = _environ(environ)
-    for name in THREAD_VARIABLES:
-        raw = environ.get(name, "").strip()
-        if raw.isdigit() and int(raw) > 0:
-            return int(raw), name
-    return None
+    return first_positive(THREAD_VARIABLES, environ)
