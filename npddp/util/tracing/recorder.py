@@ -215,12 +215,14 @@ class Tracer:
 
     def wrap(self, fn, name: int, track: int):
         """``fn`` recording each call as event ``name`` on ``track``."""
-        clock, add = self.clock, self.add
+        now, record = time.perf_counter_ns, self._record
 
         def traced(*args, **kwargs):
-            t0 = clock()
+            if not self.recording:
+                return fn(*args, **kwargs)
+            t0 = now()
             out = fn(*args, **kwargs)
-            add(t0, name, track)
+            record(name, track, t0, now())
             return out
         traced.__wrapped__ = fn
         return traced
