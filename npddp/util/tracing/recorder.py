@@ -41,7 +41,7 @@ TRACE_VARIABLE, STEPS_VARIABLE = "NPDDP_TRACE", "NPDDP_TRACE_STEPS"
 DEFAULT_STEPS = "3:5"
 #: Events one rank keeps at most; later ones are counted as dropped.
 CAPACITY = 1 << 17
-PING_ROUNDS = 8
+PING_ROUNDS = 32
 _TAG = 3917   # tag of the tracer's point-to-point messages
 
 
