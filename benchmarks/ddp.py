@@ -32,6 +32,9 @@ sub-communicator; the others wait in a barrier that sleeps between polls), the w
 the median over all backends' one-rank runs of the same combination and repeat (on one rank
 they do the same work, so one shared reference keeps noise out of the comparison).
 
+Trace (``--trace FILE.json``, ``--trace-steps FIRST:LAST``, docs/traces.md): the timeline of
+the first combination's steps (warm-up included, counted from 1) on every rank.
+
 Output: a table (rank 0); ``--out`` the dump (kinds ``ddp_breakdown``, ``weak_scaling``;
 columns in npddp/columns.py; read with ``benchmarks.results.read_table``); ``--csv`` the same rows.
 """
@@ -59,6 +62,7 @@ from npddp.process.job import abort_on_exception  # noqa: E402
 from npddp.process.threads import set_threads  # noqa: E402
 from npddp.nn import CrossEntropyLoss, mlp  # noqa: E402
 from npddp.optim import SGD  # noqa: E402
+from npddp.util import tracing  # noqa: E402
 
 from benchmarks import _common as bc
 
@@ -96,6 +100,8 @@ class Config:
     transports: tuple = (bc.DEFAULT_TRANSPORT,)
     progress: str = "caller"
     rounds: int = 1
+    trace: str = ""
+    trace_steps: str = tracing.DEFAULT_STEPS
 
 
 @dataclass(frozen=True)
@@ -146,6 +152,10 @@ def build_parser(verbose: bool = True):
                    help="weak scaling: repetitions of the whole sweep, for error bars (default 3)")
     p.add_argument("--out", default="", help="write the HDF5 dump here (rank 0)")
     p.add_argument("--csv", default="", help="write the dump's rows as CSV here (rank 0)")
+    p.add_argument("--trace", default="", metavar="FILE.json",
+                   help="timeline of the first combination's --trace-steps steps (docs/traces.md)")
+    p.add_argument("--trace-steps", type=tracing.steps_text, default=tracing.DEFAULT_STEPS, metavar="FIRST:LAST",
+                   help=f"steps --trace records, from 1, warm-up included (default {tracing.DEFAULT_STEPS})")
     return p
 
 
@@ -166,7 +176,8 @@ def parse_config(argv, verbose: bool = True) -> Config:
         parser.error(f"--rounds {a.rounds} exceeds --steps {a.steps}; valid: 1 to {a.steps}")
     rounds = a.rounds or min(DEFAULT_ROUNDS, a.steps)
     return Config(models, syncs, backends, bucket_mb, a.batch, a.steps, a.warmup, a.dtype,
-                  bool(a.weak_scaling), a.out, bool(a.no_comm), repeats, a.csv, a.transports, a.progress, rounds)
+                  bool(a.weak_scaling), a.out, bool(a.no_comm), repeats, a.csv, a.transports, a.progress, rounds,
+                  a.trace, a.trace_steps)
 
 
 def combos(cfg: Config) -> list[Combo]:
@@ -202,9 +213,10 @@ class Workload:
         """The model with its initial weights (the same on every call and every rank)."""
         return mlp(bc.IN_FEATURES, bc.MODELS[self.name], bc.OUT_FEATURES, dtype=self.dtype, seed=0)
 
-    def wrap(self, comm, sync: str, bucket_mb: float):
+    def wrap(self, comm, sync: str, bucket_mb: float, tracer=tracing.NULL):
         """A fresh model in a fresh DDP, and SGD over it."""
-        ddp = DistributedDataParallel(self.build(), comm, sync=sync, bucket_cap_mb=bucket_mb or BUCKET_CAP_MB)
+        ddp = DistributedDataParallel(self.build(), comm, sync=sync, bucket_cap_mb=bucket_mb or BUCKET_CAP_MB,
+                                      tracer=tracer)
         ddp.zero_grad()
         return ddp, SGD(ddp.parameters(), lr=bc.LR, momentum=bc.MOMENTUM)
 
@@ -252,9 +264,13 @@ def run_combos(cfg: Config, todo: list[Combo], mpi_comm, announce: bool = False)
     harness = mpi_comm.Dup()
     records = np.zeros((len(todo), cfg.steps, len(FIELDS)))  # (combos, steps, fields)
     world = None
+    tracer = tracing.NULL
     try:
         world = bc.tcp_world(harness) if any(c.transport == "tcp" for c in todo) else None
         comms = communicators(subs, world, cfg.progress)
+        if cfg.trace:  # the first combination's DDP records its steps
+            tracer = tracing.Tracer(cfg.trace, comms[todo[0].backend, todo[0].transport], cfg.trace_steps,
+                                    meta={"combination": asdict(todo[0]), "argv": sys.argv[1:]})
         work = None
         groups = dict.fromkeys((c.model, c.sync, c.bucket_mb) for c in todo)  # backends take turns within each
         for model, sync, mb in groups:
@@ -264,13 +280,15 @@ def run_combos(cfg: Config, todo: list[Combo], mpi_comm, announce: bool = False)
                 if announce:
                     print(f"# {model}: {work.params:,} parameters in {work.tensors} tensors", flush=True)
             turns = [i for i, c in enumerate(todo) if (c.model, c.sync, c.bucket_mb) == (model, sync, mb)]
-            runs = {i: work.wrap(comms[todo[i].backend, todo[i].transport], sync, mb) for i in turns}
+            runs = {i: work.wrap(comms[todo[i].backend, todo[i].transport], sync, mb,
+                                 tracer if i == 0 else tracing.NULL) for i in turns}
             for r, (first, count) in enumerate(round_steps(cfg.steps, cfg.rounds)):
                 for i in turns:
                     ddp, opt = runs[i]
                     records[i, first:first + count] = train_steps(ddp, opt, work.x, work.y, harness, count,
                                                                   cfg.warmup if r == 0 else 0)
             del runs
+        tracer.close()
     finally:
         if world is not None:
             world.close()

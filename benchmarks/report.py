@@ -24,6 +24,9 @@ printed with pandas; per kind:
   repeats per world size; plot ``<stem>_efficiency`` with error bars, the no-comm ceiling and
   a warning where repeats spread by more than 20%.
 * ``torch_compare`` (benchmarks/compare_torch.py): the rows.
+* a ``.json`` trace (``--trace``, docs/traces.md): per step and rank backward, hidden and
+  exposed communication, each all-reduce's slowest rank; plot ``<stem>_timeline`` (one step
+  of every rank: benchmarks/_timeline.py; ``--trace-step`` picks the step).
 
 Projection (printed last; plot ``projection``): DDP's gradient all-reduce per step for each
 model size (float32 gradients in ``--bucket-mb`` buckets), world size and algorithm (those of
@@ -54,6 +57,7 @@ from benchmarks import results
 
 from benchmarks import _common as bc
 from benchmarks import _costmodel as cm
+from benchmarks import _timeline
 
 PROG = "report.py"
 FORMATS = ("png", "svg")
@@ -224,7 +228,9 @@ def _formats(text: str) -> list:
 def build_parser() -> argparse.ArgumentParser:
     """The command-line parser."""
     p = argparse.ArgumentParser(prog=PROG, description="Tables and plots from npddp benchmark dumps.")
-    p.add_argument("dumps", nargs="+", help="HDF5 dumps (allreduce_sweep, ddp_breakdown, weak_scaling, torch_compare)")
+    p.add_argument("dumps", nargs="+", help="HDF5 dumps (allreduce_sweep, ddp_breakdown, weak_scaling, torch_compare) "
+                   "or .json traces")
+    p.add_argument("--trace-step", type=int, default=None, help="step a trace's timeline shows (default: the middle one)")
     p.add_argument("--outdir", default=".", help="directory for the plots (created; default .)")
     p.add_argument("--format", type=_formats, default=["png"], help="plot formats: png, svg or png,svg (default png)")
     p.add_argument("--dpi", type=bc.int_at_least(20), default=100, help="PNG resolution in dots per inch (default 100)")
@@ -295,6 +301,13 @@ def print_dumps(dumps, baseline: str):
 def main(argv=None) -> int:
     """Check every dump, print the tables, write the plots; 2 on a bad dump or argument."""
     args = build_parser().parse_args(argv)
+    traces = [p for p in args.dumps if _timeline.is_trace(p)]
+    if traces:
+        code, written = _timeline.report(traces, args.outdir, args.format, args.dpi, not args.no_plots, args.trace_step)
+        print("wrote " + ", ".join(str(p) for p in written) if written else "", end="\n" if written else "")
+        args.dumps = [p for p in args.dumps if not _timeline.is_trace(p)]
+        if code or not args.dumps:
+            return code
     if not (args.compute_ms > 0 and args.bucket_mb > 0):
         print(f"{PROG}: error: --compute-ms and --bucket-mb must be > 0", file=sys.stderr)
         return EXIT_BAD

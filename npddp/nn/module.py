@@ -11,6 +11,8 @@ Contract used by DDP:
   right after each leaf layer's backward returns, at which point that layer's parameter
   gradients are final for this backward pass (layers without parameters report too, so a
   listener can poll outstanding communication between layers).
+* ``trace_layers(tracer)``: record every module's forward and backward on a timeline (see
+  :mod:`npddp.util.tracing`); an untraced model is not touched, so its calls cost nothing extra.
 """
 
 from __future__ import annotations
@@ -161,6 +163,22 @@ class Module:
             for fn in self._grad_hooks:
                 fn(child)
         return dx
+
+    # --- timeline tracing -------------------------------------------------------------
+    def trace_layers(self, tracer, track: int) -> None:
+        """Record each module's forward and backward as events on ``tracer``'s ``track``.
+
+        This module's events are named ``forward``/``backward``, a sub-module's ``backward
+        NAME`` (its dotted name), with its type as argument. The calls are wrapped per
+        instance; a disabled tracer (``tracer.enabled`` false) removes the wrapping.
+        """
+        for name, module in self.named_modules():
+            for kind in ("forward", "backward"):
+                vars(module).pop(kind, None)
+                if tracer.enabled:
+                    label = f"{kind} {name}" if name else kind
+                    event = tracer.name(label, layer=name, type=type(module).__name__)
+                    setattr(module, kind, tracer.wrap(getattr(module, kind), event, track))
 
     # --- computation -----------------------------------------------------------------
     def forward(self, x: np.ndarray) -> np.ndarray:

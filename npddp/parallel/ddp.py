@@ -16,6 +16,10 @@ it, so gradients are born in memory the other ranks of the node read directly. S
   final during backward; outstanding work is polled between layers and waited for at the end.
 
 Gradients are summed by the backend and divided by the world size exactly once, here.
+
+Tracing (``tracer=``, or ``NPDDP_TRACE=FILE.json``: :mod:`npddp.util.tracing`): every layer's
+forward and backward, each bucket's all-reduce from issue to the first moment it is seen
+complete, the wait after backward and the optimizer step are recorded on a timeline.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from npddp.nn.module import Module, Parameter
+from npddp.util import tracing
 
 #: Default bucket cap in MiB (PyTorch's ``bucket_cap_mb``); the CLI's ``--bucket-mb`` default too.
 BUCKET_CAP_MB = 25.0
@@ -57,7 +62,8 @@ class StepStats:
 class _Bucket:
     """A flat gradient buffer and the parameters whose ``.grad`` are views into it."""
 
-    __slots__ = ("index", "params", "buffer", "reports", "pending", "work", "scratch", "residual")
+    __slots__ = ("index", "params", "buffer", "reports", "pending", "work", "scratch", "residual",
+                 "trace_name", "trace_t0")
 
     def __init__(self, index: int, params: list[Parameter], buffer: np.ndarray):
         self.index = index
@@ -74,6 +80,8 @@ class _Bucket:
         self.work = None
         self.scratch = None   # fp16 copy for fp16 compression
         self.residual = None  # error feedback for top-k compression
+        self.trace_name = 0   # the tracer's name of this bucket's all-reduce event
+        self.trace_t0 = 0     # issue time of the all-reduce being traced (0: none)
 
 
 def _cut_buckets(params: list[Parameter], cap_bytes: float) -> list[list[Parameter]]:
@@ -117,7 +125,7 @@ class DistributedDataParallel:
     """Wrap ``model`` so that ``backward`` leaves every rank with the rank-averaged gradient."""
 
     def __init__(self, model: Module, comm, sync: str = "overlap", bucket_cap_mb: float = BUCKET_CAP_MB,
-                 compression: str = "none", topk_ratio: float = 0.01, local_sgd: int = 0):
+                 compression: str = "none", topk_ratio: float = 0.01, local_sgd: int = 0, tracer=None):
         if sync not in SYNCS:
             raise ValueError(f"unknown sync {sync!r}; valid: {', '.join(SYNCS)}")
         if not (isinstance(bucket_cap_mb, (int, float)) and bucket_cap_mb > 0):
@@ -138,6 +146,7 @@ class DistributedDataParallel:
         self.topk_ratio = float(topk_ratio)
         self.local_sgd = local_sgd
         self.stats = StepStats()
+        self.tracer = tracing.from_env(comm) if tracer is None else tracer   # collective when tracing
         self.steps = 0
         self._sync_enabled = True
 
@@ -155,6 +164,29 @@ class DistributedDataParallel:
         self._layer_buckets = self._map_leaf_layers(model)
         self._in_backward = False
         model.register_grad_hook(self._on_layer_done)
+        self._trace_names = self._name_trace_events()
+
+    def _name_trace_events(self) -> dict:
+        """Name every traced event once (layers wrapped, buckets named); {what: name id}."""
+        tracer, comm = self.tracer, self.comm
+        self.module.trace_layers(tracer, tracing.COMPUTE)
+        for b in self.buckets:
+            nbytes = b.buffer.size * (2 if self.compression == "fp16" else b.buffer.itemsize)
+            algorithm = comm.algorithm_for(nbytes, b.buffer.dtype) if comm.name == "auto" else comm.name
+            b.trace_name = tracer.name(f"all-reduce bucket {b.index}", bucket=b.index, bytes=nbytes,
+                                       params=len(b.params), dtype=str(b.buffer.dtype), backend=comm.name,
+                                       algorithm=algorithm, sync=self.sync, compression=self.compression)
+        return {"wait": tracer.name("all-reduce wait"), "optimizer": tracer.name("optimizer step")}
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps taken (restored on resume); setting it moves the tracer's window."""
+        return self._steps
+
+    @steps.setter
+    def steps(self, value: int) -> None:
+        self._steps = value
+        self.tracer.at_step(value)
 
     # --- construction ---------------------------------------------------------------
     def _check_same_model(self) -> None:
@@ -224,11 +256,13 @@ class DistributedDataParallel:
         t1 = time.perf_counter()
         self.stats.backward_s = t1 - t0
         if reducing:
+            traced = self.tracer.clock()
             for bucket in self.buckets:  # buckets no layer reported (or all, when not overlapping)
                 if bucket.work is None:
                     self._start(bucket)
             for bucket in self.buckets:
                 self._finish(bucket)
+            self.tracer.add(traced, self._trace_names["wait"], tracing.COMPUTE)
             self.stats.comm_exposed_s = time.perf_counter() - t1
         for bucket in self.buckets:  # reset per-step state
             bucket.pending = bucket.reports
@@ -245,8 +279,8 @@ class DistributedDataParallel:
             if bucket.pending == 0:
                 self._start(bucket)
         for bucket in self.buckets:
-            if bucket.work is not None:
-                bucket.work.test()
+            if bucket.work is not None and bucket.work.test() and bucket.trace_t0:
+                self._traced_done(bucket)
         self.stats.comm_issue_s += time.perf_counter() - t0
 
     # --- per-bucket communication ---------------------------------------------------
@@ -254,6 +288,7 @@ class DistributedDataParallel:
         """Begin reducing ``bucket`` (non-blocking when overlapping)."""
         stats = self.stats
         stats.comm_calls += 1
+        bucket.trace_t0 = self.tracer.clock()
         if self.compression == "topk":
             bucket.work = _Done()
             self._reduce_topk(bucket)
@@ -275,10 +310,17 @@ class DistributedDataParallel:
     def _finish(self, bucket: _Bucket) -> None:
         """Wait for ``bucket``'s reduction and turn the sum into the average."""
         bucket.work.wait()
+        if bucket.trace_t0:
+            self._traced_done(bucket)
         if self.compression == "fp16":
             np.copyto(bucket.buffer, bucket.scratch, casting="same_kind")
         elif self.compression == "none":
             np.divide(bucket.buffer, self.comm.size, out=bucket.buffer, casting="same_kind")
+
+    def _traced_done(self, bucket: _Bucket) -> None:
+        """Record ``bucket``'s all-reduce, issued at ``trace_t0``, as complete now."""
+        self.tracer.add(bucket.trace_t0, bucket.trace_name, tracing.COMM)
+        bucket.trace_t0 = 0
 
     def _reduce_topk(self, bucket: _Bucket) -> None:
         """Top-k sparsification with error feedback: exchange the k largest entries of grad + residual."""
@@ -305,7 +347,9 @@ class DistributedDataParallel:
     def step(self, optimizer) -> None:
         """Run ``optimizer.step()``; with local SGD, average parameters every ``local_sgd`` steps."""
         t0 = time.perf_counter()
+        traced = self.tracer.clock()
         optimizer.step()
+        self.tracer.add(traced, self._trace_names["optimizer"], tracing.OPTIMIZER)
         self.steps += 1
         if self.local_sgd and self.comm.size > 1 and self.steps % self.local_sgd == 0:
             self.average_parameters()

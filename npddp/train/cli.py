@@ -47,7 +47,7 @@ from npddp.comm.transports.base import resolve_transport
 from npddp.data import BatchLoader, DistributedSampler, iterate_batches
 from npddp.parallel.ddp import DistributedDataParallel
 from npddp.train.inputs import dataset_name, load_data, scaling_warning
-from npddp.util import env
+from npddp.util import env, tracing
 from npddp.process.job import EXIT_DIVERGED, EXIT_USAGE, EXIT_WRITE, JobError, open_communicator, run_main
 from npddp.train.metrics import TOTALS, MetricsLog, StepRecorder, add_to_totals, epoch_row
 from npddp.train.models import build_model, shape_rows
@@ -110,6 +110,7 @@ class Trainer:
         self.watched = ddp.parameters()[-2:]                # the output layer: weight and bias
         self.progress = None
         self.pending = None                                 # rank 0: the checkpoint to write next
+        self.trace_data, self.trace_save = ddp.tracer.name("load batch"), ddp.tracer.name("checkpoint")
 
     # --- failures ----------------------------------------------------------------------
     def diverged(self, what: str, step: int) -> JobError:
@@ -179,6 +180,7 @@ class Trainer:
 
     def save(self, status: str = "running") -> None:
         """Check the parameters, then write metrics and checkpoint of the current position (collective)."""
+        traced = self.ddp.tracer.clock()
         self.check_parameters(collective=True)
         if self.cfg.checkpoint is not None and self.saved_at != self.step:
             self.pending = state.collect(
@@ -190,6 +192,7 @@ class Trainer:
                 attrs={k: v for k, v in self.attrs.items() if k != "config"})
             self.saved_at = self.step
         self.write_files(("metrics", "checkpoint"), status)
+        self.ddp.tracer.add(traced, self.trace_save, tracing.CHECKPOINT)
 
     # --- steps -------------------------------------------------------------------------
     def evaluate(self) -> np.ndarray:
@@ -224,7 +227,8 @@ class Trainer:
         self.progress.start_epoch(epoch, start)
         stop = False
         t0 = time.perf_counter()
-        for b, (xb, yb) in enumerate(self.loader.batches(start), start=start + 1):
+        batches = self.ddp.tracer.timed(self.loader.batches(start), self.trace_data, tracing.DATA)
+        for b, (xb, yb) in enumerate(batches, start=start + 1):
             if self.fault is not None:
                 xb = self.inject(xb)
             ddp.zero_grad()
@@ -334,13 +338,16 @@ def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
             message = f"--model {cfg.model}: {exc}"
     if comm.rank == 0 and not message:
         message = outputs.check_outputs(cfg.checkpoint, cfg.metrics, cfg.resume)
+    if comm.rank == 0 and not message and cfg.trace:
+        message = tracing.unwritable(cfg.trace)
     message = agree(comm, message)
     if message:
         raise JobError(message, EXIT_USAGE)
 
+    tracer = tracing.Tracer(cfg.trace, comm, cfg.trace_steps) if cfg.trace else None  # None: $NPDDP_TRACE
     ddp = DistributedDataParallel(model, comm, sync=cfg.sync, bucket_cap_mb=cfg.bucket_mb,
                                   compression=cfg.compression, topk_ratio=cfg.topk_ratio,
-                                  local_sgd=cfg.local_sgd)
+                                  local_sgd=cfg.local_sgd, tracer=tracer)
     optimizer = make_optimizer(cfg.optimizer, ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                weight_decay=cfg.weight_decay)
     env = environment(world_size=comm.size, backend=cfg.backend, mpi=transport_of(comm) == "mpi") \
@@ -350,6 +357,7 @@ def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
     attrs = {**env, "config": settings, "model": model_text,
              "parameters": model.num_parameters(), "dataset_rows": [ds.n_train, ds.n_val]}
     trainer = Trainer(cfg, comm, out, ds, model, dropouts, ddp, optimizer, attrs)
+    ddp.tracer.describe(config=settings, backend=cfg.backend, model=model_text)
     if cfg.resume:
         resume.restore_into(trainer, ckpt, saved, out)
     for line in header(cfg, comm, ds, model_text, model, ddp, trainer, env, threads.describe(n_threads, why)):
@@ -370,15 +378,36 @@ def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
         return 0
 
     t0 = time.perf_counter()
-    status = trainer.run()
-    trained = time.perf_counter() - t0
-    if status == "stopped":
-        trainer.flush()
-        trainer.save("stopped")
-    else:
-        trainer.write_files(("metrics",), "complete")
+    try:
+        status = trainer.run()
+        trained = time.perf_counter() - t0
+        if status == "stopped":
+            trainer.flush()
+            trainer.save("stopped")
+        else:
+            trainer.write_files(("metrics",), "complete")
+    except BaseException as exc:
+        _trace_failure(ddp.tracer, exc, comm.rank, out)
+        raise
+    _close_trace(ddp.tracer, out)
     out.summary(summary(cfg, status, trainer, trained, time.perf_counter() - started))
     return 0
+
+
+def _trace_failure(tracer, exc: BaseException, rank: int, out: Printer) -> None:
+    """Failure path: this rank's trace events go into the file (no communication)."""
+    try:
+        tracer.write_partial(f"rank {rank}: {type(exc).__name__}: {exc}")
+    except OSError as err:
+        out.warn(f"the trace could not be written: {err}")
+
+
+def _close_trace(tracer, out: Printer) -> None:
+    """Write the trace if the traced steps have not ended yet (collective)."""
+    try:
+        tracer.close()
+    except OSError as err:
+        out.warn(f"the trace could not be written: {err}")
 
 
 def main(argv=None) -> int:

@@ -26,6 +26,7 @@ from npddp.nn.gpt import PRESETS
 from npddp.optim import OPTIMIZERS
 from npddp.train.console import PROGRESS_MODES
 from npddp.process.threads import parse_threads
+from npddp.util.tracing import DEFAULT_STEPS, steps_text
 
 #: Data set names the CLI trains on: the classification sets among the loaders' names.
 DATASETS = tuple(n for n in DATASET_NAMES if n != "regression")
@@ -166,6 +167,13 @@ class Config:
         "columns), rewritten atomically by rank 0 at every epoch end and checkpoint; it may "
         "replace an npddp metrics file, never another file",
         metavar="PATH.h5", shown="none", resume="inherit")
+    trace: typing.Optional[str] = _opt(
+        None, "timeline of the --trace-steps steps on every rank (layers' forward and backward, each "
+        "bucket's all-reduce, optimizer, data, checkpoints) in the Chrome trace format, for Perfetto "
+        "or chrome://tracing; written by rank 0 when the last traced step ends (or at the end), and "
+        "on a failure with what each failing rank recorded", metavar="FILE.json", shown="none, or $NPDDP_TRACE")
+    trace_steps: str = _opt(DEFAULT_STEPS, "optimizer steps --trace records, FIRST:LAST counted from 1 "
+                            "as in the metrics, both included", metavar="FIRST:LAST", parse=steps_text)
     # --- process
     threads: typing.Union[int, str] = _opt(
         "auto", "BLAS threads per rank, applied with threadpoolctl before any NumPy work: auto "

@@ -72,6 +72,8 @@ FLAGS = [
     ("--checkpoint-every", ["5"], "checkpoint_every", 5),
     ("--resume", [], "resume", True),
     ("--metrics", ["m.h5"], "metrics", "m.h5"),
+    ("--trace", ["t.json"], "trace", "t.json"),
+    ("--trace-steps", ["2:9"], "trace_steps", "2:9"),
     ("--threads", ["2"], "threads", 2),
     ("--threads", ["auto"], "threads", "auto"),
     ("--quiet", [], "quiet", True),

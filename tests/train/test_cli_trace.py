@@ -1,0 +1,97 @@
+"""``python -m npddp.train --trace``: the job's timeline under ``mpirun -n 2`` (serial tests that need mpirun).
+
+The file must load as JSON, hold both ranks, nest on every track, and have every layer's
+backward and every bucket's all-reduce in each traced step; with ``--sync overlap`` an
+all-reduce starts before backward ends. A failure inside the traced steps still leaves a
+valid file.
+"""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from npddp.nn import mlp
+from tests.train.test_cli import TINY, _env, _mpirun, ok, train
+from tests.util.test_trace import nesting_problems, x_events
+
+FLAGS = [*TINY, "--epochs", "1", "--bucket-mb", "0.004"]
+LAYERS = [name for name, _ in mlp(4, [16], 3).named_modules() if name]   # the CLI's MLP for --hidden 16
+
+
+def buckets_of(stdout: str) -> int:
+    """The bucket count the header line names."""
+    return int(re.search(r"(\d+) buckets?", stdout).group(1))
+
+
+def root(events, name: str, pid: int, step: int) -> dict:
+    """The whole-model ``forward``/``backward`` event of one rank and step."""
+    found = [e for e in events if e["name"] == name and e["pid"] == pid and e["args"]["step"] == step]
+    assert len(found) == 1, (name, pid, step, found)
+    return found[0]
+
+
+@pytest.mark.parametrize("sync", ["overlap", "bucketed"])
+def test_two_ranks_write_one_nesting_trace_with_every_layer_and_bucket(tmp_path, sync):
+    proc = ok(train(tmp_path, "--sync", sync, "--trace", "t.json", *FLAGS))
+    doc = json.loads((tmp_path / "t.json").read_text())
+    events = x_events(doc)
+    assert {e["pid"] for e in doc["traceEvents"]} == {0, 1}
+    assert nesting_problems(doc) == []
+    assert doc["otherData"]["complete"] is True and doc["otherData"]["ranks"] == [0, 1]
+    assert set(doc["otherData"]["clock_offset_us"]) == {"0", "1"}
+    buckets = buckets_of(proc.stdout)
+    assert buckets >= 2
+    for pid in (0, 1):
+        for step in (3, 4, 5):                                          # the default --trace-steps 3:5
+            mine = [e for e in events if e["pid"] == pid and e["args"]["step"] == step]
+            backward = sorted(e["name"] for e in mine if e["name"].startswith("backward "))
+            assert backward == sorted(f"backward {n}" for n in LAYERS)
+            reduces = sorted(e["args"]["bucket"] for e in mine if e["cat"] == "comm")
+            assert reduces == list(range(buckets)), (pid, step, reduces)
+            assert all(e["args"]["bytes"] > 0 and e["args"]["backend"] == "mpi" for e in mine if e["cat"] == "comm")
+        assert {e["args"]["step"] for e in events if e["pid"] == pid} == {3, 4, 5}
+    early = [e for e in events if e["cat"] == "comm"
+             and e["ts"] < (lambda b: b["ts"] + b["dur"])(root(events, "backward", e["pid"], e["args"]["step"]))]
+    if sync == "overlap":
+        assert early, "no all-reduce started before backward ended"
+    else:
+        assert not early, "bucketed sync must start all-reduces only after backward"
+
+
+def test_the_environment_variable_traces_chosen_steps(tmp_path):
+    env = {**_env(), "NPDDP_TRACE": "env.json", "NPDDP_TRACE_STEPS": "2:2"}
+    ok(subprocess.run([_mpirun(), "-n", "2", sys.executable, "-m", "npddp.train", *FLAGS], cwd=tmp_path, env=env,
+                      capture_output=True, text=True, timeout=120))
+    doc = json.loads((tmp_path / "env.json").read_text())
+    assert {e["args"]["step"] for e in x_events(doc)} == {2}
+    assert {e["pid"] for e in x_events(doc)} == {0, 1}
+
+
+def test_a_run_shorter_than_the_window_writes_what_it_traced_at_the_end(tmp_path):
+    ok(train(tmp_path, "--trace", "t.json", "--trace-steps", "10:40", *FLAGS))   # 12 steps
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert {e["args"]["step"] for e in x_events(doc) if e["name"] == "backward"} == {10, 11, 12}
+    assert {e["args"]["step"] for e in x_events(doc)} <= {10, 11, 12, 13}   # 13: validation after the last step
+    assert doc["otherData"]["complete"] is True
+
+
+@pytest.mark.parametrize("kind, code, ranks", [("nan", 3, {0, 1}), ("raise", 1, None)])
+def test_a_failure_inside_the_window_still_leaves_a_valid_trace(tmp_path, kind, code, ranks):
+    proc = train(tmp_path, "--trace", "t.json", "--trace-steps", "2:8", "--inject-fault", f"1:4:{kind}", *FLAGS)
+    assert proc.returncode == code, proc.stderr
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert doc["otherData"]["complete"] is False and 1 in doc["otherData"]["failed_ranks"]
+    assert nesting_problems(doc) == []
+    seen = {e["pid"] for e in x_events(doc)}
+    assert 1 in seen and (ranks is None or seen == ranks)                # an agreed failure: every rank
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []   # no temporary file left
+
+
+def test_bad_trace_flags_are_one_line_exit_2(tmp_path):
+    proc = train(tmp_path, "--trace", "t.json", "--trace-steps", "5:2", *FLAGS)
+    assert proc.returncode == 2 and "5:2" in proc.stderr + proc.stdout
+    proc = train(tmp_path, "--trace", "missing/t.json", *FLAGS)
+    assert proc.returncode == 2 and "does not exist" in proc.stderr + proc.stdout
