@@ -85,6 +85,11 @@ class NullTracer:
     def name(self, text: str, **args) -> int:
         return 0
 
+    @property
+    def recorded(self) -> int:
+        """Events held so far (at most the capacity; the rest are counted in ``dropped``)."""
+        return self._count
+
     def describe(self, **meta) -> None:
         return None
 
