@@ -12,12 +12,14 @@ from __future__ import annotations
 import math
 import os
 import time
+import weakref
 
 import numpy as np
 from mpi4py import MPI
 
 from npddp.comm import checks as c
 from npddp.comm.p2p.engine import NAP_S, SPIN_ROUNDS
+from npddp.comm.transports.mpi import free_comm
 
 _MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
 _CLOCK_EVERY = 64
@@ -53,8 +55,11 @@ class MPICommunicator(c.Backend):
 
     name = "mpi"
 
-    def __init__(self, mpi_comm=None, timeout: float = c.DEFAULT_TIMEOUT):
+    def __init__(self, mpi_comm=None, timeout: float = c.DEFAULT_TIMEOUT, dup: bool = False):
         self.comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+        if dup:  # a context of its own (collective), freed with this communicator
+            self.comm = self.comm.Dup()
+            weakref.finalize(self, free_comm, self.comm)
         self._rank, self._size = self.comm.Get_rank(), self.comm.Get_size()
         self.timeout = timeout
         self._calls = 0

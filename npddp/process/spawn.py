@@ -31,6 +31,8 @@ import threading
 import time
 
 from npddp.comm.node.names import remove_job_segments
+from npddp.comm.transports.handshake import SECRET_VARIABLE, new_secret
+from npddp.comm.transports.rendezvous import is_loopback
 from npddp.process.job import EXIT_USAGE
 from npddp.util.env import THREAD_VARIABLES
 
@@ -56,6 +58,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", action="store_true", help="prefix every output line with the rank that printed it")
     p.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                    help="after a failure, seconds between SIGTERM and SIGKILL for the others (default: 5)")
+    p.add_argument("--secret-file", default=None, metavar="PATH",
+                   help="file holding the job secret every connection must prove (readable by you only); the "
+                        "same file on every machine of a multi-node job (default: NPDDP_JOB_SECRET, else a fresh "
+                        "secret per job, which needs --nnodes 1)")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="K",
+                   help="when a rank fails, stop every rank and start the job again, at most K times; each "
+                        "start sees NPDDP_RESTART_COUNT (default: 0, a failure is final)")
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, as python -m MODULE")
     return p
 
@@ -96,6 +105,41 @@ def _check(p: argparse.ArgumentParser, args) -> None:
         p.error(f"--grace {args.grace} is out of range; valid: 0 < seconds < 3600")
     if not args.module and not args.program:
         p.error("no program given: pass a script path or -m MODULE")
+    if not 0 <= args.max_restarts <= 1000:
+        p.error(f"--max-restarts {args.max_restarts} is out of range; valid: 0..1000")
+    try:
+        socket.getaddrinfo(args.master_addr, None)
+    except (OSError, UnicodeError) as exc:
+        p.error(f"--master-addr {args.master_addr!r} does not resolve ({getattr(exc, 'strerror', None) or exc})")
+    args.secret = _job_secret(p, args)
+
+
+def _job_secret(p: argparse.ArgumentParser, args, environ=None) -> str:
+    """The job's secret: from ``--secret-file`` (owner-only), else ``NPDDP_JOB_SECRET``, else a fresh one."""
+    environ = os.environ if environ is None else environ
+    if args.secret_file is not None:
+        try:
+            mode = os.stat(args.secret_file).st_mode
+            with open(args.secret_file, encoding="utf-8") as f:
+                secret = f.read().strip()
+        except (OSError, UnicodeError) as exc:
+            p.error(f"--secret-file {args.secret_file!r} cannot be read ({getattr(exc, 'strerror', None) or exc})")
+        if mode & 0o077:
+            p.error(f"--secret-file {args.secret_file!r} is readable or writable by others (mode "
+                    f"{mode & 0o777:o}); valid: only you (chmod 600 {args.secret_file})")
+        if len(secret) < 16:
+            p.error(f"--secret-file {args.secret_file!r} holds {len(secret)} characters; valid: 16 or more "
+                    f"(e.g. python -c 'import secrets; print(secrets.token_hex(32))' > FILE)")
+        return secret
+    secret = environ.get(SECRET_VARIABLE, "").strip()
+    if secret:
+        return secret
+    if args.nnodes == 1:
+        return new_secret()
+    if not is_loopback(args.master_addr):
+        p.error(f"--nnodes {args.nnodes} needs a secret shared by every machine: --secret-file PATH (the same "
+                f"file everywhere, mode 600) or {SECRET_VARIABLE}")
+    return ""   # several launchers on one machine without a shared secret: loopback only, unauthenticated
 
 
 def free_port(host: str) -> int:
@@ -111,6 +155,9 @@ def rank_env(args, local_rank: int, port: int, job: str, environ=None) -> dict:
     env.update(RANK=str(args.node_rank * args.nproc + local_rank), WORLD_SIZE=str(args.nnodes * args.nproc),
                LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(args.nproc), MASTER_ADDR=args.master_addr,
                MASTER_PORT=str(port), NPDDP_JOB_ID=job, PYTHONUNBUFFERED="1")
+    secret = getattr(args, "secret", None)
+    if secret:
+        env[SECRET_VARIABLE] = secret
     for name in THREAD_VARIABLES:
         if args.threads is not None:
             env[name] = args.threads

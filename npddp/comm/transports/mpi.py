@@ -8,7 +8,16 @@ transport is a hand-written schedule, not MPI's. The one exception is :meth:`MPI
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
+
+
+def free_comm(comm) -> None:
+    """Free a communicator this package duplicated, unless MPI is already finalized."""
+    from mpi4py import MPI
+    if not MPI.Is_finalized() and comm != MPI.COMM_NULL:
+        comm.Free()
 
 
 class MPIRequest:
@@ -43,10 +52,13 @@ class MPITransport:
 
     name = "mpi"
 
-    def __init__(self, mpi_comm=None):
+    def __init__(self, mpi_comm=None, dup: bool = False):
         if mpi_comm is None:
             from mpi4py import MPI
             mpi_comm = MPI.COMM_WORLD
+        if dup:  # a context of its own (collective): no other communicator ever matches its messages
+            mpi_comm = mpi_comm.Dup()
+            weakref.finalize(self, free_comm, mpi_comm)
         self.comm = mpi_comm
         self.rank = mpi_comm.Get_rank()
         self.size = mpi_comm.Get_size()
