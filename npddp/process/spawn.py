@@ -186,8 +186,8 @@ def _pump(stream, out, tag: bytes) -> None:
 class Job:
     """The local processes of one launch: start them, watch them, stop them all when one fails."""
 
-    def __init__(self, args, command: list[str]):
-        self.args, self.command = args, command
+    def __init__(self, args, command: list[str], restart: int = 0):
+        self.args, self.command, self.restart = args, command, restart
         self.job = secrets.token_hex(6)
         self.procs: list[subprocess.Popen] = []
         self.pumps: list[threading.Thread] = []
@@ -199,6 +199,7 @@ class Job:
         pipe = subprocess.PIPE if args.prefix else None
         for local in range(args.nproc):  # every process first: preexec_fn is unsafe once threads run
             env = rank_env(args, local, port, self.job)
+            env[RESTART_VARIABLE] = str(self.restart)
             self.procs.append(subprocess.Popen(self.command, env=env, stdout=pipe, stderr=pipe,
                                                start_new_session=True, preexec_fn=_die_with_parent))
         if args.prefix:
@@ -268,6 +269,12 @@ def _cause(failures: list) -> tuple[int, int]:
     return next((f for f in failures if f[1] != 1), failures[0])
 
 
+#: The environment variable telling a rank how many times the job was restarted (0: the first start).
+RESTART_VARIABLE = "NPDDP_RESTART_COUNT"
+
+#: Exit statuses never restarted: a failure every rank agreed on (bad flags, files) repeats itself.
+_FINAL = (EXIT_USAGE,)
+
 #: Seconds the other ranks get to exit on their own after the first failure, before SIGTERM.
 _SETTLE_S = 0.5
 
@@ -283,21 +290,34 @@ def _describe(code: int) -> str:
 
 
 def main(argv=None) -> int:
-    """Launch, watch, and return the job's exit code."""
+    """Launch, watch (restarting after a failure, up to ``--max-restarts`` times), and return the exit code."""
     args = parse_args(argv)
     command = [sys.executable, "-u"] + (["-m", args.module] if args.module else []) + args.program
-    job = Job(args, command)
+    current: list[Job] = []
 
     def forward(signum, frame):  # Ctrl-C or a kill of the launcher: stop every rank the same way
         sys.stderr.write(f"{PROG}: got {signal.Signals(signum).name}, stopping every rank\n")
-        job.stop(signum)
-        remove_job_segments(job.job)
+        if current:
+            current[0].stop(signum)
+            remove_job_segments(current[0].job)
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
-    job.start()
-    return job.watch()
+    restart = 0
+    while True:
+        job = Job(args, command, restart)
+        current[:] = [job]
+        job.start()
+        code = job.watch()
+        if code == 0 or code in _FINAL or restart >= args.max_restarts:
+            if code and args.max_restarts:
+                sys.stderr.write(f"{PROG}: the job failed after {restart} restart{'s' * (restart != 1)}"
+                                 f"{' (exit 2: not restarted)' if code in _FINAL else ''}; giving up\n")
+            return code
+        restart += 1
+        sys.stderr.write(f"{PROG}: restarting every rank ({restart} of {args.max_restarts}, "
+                         f"{RESTART_VARIABLE}={restart})\n")
 
 
 if __name__ == "__main__":
