@@ -176,10 +176,20 @@ def _die_with_parent() -> None:
 
 
 def _pump(stream, out, tag: bytes) -> None:
-    """Copy ``stream``'s lines to ``out``, each prefixed with ``tag``."""
+    """Copy ``stream``'s lines to ``out``, each prefixed with ``tag``.
+
+    When ``out`` is gone (``| head`` exited) the lines are read and dropped: a rank never blocks
+    on a full pipe, and the job runs to its end as it would without the pipe.
+    """
     for line in iter(stream.readline, b""):
-        out.write(tag + line)
-        out.flush()
+        try:
+            out.write(tag + line)
+            out.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            try:  # from now on this stream goes nowhere (and the exit's flush does not complain)
+                os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+            except (OSError, ValueError):
+                pass
     stream.close()
 
 
