@@ -257,7 +257,14 @@ class Job:
         if failures:
             i, code = _cause(failures)
             rank = self.args.node_rank * self.args.nproc + i
-            if any(p.poll() is None for p in self.procs):
+            stopped = [self.args.node_rank * self.args.nproc + j for j, p in enumerate(self.procs)
+                       if p.poll() is None and _is_stopped(p.pid)]
+            if stopped:  # the others timed out waiting for it: it is the cause, not the one that gave up
+                sys.stderr.write(f"{PROG}: rank{'s' * (len(stopped) > 1)} {', '.join(map(str, stopped))} "
+                                 f"{'are' if len(stopped) > 1 else 'is'} stopped (e.g. SIGSTOP or a debugger), "
+                                 f"so rank {rank} {_describe(code)}; stopping every rank\n")
+                self.stop()
+            elif any(p.poll() is None for p in self.procs):
                 sys.stderr.write(f"{PROG}: rank {rank} {_describe(code)}; stopping the other ranks\n")
                 self.stop()
             else:
@@ -287,6 +294,15 @@ _FINAL = (EXIT_USAGE,)
 
 #: Seconds the other ranks get to exit on their own after the first failure, before SIGTERM.
 _SETTLE_S = 0.5
+
+
+def _is_stopped(pid: int) -> bool:
+    """True when process ``pid`` is stopped (state T or t in /proc; False where that cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 def _describe(code: int) -> str:

@@ -203,3 +203,26 @@ def test_a_reset_during_registration_is_dropped_and_the_job_forms(capfd):
             if sock is not None:
                 sock.close()
     assert "dropped a connection from 127.0.0.1" in capfd.readouterr().err
+
+
+STOPS = textwrap.dedent("""
+    import os, signal
+    import numpy as np
+    from npddp.comm import create
+    comm = create("ring", timeout=2)
+    comm.allreduce(np.ones(4))
+    if comm.rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    comm.allreduce(np.ones(4))        # rank 0 times out waiting for the stopped rank 1
+""")
+
+
+def test_a_stopped_rank_is_named_as_the_cause(tmp_path):
+    """Item 9: a rank stopped by SIGSTOP was blamed on rank 0, which only timed out waiting for it."""
+    script = tmp_path / "stops.py"
+    script.write_text(STOPS)
+    done = subprocess.run([sys.executable, "-m", "npddp.run", "--nproc", "2", "--grace", "1", str(script)],
+                          capture_output=True, text=True, timeout=120, env=job_env())
+    assert done.returncode != 0
+    verdict = [line for line in done.stderr.splitlines() if line.startswith("python -m npddp.run: rank")]
+    assert verdict and verdict[0].startswith("python -m npddp.run: rank 1 is stopped"), done.stderr
