@@ -45,15 +45,14 @@ def check_mesh(out: list) -> None:
     """Every rank formed a world, and a message from each rank to each other arrives intact."""
     assert not any(isinstance(o, Exception) for o in out), out
     worlds = [TCPWorld(r, len(out), socks, hosts) for r, (socks, hosts) in enumerate(out)]
+    transports = [w.transport() for w in worlds]
     reqs, got = [], {}
-    for w in worlds:
+    for me, t in enumerate(transports):
         for peer in range(len(worlds)):
-            if peer != w.rank:
-                t = w.transport() if not hasattr(w, "_t") else w._t
-                w._t = t
-                buf = got[(w.rank, peer)] = np.zeros(4)
+            if peer != me:
+                buf = got[(me, peer)] = np.zeros(4)
                 reqs.append(t.irecv(buf, peer, 3))
-                reqs.append(t.isend(np.full(4, 10.0 * w.rank + peer), peer, 3))
+                reqs.append(t.isend(np.full(4, 10.0 * me + peer), peer, 3))
     deadline = time.monotonic() + 30
     while not all(r.test() for r in reqs):
         assert time.monotonic() < deadline, "mesh messages never arrived"
@@ -280,3 +279,37 @@ def test_two_jobs_on_the_same_port_never_mix(tmp_path):
             else:
                 assert "ok=False" not in out, (out, err)
         assert any(code == 0 for _, code in done), done
+
+
+# ----------------------------------------------------------------------------- the launcher's secret
+
+def test_the_launcher_gives_every_job_a_fresh_secret_and_its_ranks_the_same_one():
+    from npddp.process.spawn import parse_args, rank_env
+    a, b = parse_args(["--nproc", "2", "x.py"]), parse_args(["--nproc", "2", "x.py"])
+    assert len(a.secret) == 64 and a.secret != b.secret
+    envs = [rank_env(a, r, 29500, "job", environ={}) for r in range(2)]
+    assert envs[0][handshake.SECRET_VARIABLE] == envs[1][handshake.SECRET_VARIABLE] == a.secret
+
+
+def test_a_secret_file_must_be_private(tmp_path, capsys):
+    from npddp.process.spawn import parse_args
+    path = tmp_path / "secret"
+    path.write_text("0123456789abcdef0123456789abcdef\n")
+    path.chmod(0o644)
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--secret-file", str(path), "x.py"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exc.value.code == 2 and "readable or writable by others (mode 644)" in err and "chmod 600" in err, err
+    path.chmod(0o600)
+    assert parse_args(["--secret-file", str(path), "x.py"]).secret == "0123456789abcdef0123456789abcdef"
+
+
+def test_several_machines_without_a_shared_secret_are_refused(capsys, monkeypatch):
+    from npddp.process.spawn import parse_args
+    monkeypatch.delenv(handshake.SECRET_VARIABLE, raising=False)
+    with pytest.raises(SystemExit):
+        parse_args(["--nnodes", "2", "--master-addr", "10.255.255.1", "--master-port", "29500", "x.py"])
+    assert "needs a secret shared by every machine" in capsys.readouterr().err
+    monkeypatch.setenv(handshake.SECRET_VARIABLE, "shared-secret-of-the-job")
+    args = parse_args(["--nnodes", "2", "--master-addr", "10.255.255.1", "--master-port", "29500", "x.py"])
+    assert args.secret == "shared-secret-of-the-job"
