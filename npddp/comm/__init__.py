@@ -82,14 +82,14 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
             raise ValueError("backend 'mpi' runs MPI's own collectives, so it needs transport 'mpi', not "
                              f"{kind!r}; over tcp use a hand-written backend: {', '.join(BACKENDS[1:])}")
         from npddp.comm.mpi import MPICommunicator
-        comm = MPICommunicator(group.comm if is_transport(group) else group, timeout)
+        comm = MPICommunicator(group.comm if is_transport(group) else group, timeout, dup=True)
     else:
         if kind == "mpi" and not is_transport(group):
             from npddp.comm.transports.mpi import MPITransport
-            group = MPITransport(group)
+            group = MPITransport(group, dup=True)   # a context of its own: never matches another's messages
         elif group is None:
-            from npddp.comm.transports.rendezvous import world_from_env
-            group = world_from_env(timeout)
+            from npddp.comm.transports.rendezvous import transport_from_env
+            group = transport_from_env(timeout)     # a context of its own, agreed by every rank
         from npddp.comm.registry import build
         comm = build(name, group, timeout, tuning)
     if debug:

@@ -318,6 +318,8 @@ def train(argv=None) -> int:
 def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
     """Everything after the communicator exists; JobError for failures every rank agrees on."""
     opened, ckpt, saved = (cfg.backend, cfg.transport), None, None
+    if cfg.resume == "auto":  # resume when the checkpoint exists (rank 0 looks), else start fresh
+        cfg = resume.auto(comm, cfg)
     try:
         if cfg.resume:
             ckpt, saved = resume.read_saved(comm, cfg.checkpoint)

@@ -42,19 +42,28 @@ class ConfigError(ValueError):
     """Bad command-line input: printed once as ``error: <message>``, exit code 2."""
 
 
-def _opt(default, help: str, *, choices=None, metavar=None, resume: str = "", shown=None, parse=None):
+def _opt(default, help: str, *, choices=None, metavar=None, resume: str = "", shown=None, parse=None,
+         const=None):
     """A dataclass field carrying its command-line help.
 
     ``resume``: "match" (fixed: taken from the checkpoint, and a different value given again is
     an error), "inherit" (taken from the checkpoint unless given; may change) or "" (this
     run's own). ``parse`` converts the command-line string (default: the field's type).
+    ``const``: the value of the flag given without one (its value is then optional).
     """
     assert resume in RESUME_KINDS, resume
     meta = {"help": help, "choices": choices, "metavar": metavar, "resume": resume, "shown": shown,
-            "parse": parse}
+            "parse": parse, "const": const}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def resume_text(text: str) -> str:
+    """The value of ``--resume VALUE``: only ``auto``."""
+    if text != "auto":
+        raise ValueError(f"--resume takes no value or 'auto', not {text!r}")
+    return text
 
 
 @dataclass(frozen=True)
@@ -158,10 +167,13 @@ class Config:
         "an npddp checkpoint, never another file", metavar="PATH.h5", shown="none")
     checkpoint_every: int = _opt(0, "also write the checkpoint every N optimizer steps (0: only "
                                  "at epoch ends and at the end)", metavar="N", resume="inherit")
-    resume: bool = _opt(False, "continue the run saved in --checkpoint, with its settings: flags "
-                        "marked [fixed on resume] are taken from it (given again, they must "
-                        "repeat the saved value), those marked [from the checkpoint] too unless "
-                        "given; the backend and the world size may change")
+    resume: typing.Union[bool, str] = _opt(
+        False, "continue the run saved in --checkpoint, with its settings: flags "
+        "marked [fixed on resume] are taken from it (given again, they must "
+        "repeat the saved value), those marked [from the checkpoint] too unless "
+        "given; the backend and the world size may change. --resume auto: resume if the "
+        "checkpoint exists, else start fresh (for restarts by python -m npddp.run --max-restarts)",
+        metavar="auto", shown="off", parse=resume_text, const=True)
     metrics: typing.Optional[str] = _opt(
         None, "HDF5 file of per-step and per-epoch metrics (groups /steps and /epochs of 1-D "
         "columns), rewritten atomically by rank 0 at every epoch end and checkpoint; it may "
@@ -310,6 +322,8 @@ def build_parser(help_file=None) -> argparse.ArgumentParser:
                 kwargs["metavar"] = "{" + ",".join(meta["choices"]) + "}"
             elif meta["metavar"]:
                 kwargs["metavar"] = meta["metavar"]
+            if meta["const"] is not None:
+                kwargs.update(nargs="?", const=meta["const"])
         group.add_argument(flag(f.name), **kwargs)
     return parser
 

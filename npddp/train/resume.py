@@ -14,6 +14,7 @@ an uninterrupted run, and the header says so.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -180,3 +181,13 @@ def restore_into(trainer, ckpt, saved: dict, out) -> None:
         trainer.log, note = MetricsLog.resume(cfg.metrics, trainer.step, trainer.epochs_done)
         if note:
             out.warn(note)
+
+
+def auto(comm, cfg: Config) -> Config:
+    """``--resume auto``: the config with ``resume`` True when rank 0 finds the checkpoint, else False.
+
+    Collective. For a job restarted by ``python -m npddp.run --max-restarts``: the first start
+    begins fresh, every restart continues from the last complete checkpoint.
+    """
+    exists = "1" if comm.rank == 0 and cfg.checkpoint and os.path.exists(cfg.checkpoint) else "0"
+    return dataclasses.replace(cfg, resume=share_text(comm, exists) == "1")
