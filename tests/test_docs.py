@@ -124,6 +124,15 @@ def test_every_flag_in_the_training_pages_flag_table_exists():
     assert not quoted - flags_of("npddp.train"), sorted(quoted - flags_of("npddp.train"))
 
 
+def test_every_flag_quoted_on_the_training_page_exists():
+    """The training page's prose and tables name only flags of python -m npddp.train."""
+    text = outside_code((ROOT / "docs" / "training.md").read_text(encoding="utf-8"))
+    quoted = {flag for line in text for span in re.findall(r"`([^`]+)`", line) if span.startswith("--")
+              for flag in FLAG.findall(span)}
+    assert "--resume" in quoted and "--checkpoint" in quoted
+    assert not quoted - flags_of("npddp.train"), sorted(quoted - flags_of("npddp.train"))
+
+
 def test_the_flag_checker_sees_commands_and_their_flags(tmp_path):
     page = tmp_path / "p.md"
     page.write_text("x `mpirun -n 2 python -m npddp.train --epochs 2 --no-such-flag` y --other\n"
