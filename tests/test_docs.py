@@ -133,6 +133,16 @@ def test_every_flag_quoted_on_the_training_page_exists():
     assert not quoted - flags_of("npddp.train"), sorted(quoted - flags_of("npddp.train"))
 
 
+def test_the_backend_help_describes_every_backend():
+    """--help says what each backend is, not only its name in the choices."""
+    from npddp.comm import BACKENDS
+
+    action = next(a for a in train_parser()._actions if "--backend" in a.option_strings)
+    described = action.help.split("(default")[0]
+    missing = [b for b in BACKENDS if not re.search(rf"(?<![\w-]){b}(?![\w-])", described)]
+    assert set(action.choices) == set(BACKENDS) and not missing, (missing, described)
+
+
 def test_the_flag_checker_sees_commands_and_their_flags(tmp_path):
     page = tmp_path / "p.md"
     page.write_text("x `mpirun -n 2 python -m npddp.train --epochs 2 --no-such-flag` y --other\n"
