@@ -9,7 +9,7 @@
     mpirun -n 2 python -m npddp.train --dataset images.npz --normalize standard
     mpirun -n 2 python -m npddp.train --backend ring --timeout 60 --inject-fault 1:5   # must end, exit 1
     mpirun -n 2 python -m npddp.train --model gpt --optimizer adamw --lr 1e-3 --epochs 2   # tiny GPT
-    mpirun -n 2 python -m npddp.train --model gpt --dataset text:README.md --context-length 128
+    mpirun -n 2 python -m npddp.train --model gpt --dataset text:code.txt --batch-size 16 --lr 3e-3 --optimizer adamw
     python -m npddp.train --help                   # every flag with its default
 
 The steps: flags (parsed identically on every rank) -> communicator -> (the checkpoint's
