@@ -137,13 +137,18 @@ def _code(code: int) -> int:
 
 
 def watch(procs: list[subprocess.Popen], grace: float) -> int:
-    """Wait for every launcher; when one fails, stop the others. The first failure's code (0 when none)."""
-    failed = None
-    while any(p.poll() is None for p in procs) and failed is None:
-        failed = next((p for p in procs if p.poll()), None)
-        time.sleep(0.05)
-    failed = failed or next((p for p in procs if p.returncode), None)
-    if failed is None:
+    """Wait for every launcher; when one fails, stop the others. The job's code (0 when none failed).
+
+    A failed node's peers exit 1 (their connections broke), sometimes before the failed node's
+    launcher reports; of the failures within :data:`_SETTLE_S`, a code other than 1 is the cause.
+    """
+    settle = None
+    while any(p.poll() is None for p in procs) and (settle is None or time.monotonic() < settle):
+        if settle is None and any(p.poll() for p in procs):
+            settle = time.monotonic() + _SETTLE_S
+        time.sleep(0.02)
+    codes = [p.returncode for p in procs if p.poll()]
+    if not codes:
         return 0
     _signal_groups(procs, signal.SIGTERM)
     deadline = time.monotonic() + grace
@@ -152,7 +157,11 @@ def watch(procs: list[subprocess.Popen], grace: float) -> int:
     _signal_groups(procs, signal.SIGKILL)
     for p in procs:
         p.wait()
-    return _code(failed.returncode)
+    return _code(next((c for c in codes if c != 1), codes[0]))
+
+
+#: Seconds after the first failure during which a more specific one (a signal, a code other than 1) is awaited.
+_SETTLE_S = 0.5
 
 
 def _cleanup_leftovers() -> None:
