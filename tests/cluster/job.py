@@ -13,13 +13,15 @@ from npddp.comm.node.memory import node_ids
 
 
 def nodes() -> None:
-    """Print ``rank host node-of-every-rank`` and check hier's sum across the real nodes."""
+    """Print ``rank host node-of-every-rank hier-ok auto-across-nodes auto-at-16MiB``; hier sums across the nodes."""
     comm = create("hier")
     ids = node_ids(create("ring"))
+    auto = create("auto")
     buf = np.arange(1000, dtype=np.float64) + comm.rank
     comm.allreduce(buf)
     expected = comm.size * np.arange(1000.0) + sum(range(comm.size))
-    print(f"RESULT {comm.rank} {socket.gethostname()} {','.join(map(str, ids))} {int(np.array_equal(buf, expected))}",
+    print(f"RESULT {comm.rank} {socket.gethostname()} {','.join(map(str, ids))} {int(np.array_equal(buf, expected))} "
+          f"{auto.across_nodes} {auto.algorithm_for(16 << 20, np.float32)}",
           flush=True)
 
 

@@ -65,12 +65,12 @@ def test_delay_needs_netem_and_is_never_ignored(cluster, own_namespaces):
 
 @needs_namespaces
 @pytest.mark.parametrize("launcher", LAUNCHERS, ids=lambda name: f"{name}-launcher")
-def test_each_node_has_its_host_name_and_npddp_sees_two_nodes(cluster, own_namespaces, launcher):
+def test_each_node_has_its_host_name_and_npddp_sees_two_nodes_for_hier_and_auto(cluster, own_namespaces, launcher):
     done = cluster("--nodes", 2, "--ranks-per-node", 2, "--rate", "none", "--launcher", launcher, "--",
                    "python", JOB, "nodes")
     assert done.returncode == 0, done.stderr
     rows = sorted(line.split()[1:] for line in done.stdout.splitlines() if line.startswith("RESULT"))
-    assert rows == [[str(r), f"node{r // 2}", "0,0,1,1", "1"] for r in range(4)], done.stdout
+    assert rows == [[str(r), f"node{r // 2}", "0,0,1,1", "1", "True", "ring"] for r in range(4)], done.stdout
     assert not own_namespaces()
 
 
