@@ -59,7 +59,7 @@ def summarize(path: Path, rate: float | None, world: int) -> list[str]:
     by_size = defaultdict(dict)
     for (n, backend, transport), t in times.items():
         by_size[n][backend if transport == "mpi" else f"{backend}/tcp"] = t
-    names = [b for b in ("mpi", *FIXED, "auto") for b in (b, f"{b}/tcp") if any(b in v for v in by_size.values())]
+    names = [b for b in ("mpi", *FIXED, "auto", "hier") for b in (b, f"{b}/tcp") if any(b in v for v in by_size.values())]
     head = f"{'bytes':>10} " + " ".join(f"{b:>16}" for b in names)
     head += "   ring share (mpi, tcp)   auto/best (mpi, tcp)"
     lines = ["# in-place median ms; share = (2(N-1)/N x bytes / time) / link rate", head]
