@@ -2,6 +2,7 @@
 
     python benchmarks/cluster_study.py --nodes 2 --ranks-per-node 1 --rate 1gbit -b 1K -e 64M --out study/
     python benchmarks/cluster_study.py --summarize study/ar_2x1_1gbit.csv --rate 1gbit   # an existing sweep
+    python benchmarks/cluster_study.py --ddp --nodes 2 --rate 1gbit --out study/          # DDP, seed model sizes
 
 Each configuration runs ``benchmarks/allreduce.py`` inside the cluster (``--launcher mpi``:
 MPI's own Allreduce and every hand-written backend over both transports, MPI point-to-point
@@ -78,6 +79,39 @@ def summarize(path: Path, rate: float | None, world: int) -> list[str]:
     return lines
 
 
+def run_ddp(args, path: Path) -> int:
+    """The DDP benchmark of the seed models inside a fresh cluster; the harness's exit code."""
+    cmd = [sys.executable, "-m", "npddp.cluster", "--nodes", str(args.nodes), "--ranks-per-node",
+           str(args.ranks_per_node), "--rate", args.rate, "--launcher", "mpi", "--",
+           sys.executable, str(ROOT / "benchmarks" / "ddp.py"), "--models", "tiny,small,medium", "--syncs", "overlap",
+           "--backends", "ring", "--no-comm", "--steps", "3", "--warmup", "1", "--rounds", "1", "--csv", str(path)]
+    print("+", " ".join(cmd), flush=True)
+    return subprocess.call(cmd)
+
+
+def summarize_ddp(path: Path, rate: float | None, world: int) -> list[str]:
+    """Per model: step with and without communication, the measured share, and 2(N-1)/N x bytes / rate beside it."""
+    rows = defaultdict(dict)
+    with open(path) as f:
+        for row in csv.DictReader(f):
+            rows[row["model"], int(row["params"])][row["backend"]] = row
+    lines = ["# step ms (median); comm share measured = comm_ms / step (ring) and 1 - step(none) / step(ring); "
+             "predicted = t / (t + step(none)), t = 2(N-1)/N x gradient bytes / rate",
+             f"{'model':>8} {'params':>10} {'grad MB':>8} {'step none':>10} {'step ring':>10} {'comm_ms':>9} "
+             f"{'share':>6} {'1-none/ring':>11} {'pred ms':>8} {'pred share':>10}"]
+    for (model, params), by in sorted(rows.items(), key=lambda kv: kv[0][1]):
+        ring, none = by.get("ring"), by.get("none")
+        if not ring or not none:
+            continue
+        nbytes = float(ring["comm_bytes"])
+        step, base = float(ring["step_ms"]), float(none["step_ms"])
+        pred = 2 * (world - 1) / world * nbytes * 8 / rate * 1e3 if rate else float("nan")
+        lines.append(f"{model:>8} {params:>10} {nbytes / 1e6:8.1f} {base:10.1f} {step:10.1f} "
+                     f"{float(ring['comm_ms']):9.1f} {float(ring['comm_fraction']):6.2f} {1 - base / step:11.2f} "
+                     f"{pred:8.1f} {pred / (pred + base):10.2f}")
+    return lines
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=2)
@@ -91,19 +125,22 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=1.5)
     p.add_argument("--out", default="cluster_study", help="directory of the sweeps' CSV files")
     p.add_argument("--summarize", default="", metavar="CSV", help="only print the summary of an existing sweep")
+    p.add_argument("--ddp", action="store_true",
+                   help="the DDP benchmark of the seed models (about 1 M, 5 M, 20 M parameters) instead of the sweep")
     args = p.parse_args(argv)
     rate = parse_rate(args.rate)
     world = args.nodes * args.ranks_per_node
+    kind = "ddp" if args.ddp else "ar"
     if args.summarize:
         path = Path(args.summarize)
     else:
         os.makedirs(args.out, exist_ok=True)
-        path = Path(args.out) / f"ar_{args.nodes}x{args.ranks_per_node}_{args.rate}.csv"
-        code = run_sweep(args, path)
+        path = Path(args.out) / f"{kind}_{args.nodes}x{args.ranks_per_node}_{args.rate}.csv"
+        code = (run_ddp if args.ddp else run_sweep)(args, path)
         if code:
             return code
     print(f"# {args.nodes} nodes x {args.ranks_per_node} ranks, link {args.rate}; {path}")
-    print("\n".join(summarize(path, rate, world)))
+    print("\n".join((summarize_ddp if args.ddp else summarize)(path, rate, world)))
     return 0
 
 
