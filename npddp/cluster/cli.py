@@ -227,7 +227,7 @@ def run(args) -> int:
     finally:
         for s in old:
             signal.signal(s, signal.SIG_IGN)   # teardown must finish even if Ctrl-C is pressed again
-        _signal_groups(procs, signal.SIGKILL) if any(p.poll() is None for p in procs) else None
+        _signal_groups(procs, signal.SIGKILL)
         state.remove(record or cluster.record(os.path.join(state.state_dir(), cluster.cid), 0), grace=args.grace)
         for s, handler in old.items():
             signal.signal(s, handler)
