@@ -17,6 +17,7 @@ ALLOWED = {
     "tune": {"util", "comm", "process"},
     "run": {"process"}, "evaluate": {"train"}, "__init__": set(),
     "generate": {"train"},
+    "cluster": {"util", "process"},
 }
 
 

@@ -126,3 +126,14 @@ def test_the_tuner_writes_a_table_auto_loads(tmp_path):
     assert data["transport"] == "tcp" and data["world_size"] == 2 and data["sizes"] == [1024, 4096, 16384]
     assert check_table(data, "tcp", 2, node=True) == data["table"] and "best" in done.stdout
     assert "shm" in done.stdout.splitlines()[1]  # both ranks on this machine: shared memory competes too
+
+
+@pytest.mark.parametrize("size", [2, 3, 4, 8])
+def test_across_nodes_the_model_takes_few_steps_small_and_the_pipelined_ring_beyond_one_chunk(size):
+    from npddp.comm.p2p.auto import network_time
+    steps = model_table("mpi", size, 1 << 20, across_nodes=True)
+    assert steps[0][1] == "rd" and steps[-1] == [None, "ring"] and steps[-2][0] <= 1 << 20
+    assert model_table("tcp", size, 1 << 20, across_nodes=True) == steps    # the network, not the transport, prices
+    for nbytes in (1 << 10, 1 << 16, 1 << 22, 1 << 26):
+        pick = next(a for limit, a in steps if limit is None or nbytes <= limit)
+        assert network_time(pick, nbytes, size) == min(network_time(a, nbytes, size) for a in CANDIDATES)
