@@ -29,7 +29,7 @@ import numpy as np
 
 from npddp.comm import checks as c
 from npddp.comm.p2p.communicator import P2PCommunicator
-from npddp.comm.registry import ALGORITHMS, NODE_ALGORITHMS, algorithm, node_group
+from npddp.comm.registry import ALGORITHMS, NODE_ALGORITHMS, algorithm, costed, node_group
 
 FORMAT = "npddp-allreduce-tuning"
 VERSION = 1
@@ -41,6 +41,13 @@ MODEL = {
     "mpi": (12e-6, 1 / 6.0e9, 1 / 4.0e9),
     "tcp": (40e-6, 1 / 2.5e9, 1 / 4.0e9),
 }
+
+
+def candidates() -> tuple:
+    """:data:`CANDIDATES` and the registered algorithms that declare a cost."""
+    return (*CANDIDATES, *costed())
+
+
 _SIZES = [1 << k for k in range(41)]  # sizes the model is evaluated at to cut its table
 _CACHE_SIZE = 256
 
@@ -58,7 +65,7 @@ def model_table(transport: str, size: int, chunk_bytes: int = 1 << 20) -> list:
     alpha, beta, gamma = MODEL.get(transport, MODEL["mpi"])
     steps: list = []
     for nbytes in _SIZES:
-        best = min(CANDIDATES, key=lambda a: predict(a, nbytes, size, alpha, beta, gamma, chunk_bytes))
+        best = min(candidates(), key=lambda a: predict(a, nbytes, size, alpha, beta, gamma, chunk_bytes))
         if steps and steps[-1][1] == best:
             steps[-1][0] = nbytes
         else:
@@ -88,7 +95,7 @@ def check_table(data, transport: str, size: int, node: bool = False) -> dict:
         bounds = [s[0] for s in steps[:-1]]
         if any(not isinstance(b, int) or b < 0 for b in bounds) or bounds != sorted(bounds):
             raise ValueError(f"steps for {dtype!r}: max_bytes must be increasing integers")
-        valid = [*ALGORITHMS, *NODE_ALGORITHMS] if node else list(ALGORITHMS)
+        valid = [*ALGORITHMS, *costed(), *NODE_ALGORITHMS] if node else [*ALGORITHMS, *costed()]
         unknown = [s[1] for s in steps if s[1] not in valid]
         if unknown:
             raise ValueError(f"steps for {dtype!r} name algorithms {unknown} this job cannot run; valid: "
@@ -101,7 +108,7 @@ class AutoCommunicator(P2PCommunicator):
 
     def __init__(self, transport, timeout: float = c.DEFAULT_TIMEOUT, tuning=None, shared_memory: bool = True):
         super().__init__(transport, None, "auto", timeout)
-        self.algorithms = {name: algorithm(name)(self.context) for name in ALGORITHMS}
+        self.algorithms = {name: algorithm(name)(self.context) for name in (*ALGORITHMS, *costed())}
         shared_memory = shared_memory and os.environ.get("NPDDP_AUTO_SHM", "1") != "0"
         self.node = self.context.node = node_group(self, self._begin("setup")) if shared_memory else None
         if self.node is not None:  # one node: shared memory joins the candidates, and empty() gives shared memory
