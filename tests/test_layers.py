@@ -16,6 +16,7 @@ ALLOWED = {
     "train": {"util", "comm", "nn", "data", "optim", "parallel", "process"},
     "tune": {"util", "comm", "process"},
     "run": {"process"}, "evaluate": {"train"}, "__init__": set(),
+    "check": {"util", "comm"},
 }
 
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from npddp.comm import checks
+from npddp.comm import checks, registry
 from npddp.comm.p2p.engine import Cost, P2PWork
 
 __all__ = ["Cost", "Peers", "Request", "block_bounds", "register_algorithm"]
@@ -178,5 +178,14 @@ def register_algorithm(name: str, fn_or_class, cost: Callable | None = None) -> 
     algorithm contract (``__init__(ctx)``, ``start(call, src, dst, ufunc, result) -> Work``).
     ``cost``: ``fn(nbytes, size, chunk_bytes) -> Cost`` (default: the class's ``cost``, if any).
     """
-    from npddp.comm import registry
-    registry.register(name, fn_or_class, cost)
+    if cost is not None and not callable(cost):
+        raise TypeError(f"cost must be a function (nbytes, size, chunk_bytes) -> Cost, got {type(cost).__name__}")
+    if isinstance(fn_or_class, type):
+        if not callable(getattr(fn_or_class, "start", None)):
+            raise TypeError(f"algorithm class {fn_or_class.__name__} has no start(call, src, dst, ufunc, result)")
+        cls = fn_or_class if cost is None else type(str(name), (fn_or_class,), {"cost": staticmethod(cost)})
+    elif callable(fn_or_class):
+        cls = from_generator(str(name), fn_or_class, cost)
+    else:
+        raise TypeError(f"algorithm {name!r} must be a generator function or a class, got {type(fn_or_class).__name__}")
+    registry.register(name, cls)

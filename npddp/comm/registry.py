@@ -75,23 +75,12 @@ ENTRY_POINT_GROUP = "npddp.algorithms"
 _discovered: list = []  # [True] once the entry points were loaded
 
 
-def register(name: str, fn_or_class, cost=None) -> None:
-    """Register ``name`` (see :func:`npddp.comm.algorithm.register_algorithm`); ValueError/TypeError on bad input."""
+def register(name: str, cls) -> None:
+    """Add algorithm class ``cls`` as ``name`` (:func:`npddp.comm.algorithm.register_algorithm` builds it)."""
     if not (isinstance(name, str) and name.isidentifier()):
         raise ValueError(f"algorithm name {name!r} must be a Python identifier (letters, digits, _)")
     if name in BACKENDS or name in NODE_ALGORITHMS:
         raise ValueError(f"algorithm name {name!r} is built in; choose another (taken: {', '.join(BACKENDS)})")
-    if cost is not None and not callable(cost):
-        raise TypeError(f"cost must be a function (nbytes, size, chunk_bytes) -> Cost, got {type(cost).__name__}")
-    if isinstance(fn_or_class, type):
-        if not callable(getattr(fn_or_class, "start", None)):
-            raise TypeError(f"algorithm class {fn_or_class.__name__} has no start(call, src, dst, ufunc, result)")
-        cls = fn_or_class if cost is None else type(name, (fn_or_class,), {"cost": staticmethod(cost)})
-    elif callable(fn_or_class):
-        from npddp.comm.algorithm import from_generator
-        cls = from_generator(name, fn_or_class, cost)
-    else:
-        raise TypeError(f"algorithm {name!r} must be a generator function or a class, got {type(fn_or_class).__name__}")
     REGISTERED[name] = cls
 
 
@@ -101,9 +90,10 @@ def discover() -> bool:
         _discovered.append(True)
         from importlib.metadata import entry_points
         for ep in entry_points(group=ENTRY_POINT_GROUP):
-            obj = ep.load()  # importing the module may register it already
+            ep.load()  # importing the module registers the algorithm
             if ep.name not in REGISTERED:
-                register(ep.name, obj)
+                raise ValueError(f"entry point {ep.name} = {ep.value} (group {ENTRY_POINT_GROUP}) was imported "
+                                 f"but registered no algorithm called {ep.name!r}")
     return True
 
 
