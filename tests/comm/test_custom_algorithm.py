@@ -112,3 +112,12 @@ def test_check_in_one_process_passes(capsys):
     from npddp.check import main
     assert main(["--backend", "custom_ring", "--plugin", "examples.custom_allreduce"]) == 0
     assert "6 passed, 0 failed" in capsys.readouterr().out
+
+
+def test_benchmarks_take_a_plugin_backend_by_name():
+    from benchmarks import allreduce, ddp
+    args = ["--plugin", "tests/comm/_broken_algorithm.py"]
+    assert ddp.parse_config([*args, "--backends", "ring,broken_twice"], verbose=False).backends == ("ring", "broken_twice")
+    assert allreduce.parse_config([*args, "--backends", "broken_twice"], verbose=False).backends == ("broken_twice",)
+    with pytest.raises(SystemExit):
+        ddp.parse_config(["--plugin", "no.such.plugin_mod", "--backends", "ring"], verbose=False)
