@@ -237,6 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dpi", type=bc.int_at_least(20), default=100, help="PNG resolution in dots per inch (default 100)")
     p.add_argument("--no-plots", action="store_true", help="print tables only")
     p.add_argument("--baseline", default="mpi", help="backend the time ratios divide by (default mpi)")
+    p.add_argument("--plugin", type=bc.plugin, action="append", default=[], metavar="MODULE",
+                   help=bc.PLUGIN_HELP + "; a registered algorithm's declared cost joins the projection")
     p.add_argument("--compute-ms", type=float, default=100.0,
                    help="compute time per step of a --compute-params model when no ddp_breakdown dump is given "
                         "(default 100)")

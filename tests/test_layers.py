@@ -18,6 +18,7 @@ ALLOWED = {
     "run": {"process"}, "evaluate": {"train"}, "__init__": set(),
     "generate": {"train"},
     "cluster": {"util", "process"},
+    "check": {"util", "comm"},
 }
 
 

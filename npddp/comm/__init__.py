@@ -23,12 +23,13 @@ from npddp.comm.checks import DEFAULT_TIMEOUT, DTYPES, OPS, check_timeout
 from npddp.comm.base import Communicator, Work
 from npddp.comm.wrappers.debug import CollectiveMismatchError
 from npddp.comm.wrappers.progress_thread import PROGRESS
-from npddp.comm.registry import ALGORITHMS, BACKENDS
+from npddp.comm.registry import ALGORITHMS, BACKENDS, backend_names, load_plugins
+from npddp.comm.algorithm import register_algorithm
 from npddp.comm.transports.base import TRANSPORTS, Transport, is_transport, resolve_transport
 
 __all__ = ["ALGORITHMS", "BACKENDS", "DEFAULT_TIMEOUT", "DTYPES", "OPS", "TRANSPORTS",
            "CollectiveMismatchError", "Communicator", "Transport", "Work", "create", "debug_from_env",
-           "timeout_from_env"]
+           "timeout_from_env", "register_algorithm", "backend_names", "load_plugins"]
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
@@ -68,8 +69,8 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
     """
     if progress not in PROGRESS:
         raise ValueError(f"unknown progress {progress!r}; valid: {', '.join(PROGRESS)}")
-    if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; valid backends: {', '.join(BACKENDS)}")
+    if name not in BACKENDS and name not in backend_names():
+        raise ValueError(f"unknown backend {name!r}; valid backends: {', '.join(backend_names())}")
     if not isinstance(debug, bool):
         raise TypeError(f"debug must be a bool, got {type(debug).__name__}")
     if tuning is not None and name != "auto":

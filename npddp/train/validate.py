@@ -67,9 +67,14 @@ def check_config(cfg: Config, world_size: int) -> None:
             raise ConfigError(f"--timeout must be a number of seconds > 0 (inf: wait forever), got {cfg.timeout}")
     if cfg.inject_fault is not None:
         parse_fault(cfg.inject_fault, world_size)
-    if cfg.local_sgd and cfg.compression != "none":
+    if cfg.local_sgd and cfg.comm_hook != "allreduce":
         raise ConfigError(f"--local-sgd {cfg.local_sgd} averages parameters, so it cannot be combined "
-                          f"with --compression {cfg.compression}")
+                          f"with --comm-hook {cfg.comm_hook}")
+    if cfg.powersgd_rank < 1:
+        raise ConfigError(f"--powersgd-rank must be an integer >= 1, got {cfg.powersgd_rank}")
+    if cfg.powersgd_start_iter < 2:
+        raise ConfigError(f"--powersgd-start-iter must be an integer >= 2 (error feedback and warm start "
+                          f"need plain steps first), got {cfg.powersgd_start_iter}")
     _check_dataset(cfg)
     _check_files(cfg)
 

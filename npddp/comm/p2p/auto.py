@@ -29,7 +29,7 @@ import numpy as np
 
 from npddp.comm import checks as c
 from npddp.comm.p2p.communicator import P2PCommunicator
-from npddp.comm.registry import ALGORITHMS, NODE_ALGORITHMS, algorithm, node_group
+from npddp.comm.registry import ALGORITHMS, NODE_ALGORITHMS, algorithm, costed, node_group
 
 FORMAT = "npddp-allreduce-tuning"
 VERSION = 1
@@ -49,6 +49,13 @@ MODEL = {
 NETWORK = (50e-6, 8e-9, 1 / 4.0e9)
 #: Algorithms whose large messages go out as pipelined chunks, sending and receiving at once.
 PIPELINED = ("ring",)
+
+
+def candidates() -> tuple:
+    """:data:`CANDIDATES` and the registered algorithms that declare a cost."""
+    return (*CANDIDATES, *costed())
+
+
 _SIZES = [1 << k for k in range(41)]  # sizes the model is evaluated at to cut its table
 _CACHE_SIZE = 256
 
@@ -85,7 +92,7 @@ def model_table(transport: str, size: int, chunk_bytes: int = 1 << 20, across_no
 
     steps: list = []
     for nbytes in _SIZES:
-        best = min(CANDIDATES, key=lambda a: price(a, nbytes))
+        best = min(candidates(), key=lambda a: price(a, nbytes))
         if steps and steps[-1][1] == best:
             steps[-1][0] = nbytes
         else:
@@ -115,7 +122,7 @@ def check_table(data, transport: str, size: int, node: bool = False) -> dict:
         bounds = [s[0] for s in steps[:-1]]
         if any(not isinstance(b, int) or b < 0 for b in bounds) or bounds != sorted(bounds):
             raise ValueError(f"steps for {dtype!r}: max_bytes must be increasing integers")
-        valid = [*ALGORITHMS, *NODE_ALGORITHMS] if node else list(ALGORITHMS)
+        valid = [*ALGORITHMS, *costed(), *NODE_ALGORITHMS] if node else [*ALGORITHMS, *costed()]
         unknown = [s[1] for s in steps if s[1] not in valid]
         if unknown:
             raise ValueError(f"steps for {dtype!r} name algorithms {unknown} this job cannot run; valid: "
@@ -128,7 +135,7 @@ class AutoCommunicator(P2PCommunicator):
 
     def __init__(self, transport, timeout: float = c.DEFAULT_TIMEOUT, tuning=None, shared_memory: bool = True):
         super().__init__(transport, None, "auto", timeout)
-        self.algorithms = {name: algorithm(name)(self.context) for name in ALGORITHMS}
+        self.algorithms = {name: algorithm(name)(self.context) for name in (*ALGORITHMS, *costed())}
         #: True when the ranks span nodes (hier's group across nodes always does): the network model applies.
         self.across_nodes = not shared_memory or _spans_nodes(self)
         shared_memory = shared_memory and os.environ.get("NPDDP_AUTO_SHM", "1") != "0" and not self.across_nodes
