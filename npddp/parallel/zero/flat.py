@@ -103,6 +103,12 @@ class FlatGroup:
                 self._bind(self.values)
                 self.live = True
 
+    def keep_values(self) -> None:
+        """ZeRO-3: make this rank's shard of the live values its master copy (after they were written)."""
+        if self._owned is not None and self.live:
+            rank, n = self.comm.rank, self.shard_size
+            np.copyto(self._owned, self.values[rank * n:(rank + 1) * n])
+
     def release(self) -> None:
         """ZeRO-3: drop the gathered values; ``p.data`` reads as zeros that occupy no memory."""
         if self._owned is None or not self.live:

@@ -117,6 +117,15 @@ class ZeroRedundancyOptimizer:
                                "step, then state_dict() on rank RANK")
         return dict(self._consolidated)
 
+    def template_state_dict(self) -> dict:
+        """The keys, shapes and dtypes of :meth:`state_dict` (arrays zero), on any rank, without communication."""
+        local = self.optim.state_dict()
+        full = {k: v for k, v in local.items() if not _is_buffer(k, self.optim.buffers)}
+        for b in self.optim.buffers:
+            for i, p in enumerate(self.params):
+                full[f"{b}.{i}"] = np.zeros(p.data.shape, dtype=p.data.dtype)
+        return full
+
     def load_state_dict(self, d: dict) -> None:
         """Load a whole-model state dict (as :meth:`state_dict` gives, on every rank): keep this rank's part."""
         buffers = self.optim.buffers

@@ -119,7 +119,8 @@ class ZeroDataParallel:
         try:
             yield
         finally:
-            for g in self.buckets:
+            for g in self.buckets:   # values written inside (a restored checkpoint) become the shards
+                g.keep_values()
                 g.release()
 
     # --- forward / backward --------------------------------------------------------------------
