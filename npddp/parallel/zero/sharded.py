@@ -14,6 +14,8 @@ step whole parameters, so the result equals DDP's.
   gathered (the next module's groups are prefetched while it computes); after the last
   module that uses a group (in definition order) has run forward, or the first has run
   backward, the group is freed again. Tied weights keep their group alive between their uses.
+  Full gradients exist only from a group's first backward until its reduce-scatter completes
+  (polled between layers), so a rank holds its shards plus what is in flight.
 
 The object offers what the training loop uses of DDP (``forward``, ``backward``, ``step``,
 ``zero_grad``, ``no_sync``, ``reduce_metrics``, ``stats``, ``tracer``, ``buckets``), so it
@@ -88,10 +90,11 @@ class ZeroDataParallel:
             ahead = self._owners[i + 1][1] if i + 1 < len(self._owners) else []
             behind = self._owners[i - 1][1] if i > 0 else []
             module.forward = self._around(module.forward, needs, ahead, after_fwd)
-            module.backward = self._around(module.backward, needs, behind, after_bwd)
+            module.backward = self._around(module.backward, needs, behind, after_bwd, grads=True)
 
-    def _around(self, fn, needs, prefetch, free):
-        """``fn`` with its groups gathered first, the neighbour's prefetched, and ``free`` released after."""
+    def _around(self, fn, needs, prefetch, free, grads=False):
+        """``fn`` with its groups gathered (``grads``: and given gradients) first, the neighbour's prefetched,
+        and ``free`` released after."""
         def run(x):
             for g in needs:
                 g.start_gather()
@@ -99,6 +102,9 @@ class ZeroDataParallel:
                 g.start_gather()
             for g in needs:
                 g.finish_gather()
+            if grads:
+                for g in needs:
+                    g.ensure_grads()
             out = fn(x)
             for g in free:
                 g.release()
@@ -155,13 +161,14 @@ class ZeroDataParallel:
         self.stats.backward_s = t1 - t0
         if reducing:
             for g in self.buckets:
-                if g.work is None:
+                if g.work is None and not g.reduced:
                     self._start(g)
             for g in self.buckets:
-                g.finish_reduce()
+                if g.work is not None:
+                    g.finish_reduce()
             self.stats.comm_exposed_s = time.perf_counter() - t1
         for g in self.buckets:
-            g.pending = g.reports
+            g.pending, g.reduced = g.reports, False
         return dx
 
     def _on_layer_done(self, layer: Module) -> None:
@@ -174,13 +181,13 @@ class ZeroDataParallel:
             if g.pending == 0:
                 self._start(g)
         for g in self.buckets:
-            if g.work is not None:
-                g.work.test()
+            if g.work is not None and g.work.test():
+                g.finish_reduce()   # ZeRO-3: its full gradients are freed now, not at the end of backward
         self.stats.comm_issue_s += time.perf_counter() - t0
 
     def _start(self, group: FlatGroup) -> None:
         self.stats.comm_calls += 1
-        self.stats.comm_bytes += group.grads.nbytes
+        self.stats.comm_bytes += group.padded * group.dtype.itemsize
         group.start_reduce()
 
     # --- optimizer step ------------------------------------------------------------------------
@@ -210,7 +217,8 @@ class ZeroDataParallel:
     def zero_grad(self) -> None:
         """Zero every gradient (the full local ones and the shards)."""
         for g in self.buckets:
-            g.grads[...] = 0
+            if g.grads is not None:
+                g.grads[...] = 0
             g.shard.grad[...] = 0
 
     def parameters(self) -> list:
@@ -234,7 +242,7 @@ class ZeroDataParallel:
         """Bytes this rank keeps between steps: parameter values and gradients (the optimizer's: its own)."""
         full = sum(g.padded * g.dtype.itemsize for g in self.buckets)
         shard = sum(g.shard_size * g.dtype.itemsize for g in self.buckets)
-        return {"params": full if self.stage == 2 else shard, "grads": full + shard}
+        return {"params": full if self.stage == 2 else shard, "grads": full + shard if self.stage == 2 else shard}
 
 
 class ShardedOptimizer:
