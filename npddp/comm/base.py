@@ -71,3 +71,9 @@ class Communicator(Protocol):
 
     def recv(self, buf: np.ndarray, source: int, tag: int = 0) -> np.ndarray:
         """Blocking receive into ``buf`` from ``source``; return ``buf``."""
+
+    def ireduce_scatter(self, buf: np.ndarray, op: str = "sum", out: np.ndarray | None = None) -> Work:
+        """Start :meth:`reduce_scatter` into ``out`` (this rank's 1-d block; None: a new array)."""
+
+    def iallgather(self, buf: np.ndarray, out: np.ndarray | None = None) -> Work:
+        """Start :meth:`allgather` into ``out`` of shape ``(size, *buf.shape)``; ``buf`` may be ``out[rank]``."""

@@ -134,3 +134,41 @@ class Backend:
     @timeout.setter
     def timeout(self, value) -> None:
         self._timeout = check_timeout(value)
+
+
+def check_block_out(buf: np.ndarray, out, size: int, rank: int) -> np.ndarray:
+    """``out=`` of a reduce-scatter: 1-d, ``buf``'s dtype, this rank's block length, no overlap (None: allocate)."""
+    q, r = divmod(buf.size, size)
+    count = q + (rank < r)
+    if out is None:
+        return np.empty(count, dtype=buf.dtype)
+    check_buffer(out, "out")
+    if out.shape != (count,) or out.dtype != buf.dtype:
+        raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; expected shape ({count},) and dtype "
+                         f"{buf.dtype}: this rank's block of np.array_split(buf.ravel(), {size})")
+    if np.shares_memory(out, buf):
+        raise ValueError("out overlaps the input buffer of a reduce-scatter; pass a separate array")
+    return out
+
+
+def check_stacked_out(buf: np.ndarray, out, size: int, rank: int) -> np.ndarray:
+    """``out=`` of an all-gather: shape ``(size, *buf.shape)``, ``buf``'s dtype (None: allocate).
+
+    ``buf`` may overlap ``out`` only as exactly ``out[rank]`` (an in-place all-gather)."""
+    if out is None:
+        return np.empty((size, *buf.shape), dtype=buf.dtype)
+    check_buffer(out, "out")
+    if out.shape != (size, *buf.shape) or out.dtype != buf.dtype:
+        raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; expected shape {(size, *buf.shape)} "
+                         f"and dtype {buf.dtype}")
+    if np.shares_memory(out, buf) and not is_row(buf, out, rank):
+        raise ValueError(f"out overlaps the input buffer other than as out[{rank}] (an in-place all-gather); "
+                         "pass a separate array or out[rank] itself")
+    return out
+
+
+def is_row(buf: np.ndarray, out: np.ndarray, rank: int) -> bool:
+    """True when ``buf`` is exactly the memory of ``out[rank]`` (an in-place all-gather's input)."""
+    row = out.reshape(out.shape[0], -1)[rank]  # (buf.size,)
+    return (buf.size == row.size and buf.size > 0
+            and buf.__array_interface__["data"][0] == row.__array_interface__["data"][0])

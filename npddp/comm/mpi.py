@@ -18,7 +18,7 @@ import numpy as np
 from mpi4py import MPI
 
 from npddp.comm import checks as c
-from npddp.comm.p2p.engine import NAP_S, SPIN_ROUNDS
+from npddp.comm.p2p.engine import NAP_S, SPIN_ROUNDS, DoneWork
 from npddp.comm.transports.mpi import free_comm
 
 _MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
@@ -206,3 +206,31 @@ class MPICommunicator(c.Backend):
         self._run(f"recv (tag {tag})", lambda: comm.Recv(buf, source=source, tag=tag),
                   lambda: comm.Irecv(buf, source=source, tag=tag), f"to receive from rank {source}")
         return buf
+
+    def ireduce_scatter(self, buf, op="sum", out=None):
+        """MPI_Ireduce_scatter with ``np.array_split`` block counts into ``out`` (this rank's block)."""
+        c.check_op(op)
+        c.check_buffer(buf, writable=False)
+        out = c.check_block_out(buf, out, self._size, self._rank)
+        self._check_usable()
+        flat = buf.reshape(-1)
+        if self._size == 1 or flat.size == 0:
+            np.copyto(out, flat)
+            return DoneWork(out)
+        counts = np.diff(c.block_bounds(flat.size, self._size)).tolist()
+        self._calls += 1
+        request = self.comm.Ireduce_scatter(flat, out, recvcounts=counts, op=_MPI_OPS[op])
+        return MPIWork(self, request, out, "ireduce_scatter")
+
+    def iallgather(self, buf, out=None):
+        """MPI_Iallgather into ``out`` of shape ``(size, *buf.shape)`` (MPI_IN_PLACE when ``buf`` is ``out[rank]``)."""
+        c.check_buffer(buf, writable=False)
+        out = c.check_stacked_out(buf, out, self._size, self._rank)
+        self._check_usable()
+        if buf.size == 0 or self._size == 1:
+            if not c.is_row(buf, out, self._rank):
+                out.reshape(self._size, -1)[self._rank] = buf.reshape(-1)
+            return DoneWork(out)
+        self._calls += 1
+        send = MPI.IN_PLACE if c.is_row(buf, out, self._rank) else buf
+        return MPIWork(self, self.comm.Iallgather(send, out), out, "iallgather")

@@ -356,6 +356,10 @@ class DistributedDataParallel:
         """Set evaluation mode on the wrapped model."""
         return self.train(False)
 
+    def full_parameters(self):
+        """A context within which every parameter holds its full value: always so here (ZeRO-3 gathers them)."""
+        return contextlib.nullcontext()
+
 
 class _Done:
     """Work handle of an operation that already completed."""

@@ -39,6 +39,7 @@ from npddp.train import checkpoint
 from npddp.train import outputs
 from npddp.train import resume
 from npddp.train import state
+from npddp.train import sharding
 from npddp.process import threads
 from npddp.train.agree import agree, any_rank
 from npddp.train.banner import header, summary, transport_of
@@ -186,16 +187,17 @@ class Trainer:
     def save(self, status: str = "running") -> None:
         """Check the parameters, then write metrics and checkpoint of the current position (collective)."""
         traced = self.ddp.tracer.clock()
-        self.check_parameters(collective=True)
-        if self.cfg.checkpoint is not None and self.saved_at != self.step:
-            self.pending = state.collect(
-                self.comm, named_params=self.model.named_parameters(), optimizer=self.optimizer,
-                ddp=self.ddp, dropouts=self.dropouts,
-                position=(self.epochs_done, self.batches_done, self.step), totals=self.totals,
-                totals_columns=TOTALS, config=self.attrs["config"], backend=self.cfg.backend,
-                optimizer_name=self.cfg.optimizer, input_shape=self.input_shape, num_classes=self.num_classes,
-                attrs={k: v for k, v in self.attrs.items() if k != "config"}, local_sgd=self.averager is not None)
-            self.saved_at = self.step
+        with self.ddp.full_parameters():       # ZeRO-3 gathers the parameters here
+            self.check_parameters(collective=True)
+            if self.cfg.checkpoint is not None and self.saved_at != self.step:
+                self.pending = state.collect(
+                    self.comm, named_params=self.model.named_parameters(), optimizer=self.optimizer,
+                    ddp=self.ddp, dropouts=self.dropouts,
+                    position=(self.epochs_done, self.batches_done, self.step), totals=self.totals,
+                    totals_columns=TOTALS, config=self.attrs["config"], backend=self.cfg.backend,
+                    optimizer_name=self.cfg.optimizer, input_shape=self.input_shape, num_classes=self.num_classes,
+                    attrs={k: v for k, v in self.attrs.items() if k != "config"}, local_sgd=self.averager is not None)
+                self.saved_at = self.step
         self.write_files(("metrics", "checkpoint"), status)
         self.ddp.tracer.add(traced, self.trace_save, tracing.CHECKPOINT)
 
@@ -356,12 +358,15 @@ def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
         raise JobError(message, EXIT_USAGE)
 
     tracer = tracing.Tracer(cfg.trace, comm, cfg.trace_steps) if cfg.trace else None  # None: $NPDDP_TRACE
-    ddp = DistributedDataParallel(model, comm, sync=cfg.sync, bucket_cap_mb=cfg.bucket_mb, tracer=tracer)
-    ddp.register_comm_hook(*hooks.build(cfg.comm_hook, comm, topk_ratio=cfg.topk_ratio,
-                                        powersgd_rank=cfg.powersgd_rank,
-                                        powersgd_start_iter=cfg.powersgd_start_iter, seed=cfg.seed))
-    optimizer = make_optimizer(cfg.optimizer, ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                               weight_decay=cfg.weight_decay)
+    if cfg.zero >= 2:
+        ddp, optimizer = sharding.build(cfg, model, comm, tracer)
+    else:
+        ddp = DistributedDataParallel(model, comm, sync=cfg.sync, bucket_cap_mb=cfg.bucket_mb, tracer=tracer)
+        ddp.register_comm_hook(*hooks.build(cfg.comm_hook, comm, topk_ratio=cfg.topk_ratio,
+                                            powersgd_rank=cfg.powersgd_rank,
+                                            powersgd_start_iter=cfg.powersgd_start_iter, seed=cfg.seed))
+        optimizer = sharding.shard_optimizer(cfg, ddp, comm) if cfg.zero == 1 else make_optimizer(
+            cfg.optimizer, ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     env = environment(world_size=comm.size, backend=cfg.backend, mpi=transport_of(comm) == "mpi") \
         if comm.rank == 0 else {}
     if comm.rank == 0:
@@ -371,9 +376,12 @@ def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
     trainer = Trainer(cfg, comm, out, ds, model, dropouts, ddp, optimizer, attrs)
     ddp.tracer.describe(config=settings, backend=cfg.backend, model=model_text)
     if cfg.resume:
-        resume.restore_into(trainer, ckpt, saved, out)
+        with ddp.full_parameters():
+            resume.restore_into(trainer, ckpt, saved, out)
     for line in header(cfg, comm, ds, model_text, model, ddp, trainer, env, threads.describe(n_threads, why)):
         out.info(line)
+    if cfg.zero:
+        out.info(sharding.memory_line(cfg.zero, ddp, optimizer))
     if cfg.resume:
         for line in resume.changes(cfg, given, saved, comm.size):
             out.info(line)

@@ -106,6 +106,11 @@ class Config:
         None, "seconds a collective may wait for the other ranks before raising TimeoutError, which "
         "ends the job (inf: wait forever)", metavar="SECONDS",
         shown=f"$NPDDP_TIMEOUT, else {DEFAULT_TIMEOUT:g}")
+    zero: int = _opt(0, "sharded data parallelism (ZeRO): 0 plain DDP; 1 shards the optimizer state; 2 also "
+                     "the averaged gradients (reduce-scattered during backward); 3 also the parameters "
+                     "(gathered per layer group before its forward and backward, freed after); "
+                     "checkpoints stay whole-model, so it may change on --resume", metavar="{0,1,2,3}",
+                     resume="inherit")
     # --- model
     model: str = _opt("mlp", "network: mlp (Linear+ReLU layers), cnn (3x3 conv, ReLU, 2x2 max-pool "
                       "stages, then a dense head) or gpt (a Transformer language model on token data)",

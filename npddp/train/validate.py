@@ -75,6 +75,7 @@ def check_config(cfg: Config, world_size: int) -> None:
     if cfg.powersgd_start_iter < 2:
         raise ConfigError(f"--powersgd-start-iter must be an integer >= 2 (error feedback and warm start "
                           f"need plain steps first), got {cfg.powersgd_start_iter}")
+    _check_zero(cfg)
     _check_dataset(cfg)
     _check_files(cfg)
 
@@ -133,3 +134,22 @@ def _check_files(cfg: Config) -> None:
     for name in ("resume", "checkpoint_every"):
         if getattr(cfg, name) and cfg.checkpoint is None:
             raise ConfigError(f"{flag(name)} needs --checkpoint PATH.h5")
+
+
+#: ZeRO stages --zero takes.
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def _check_zero(cfg: Config) -> None:
+    """--zero is a stage, and the DDP options it is combined with make sense for it."""
+    if cfg.zero not in ZERO_STAGES:
+        raise ConfigError(f"--zero must be one of {', '.join(map(str, ZERO_STAGES))}, got {cfg.zero}")
+    if cfg.zero and cfg.local_sgd:
+        raise ConfigError(f"--local-sgd {cfg.local_sgd} keeps a different replica on every rank, which --zero "
+                          f"{cfg.zero} cannot shard; use one or the other")
+    if cfg.zero >= 2 and cfg.comm_hook != "allreduce":
+        raise ConfigError(f"--comm-hook {cfg.comm_hook} works on whole buckets for an all-reduce; --zero "
+                          f"{cfg.zero} reduce-scatters them (use --zero 1 or --comm-hook allreduce)")
+    if cfg.zero >= 2 and cfg.sync != "overlap":
+        raise ConfigError(f"--sync {cfg.sync} is a DDP strategy; --zero {cfg.zero} always reduce-scatters each "
+                          "bucket as backward finishes it (use --sync overlap, the default, or --zero 0/1)")

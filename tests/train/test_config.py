@@ -81,6 +81,7 @@ FLAGS = [
     ("--threads", ["2"], "threads", 2),
     ("--threads", ["auto"], "threads", "auto"),
     ("--quiet", [], "quiet", True),
+    ("--zero", ["2"], "zero", 2),
 ]
 
 
@@ -177,6 +178,11 @@ BAD = [
     (["--no-such-flag"], 1, "unrecognized arguments: --no-such-flag"),
     (["--hidden"], 1, "argument --hidden: expected at least one argument"),
     (["--epoch", "3"], 1, "unrecognized arguments: --epoch 3"),   # no abbreviations
+    (["--zero", "4"], 1, "--zero must be one of 0, 1, 2, 3, got 4"),
+    (["--zero", "two"], 1, "argument --zero: invalid int value: 'two'"),
+    (["--zero", "1", "--local-sgd", "2"], 1, "--local-sgd 2 keeps a different replica on every rank, which --zero 1"),
+    (["--zero", "2", "--comm-hook", "fp16"], 1, "--comm-hook fp16 works on whole buckets for an all-reduce; --zero 2"),
+    (["--zero", "3", "--sync", "bucketed"], 1, "--sync bucketed is a DDP strategy; --zero 3 always reduce-scatters"),
 ]
 
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from npddp.comm import checks as c
 from npddp.comm.p2p.engine import Call, Context, DoneWork, Overdue, P2PWork, ScratchPool, TagSequence
-from npddp.comm.p2p.ring import Ring
+from npddp.comm.p2p.ring import ReduceScatterWork, Ring
 
 
 class P2PCommunicator(c.Backend):
@@ -304,3 +304,28 @@ class P2PCommunicator(c.Backend):
         source, tag = c.check_rank(source, self._size, "source"), c.check_tag(tag)
         self._begin("recv", tag).transfer(recvs=[(buf, source)])
         return buf
+
+    # --- non-blocking reduce-scatter and all-gather ----------------------------------
+    def ireduce_scatter(self, buf, op="sum", out=None):
+        """Start :meth:`reduce_scatter` (the same ring half, the same bits) into ``out`` (this rank's block)."""
+        ufunc = c.check_op(op)
+        c.check_buffer(buf, writable=False)
+        out = c.check_block_out(buf, out, self._size, self._rank)
+        call = self._begin("ireduce_scatter")
+        flat = buf.reshape(-1)
+        if self._size == 1 or flat.size == 0:
+            np.copyto(out, flat)
+            return DoneWork(out)
+        return ReduceScatterWork(call, self._ring, flat, ufunc, out)
+
+    def iallgather(self, buf, out=None):
+        """Start :meth:`allgather` into ``out`` of shape ``(size, *buf.shape)``; ``buf`` may be ``out[rank]``."""
+        c.check_buffer(buf, writable=False)
+        out = c.check_stacked_out(buf, out, self._size, self._rank)
+        call = self._begin("iallgather")
+        if not c.is_row(buf, out, self._rank):
+            out.reshape(self._size, -1)[self._rank] = buf.reshape(-1)
+        if buf.size == 0 or self._size == 1:
+            return DoneWork(out)
+        flat = out.reshape(-1)
+        return self._ring.start(call, flat, flat, None, out, phase="allgather")

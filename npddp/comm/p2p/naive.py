@@ -13,7 +13,7 @@ from functools import partial
 import numpy as np
 
 from npddp.comm import checks as c
-from npddp.comm.p2p.engine import Context, Cost, RoundWork
+from npddp.comm.p2p.engine import Context, Cost, DoneWork, RoundWork
 from npddp.comm.p2p.communicator import P2PCommunicator
 
 ROOT = 0
@@ -112,3 +112,42 @@ class NaiveCommunicator(P2PCommunicator):
                 call.transfer(sends=[(buf, ROOT)])
                 call.transfer(recvs=[(out, ROOT)])
         return out
+
+    def ireduce_scatter(self, buf, op="sum", out=None):
+        """:meth:`reduce_scatter`'s rounds (the same bits), non-blocking: rank 0 reduces in rank order."""
+        ufunc = c.check_op(op)
+        c.check_buffer(buf, writable=False)
+        out = c.check_block_out(buf, out, self._size, self._rank)
+        call = self._begin("ireduce_scatter")
+        flat = buf.reshape(-1)
+        if flat.size == 0 or self._size == 1:
+            np.copyto(out, flat)
+            return DoneWork(out)
+        if self._rank != ROOT:
+            return RoundWork(call, [([(flat, ROOT)], [(out, ROOT)], None)], out)
+        bounds = c.block_bounds(flat.size, self._size).tolist()
+        raw = self.scratch.acquire(2 * flat.nbytes)
+        total, got = np.frombuffer(raw, dtype=buf.dtype, count=2 * flat.size).reshape(2, -1)  # (n,) each
+        np.copyto(total, flat)
+        rounds = [((), [(got, source)], partial(ufunc, total, got, out=total)) for source in range(1, self._size)]
+        rounds.append(([(total[bounds[d]:bounds[d + 1]], d) for d in range(1, self._size)], (),
+                       partial(np.copyto, out, total[:bounds[1]])))
+        return RoundWork(call, rounds, out, partial(self.scratch.release, raw))
+
+    def iallgather(self, buf, out=None):
+        """:meth:`allgather` non-blocking: rank 0 receives every buffer, then sends the stack to all."""
+        c.check_buffer(buf, writable=False)
+        out = c.check_stacked_out(buf, out, self._size, self._rank)
+        call = self._begin("iallgather")
+        rows = out.reshape(self._size, -1)  # (size, buf.size)
+        if not c.is_row(buf, out, self._rank):
+            rows[self._rank] = buf.reshape(-1)
+        if buf.size == 0 or self._size == 1:
+            return DoneWork(out)
+        if self._rank == ROOT:
+            others = range(1, self._size)
+            rounds = [((), [(rows[source], source) for source in others], None),
+                      ([(out, dest) for dest in others], (), None)]
+        else:
+            rounds = [([(rows[self._rank], ROOT)], (), None), ((), [(out, ROOT)], None)]
+        return RoundWork(call, rounds, out)

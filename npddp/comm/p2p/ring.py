@@ -191,3 +191,24 @@ class RingWork(P2PWork):
         self._scratch = None
         self._pool.release(self._raw)
         self._raw = None
+
+
+class ReduceScatterWork(RingWork):
+    """The ring's first half into a pooled partials vector; on completion this rank's block is copied to ``out``."""
+
+    __slots__ = ("_block", "_own", "_partials_raw")
+
+    def __init__(self, call, ring: Ring, flat, ufunc, out):
+        ctx = ring.ctx
+        plan = ring.plan(flat.size, flat.itemsize, "reduce_scatter")
+        self._block, self._own = out, plan.own
+        self._partials_raw = ctx.scratch.acquire(flat.nbytes)
+        partials = np.frombuffer(self._partials_raw, dtype=flat.dtype, count=flat.size)  # (n,)
+        super().__init__(call, ctx, flat, partials, ufunc, plan, out)
+
+    def _release(self):
+        np.copyto(self._block, self._dst[self._own])
+        super()._release()
+        self._dst = None
+        self._pool.release(self._partials_raw)
+        self._partials_raw = None

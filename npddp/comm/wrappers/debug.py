@@ -28,10 +28,11 @@ import numpy as np
 from npddp.comm import checks as c
 
 #: Collectives in fingerprint order; a fingerprint stores the index.
-OPERATIONS = ("barrier", "broadcast", "allreduce", "iallreduce", "reduce_scatter", "allgather", "gather", "scatter")
-_REDUCING = frozenset({"allreduce", "iallreduce", "reduce_scatter"})
+OPERATIONS = ("barrier", "broadcast", "allreduce", "iallreduce", "reduce_scatter", "allgather", "gather", "scatter",
+              "ireduce_scatter", "iallgather")
+_REDUCING = frozenset({"allreduce", "iallreduce", "reduce_scatter", "ireduce_scatter"})
 _ROOTED = frozenset({"broadcast", "gather", "scatter"})
-_SHAPED = frozenset({"allgather", "gather", "scatter"})
+_SHAPED = frozenset({"allgather", "gather", "scatter", "iallgather"})
 _OP_NAMES = tuple(c.OPS)
 _OPERATION_CODE = {name: i for i, name in enumerate(OPERATIONS)}
 _OP_CODE = {name: i for i, name in enumerate(_OP_NAMES)}
@@ -250,3 +251,18 @@ class DebugCommunicator:
     def recv(self, buf, source, tag=0):
         """Point-to-point: passed through unchecked."""
         return self.inner.recv(buf, source, tag)
+
+    def ireduce_scatter(self, buf, op="sum", out=None):
+        """Checked ireduce_scatter; the wrapped backend's Work handle is returned as is."""
+        c.check_op(op)
+        c.check_buffer(buf, writable=False)
+        c.check_block_out(buf, out, self.size, self.rank)
+        self._check("ireduce_scatter", buf, op=op)
+        return self.inner.ireduce_scatter(buf, op, out)
+
+    def iallgather(self, buf, out=None):
+        """Checked iallgather; the wrapped backend's Work handle is returned as is."""
+        c.check_buffer(buf, writable=False)
+        c.check_stacked_out(buf, out, self.size, self.rank)
+        self._check("iallgather", buf)
+        return self.inner.iallgather(buf, out)

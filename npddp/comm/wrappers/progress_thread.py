@@ -66,7 +66,7 @@ class ThreadedCommunicator:
 
     def __getattr__(self, name):
         attr = getattr(self.inner, name)
-        if not callable(attr) or name in ("iallreduce",):
+        if not callable(attr) or name in ("iallreduce", "ireduce_scatter", "iallgather"):
             return attr
 
         def locked(*args, **kwargs):
@@ -88,6 +88,23 @@ class ThreadedCommunicator:
         with self.lock:
             work = ThreadedWork(self, self.inner.iallreduce(buf, op))
             self._works.append(work)
+        self._wake.set()
+        return work
+
+    def ireduce_scatter(self, buf, op="sum", out=None) -> ThreadedWork:
+        """Start the reduce-scatter; the progress thread drives it from now on."""
+        with self.lock:
+            return self._driven(self.inner.ireduce_scatter(buf, op, out))
+
+    def iallgather(self, buf, out=None) -> ThreadedWork:
+        """Start the all-gather; the progress thread drives it from now on."""
+        with self.lock:
+            return self._driven(self.inner.iallgather(buf, out))
+
+    def _driven(self, inner) -> ThreadedWork:
+        """Hand ``inner`` to the progress thread (the caller holds the lock)."""
+        work = ThreadedWork(self, inner)
+        self._works.append(work)
         self._wake.set()
         return work
 

@@ -1,0 +1,149 @@
+"""A flat group of parameters split into equal shards over the ranks: the unit of ZeRO stages 2 and 3.
+
+A group is a run of parameters of one dtype (cut like DDP's buckets, in reverse parameter
+order). Its values and gradients live in two flat buffers padded to a multiple of the world
+size, so shard r is elements ``[r*s, (r+1)*s)`` of both, with ``s = padded / size``; every
+``p.data`` and ``p.grad`` is a view into them (the padding is zero and stays zero). The
+rank's :attr:`shard` is a Parameter whose ``data`` is its slice of the values and whose
+``grad`` is a separate buffer of ``s`` elements: the optimizer steps it, elementwise, exactly
+as it would step the whole parameters.
+
+* reduce: ``ireduce_scatter(grads, out=shard.grad)``, then the sum becomes the average;
+* gather: ``iallgather(shard.data, out=values)``, in place (the shard is the rank's own row);
+* ZeRO-3 frees the values between uses (:meth:`release`): every ``p.data`` then reads as a
+  read-only array of zeros that occupies no memory, and :meth:`start_gather` brings them back;
+  the full gradients exist only from the first backward that needs them (:meth:`ensure_grads`)
+  until their reduction has completed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from npddp.nn.module import Parameter
+
+
+class FlatGroup:
+    """Parameters of one dtype as padded flat values and gradients, with this rank's shard."""
+
+    __slots__ = ("index", "params", "comm", "numel", "padded", "shard_size", "offsets", "values", "grads",
+                 "shard", "reports", "pending", "work", "gather_work", "live", "reduced", "_owned", "_dtype")
+
+    def __init__(self, index: int, params: list[Parameter], comm, sharded_values: bool = False):
+        self.index, self.params, self.comm = index, params, comm
+        size, rank = comm.size, comm.rank
+        dtype = self._dtype = params[0].data.dtype
+        self.numel = sum(p.data.size for p in params)
+        self.shard_size = -(-self.numel // size)
+        self.padded = self.shard_size * size
+        self.offsets = np.cumsum([0] + [p.data.size for p in params]).tolist()
+        self.grads = np.zeros(self.padded, dtype=dtype)    # (padded,)
+        values = np.zeros(self.padded, dtype=dtype)        # (padded,)
+        for p, lo in zip(params, self.offsets):
+            values[lo:lo + p.data.size] = p.data.reshape(-1)
+            self.grads[lo:lo + p.data.size] = p.grad.reshape(-1)
+            p.grad = self.grads[lo:lo + p.data.size].reshape(p.data.shape)
+        mine = slice(rank * self.shard_size, (rank + 1) * self.shard_size)
+        if sharded_values:   # ZeRO-3: only the shard is kept; values and gradients exist while needed
+            self._owned = values[mine].copy()               # (shard_size,)
+            self.values = None
+            for p in params:
+                p.data = _absent(p.data.shape, dtype)
+            self.drop_grads()
+        else:
+            self._owned, self.values = None, values
+            self._bind(values)
+        self.shard = Parameter(self._owned if sharded_values else values[mine])
+        self.reports = self.pending = len(params)
+        self.work = self.gather_work = None
+        self.live = not sharded_values
+        self.reduced = False
+
+    @property
+    def dtype(self):
+        """The group's dtype."""
+        return self._dtype
+
+    @property
+    def buffer(self) -> np.ndarray:
+        """The flat gradients (what DDP calls a bucket's buffer)."""
+        return self.grads
+
+    def _bind(self, values: np.ndarray) -> None:
+        """Make every ``p.data`` a view into ``values``."""
+        for p, lo in zip(self.params, self.offsets):
+            p.data = values[lo:lo + p.data.size].reshape(p.data.shape)
+
+    # --- gradients ---------------------------------------------------------------------------
+    def ensure_grads(self) -> None:
+        """ZeRO-3: give the parameters zeroed full gradients to accumulate into (before a backward uses them)."""
+        if self.grads is None:
+            self.grads = np.zeros(self.padded, dtype=self._dtype)
+            for p, lo in zip(self.params, self.offsets):
+                p.grad = self.grads[lo:lo + p.data.size].reshape(p.data.shape)
+
+    def drop_grads(self) -> None:
+        """ZeRO-3: free the full gradients (once reduced into the shard); ``p.grad`` reads as zeros."""
+        self.grads = None
+        for p in self.params:
+            p.grad = _absent(p.data.shape, self._dtype)
+
+    def start_reduce(self) -> None:
+        """Begin reducing the gradients into this rank's shard."""
+        self.ensure_grads()
+        self.work = self.comm.ireduce_scatter(self.grads, out=self.shard.grad)
+
+    def finish_reduce(self) -> None:
+        """Wait for the reduction; the shard's gradient becomes the average over ranks (ZeRO-3: full ones freed)."""
+        self.work.wait()
+        self.work = None
+        self.reduced = True
+        np.divide(self.shard.grad, self.comm.size, out=self.shard.grad, casting="same_kind")
+        if self._owned is not None:
+            self.drop_grads()
+
+    # --- values ------------------------------------------------------------------------------
+    def start_gather(self) -> None:
+        """Begin bringing every rank's shard into the full values (ZeRO-3: into a fresh buffer)."""
+        if self.gather_work is not None or (self.live and self._owned is not None):
+            return
+        if self._owned is not None:
+            self.values = np.empty(self.padded, dtype=self.dtype)
+            rows = self.values.reshape(self.comm.size, -1)
+            rows[self.comm.rank] = self._owned
+            self.gather_work = self.comm.iallgather(rows[self.comm.rank], out=rows)
+        else:
+            self.gather_work = self.comm.iallgather(self.shard.data, out=self.values.reshape(self.comm.size, -1))
+
+    def finish_gather(self) -> None:
+        """Wait for the gather started by :meth:`start_gather` (if any); the values are usable after it."""
+        if self.gather_work is not None:
+            self.gather_work.wait()
+            self.gather_work = None
+            if self._owned is not None:
+                self._bind(self.values)
+                self.live = True
+
+    def keep_values(self) -> None:
+        """ZeRO-3: make this rank's shard of the live values its master copy (after they were written)."""
+        if self._owned is not None and self.live:
+            rank, n = self.comm.rank, self.shard_size
+            np.copyto(self._owned, self.values[rank * n:(rank + 1) * n])
+
+    def release(self) -> None:
+        """ZeRO-3: drop the gathered values; ``p.data`` reads as zeros that occupy no memory."""
+        if self._owned is None or not self.live:
+            return
+        for p in self.params:
+            p.data = _absent(p.data.shape, self._dtype)
+        self.values = None
+        self.live = False
+
+    def state_pieces(self, flat: np.ndarray) -> list[np.ndarray]:
+        """Split a gathered ``(padded,)`` array into this group's parameters' shapes (views)."""
+        return [flat[lo:lo + p.data.size].reshape(p.data.shape) for p, lo in zip(self.params, self.offsets)]
+
+
+def _absent(shape, dtype) -> np.ndarray:
+    """A read-only array of zeros of ``shape`` that occupies no memory (a freed value or gradient)."""
+    return np.broadcast_to(np.zeros((), dtype=dtype), shape)

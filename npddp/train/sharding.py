@@ -1,0 +1,104 @@
+"""The training CLI's ``--zero`` glue: the engine and optimizer of a ZeRO stage, and its per-rank memory line.
+
+``--zero 1`` is DDP with a :class:`~npddp.parallel.zero.ZeroRedundancyOptimizer`; ``--zero 2``
+and ``3`` a :class:`~npddp.parallel.zero.ZeroDataParallel` with a
+:class:`~npddp.parallel.zero.ShardedOptimizer`. Either optimizer is wrapped in
+:class:`CheckpointedOptimizer`, whose ``state_dict()`` consolidates on rank 0 (every rank calls
+it when a checkpoint is collected or restored), so checkpoints keep the whole-model layout of
+``--zero 0`` and a run may resume with another stage or world size.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from npddp.optim import make_optimizer
+from npddp.parallel.zero import ShardedOptimizer, ZeroDataParallel, ZeroRedundancyOptimizer
+from npddp.train.console import format_bytes
+
+
+class CheckpointedOptimizer:
+    """A sharded optimizer as the training loop and its checkpoints see a plain one."""
+
+    def __init__(self, sharded, comm):
+        self.sharded, self.comm = sharded, comm
+
+    @property
+    def lr(self) -> float:
+        """The learning rate."""
+        return self.sharded.lr
+
+    @lr.setter
+    def lr(self, value) -> None:
+        self.sharded.lr = value
+
+    @property
+    def step_count(self) -> int:
+        """Steps taken."""
+        return self.sharded.step_count
+
+    def step(self) -> None:
+        """Step this rank's shard."""
+        self.sharded.step()
+
+    def zero_grad(self) -> None:
+        """Zero every gradient."""
+        self.sharded.zero_grad()
+
+    def state_dict(self) -> dict:
+        """The whole-model state on rank 0, its keys and shapes (zeros) elsewhere; collective once stepped.
+
+        Before the first step the state is all zeros and nothing is exchanged, so rank 0 alone
+        may ask for it (a resume checks the checkpoint against it); after steps every rank
+        calls it together (a checkpoint being collected).
+        """
+        if self.sharded.step_count == 0:
+            return self.sharded.template_state_dict()
+        self.sharded.consolidate_state_dict(to=0)
+        return self.sharded.state_dict() if self.comm.rank == 0 else self.sharded.template_state_dict()
+
+    def load_state_dict(self, d: dict) -> None:
+        """Load a whole-model state (the same on every rank); each keeps its part."""
+        self.sharded.load_state_dict(d)
+
+
+def _defaults(cfg) -> tuple:
+    """The optimizer factory and its keyword defaults from the config."""
+    return partial(make_optimizer, cfg.optimizer), {"lr": cfg.lr, "momentum": cfg.momentum,
+                                                     "weight_decay": cfg.weight_decay}
+
+
+def shard_optimizer(cfg, engine, comm) -> CheckpointedOptimizer:
+    """``--zero 1``: the optimizer of DDP's parameters, its state sharded over the ranks."""
+    factory, defaults = _defaults(cfg)
+    return CheckpointedOptimizer(ZeroRedundancyOptimizer(engine.parameters(), factory, comm, **defaults), comm)
+
+
+def build(cfg, model, comm, tracer):
+    """``(engine, optimizer)`` for ``cfg.zero`` in 2..3: sharded gradients (and parameters)."""
+    factory, defaults = _defaults(cfg)
+    engine = ZeroDataParallel(model, comm, stage=cfg.zero, bucket_cap_mb=cfg.bucket_mb, tracer=tracer)
+    return engine, CheckpointedOptimizer(ShardedOptimizer(engine, factory, **defaults), comm)
+
+
+def bytes_per_rank(stage: int, engine, optimizer) -> dict:
+    """Bytes this rank keeps between steps for parameters, gradients and optimizer state."""
+    if stage >= 2:
+        held = engine.bytes_per_rank()
+    else:
+        full = sum(p.data.nbytes for p in engine.parameters())
+        held = {"params": full, "grads": full}
+    if isinstance(optimizer, CheckpointedOptimizer):
+        state = optimizer.sharded.local_state_bytes()
+    else:
+        state = sum(a.nbytes for arrays in optimizer.state.values() for a in arrays)
+    return {**held, "optimizer": state}
+
+
+def memory_line(stage: int, engine, optimizer) -> str:
+    """The header line: ``zero: stage 2; per rank: params 1.2 MiB, grads ..., optimizer ...``."""
+    held = bytes_per_rank(stage, engine, optimizer)
+    what = {0: "DDP, nothing sharded", 1: "optimizer state sharded", 2: "optimizer state and gradients sharded",
+            3: "optimizer state, gradients and parameters sharded"}[stage]
+    return (f"zero: stage {stage} ({what}); held per rank between steps: params {format_bytes(held['params'])}, "
+            f"grads {format_bytes(held['grads'])}, optimizer {format_bytes(held['optimizer'])}")

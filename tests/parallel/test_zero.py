@@ -1,0 +1,165 @@
+"""ZeRO stages 1, 2 and 3 end with DDP's parameters (MLP, tied-weight GPT, float64 and float32), ranks bit-identical.
+
+Run under ``mpirun -n K`` (K = 2, 3, 4) or ``python -m npddp.run --nproc K``: every rank trains
+on its slice of the same global batches; the serial run covers one rank.
+"""
+
+import numpy as np
+import pytest
+
+from npddp.comm import create
+from npddp.nn import CrossEntropyLoss, gpt, mlp
+from npddp.optim import SGD, AdamW
+from npddp.parallel.ddp import DistributedDataParallel
+from npddp.parallel.zero import ShardedOptimizer, ZeroDataParallel, ZeroRedundancyOptimizer
+
+from tests.conftest import RUN_BACKENDS, world_raw
+
+GLOBAL_BATCH, STEPS = 12, 3
+VOCAB, CONTEXT, FEATURES, CLASSES = 11, 6, 5, 3
+BUCKET_MB = 2e-3                                   # a few parameters per group
+TOLERANCE = {"float64": 1e-12, "float32": 1e-6}
+
+
+def make_model(kind: str, dtype):
+    if kind == "gpt":
+        return gpt(VOCAB, CONTEXT, d_model=8, num_layers=2, num_heads=2, d_ff=12, dtype=dtype, seed=3)
+    return mlp(FEATURES, [7, 6], CLASSES, dtype=dtype, seed=3)
+
+
+def make_data(kind: str, dtype):
+    rng = np.random.default_rng(0)
+    if kind == "gpt":
+        tokens = rng.integers(0, VOCAB, size=(STEPS, GLOBAL_BATCH, CONTEXT + 1))
+        return tokens[..., :-1], tokens[..., 1:]
+    return (rng.standard_normal((STEPS, GLOBAL_BATCH, FEATURES)).astype(dtype),
+            rng.integers(0, CLASSES, size=(STEPS, GLOBAL_BATCH)))
+
+
+def optimizer_class(name: str):
+    if name == "adamw":
+        return AdamW, {"lr": 0.01, "weight_decay": 0.1}
+    return SGD, {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.01}
+
+
+def train(comm, kind: str, dtype, stage: int, opt_name: str, steps: int = STEPS):
+    """``steps`` steps of ``stage`` (0: DDP); the parameters afterwards (full values) and the engine's pieces."""
+    model, loss = make_model(kind, dtype), CrossEntropyLoss()
+    cls, defaults = optimizer_class(opt_name)
+    if stage >= 2:
+        engine = ZeroDataParallel(model, comm, stage=stage, bucket_cap_mb=BUCKET_MB)
+        opt = ShardedOptimizer(engine, cls, **defaults)
+    else:
+        engine = DistributedDataParallel(model, comm, bucket_cap_mb=BUCKET_MB)
+        opt = (ZeroRedundancyOptimizer(engine.parameters(), cls, comm, **defaults) if stage == 1
+               else cls(engine.parameters(), **defaults))
+    X, Y = make_data(kind, dtype)
+    parts = np.array_split(np.arange(GLOBAL_BATCH), comm.size)[comm.rank]
+    for t in range(steps):
+        engine.zero_grad()
+        loss.forward(engine(X[t, parts]), Y[t, parts])
+        engine.backward(loss.backward())
+        engine.step(opt)
+    return model, engine, opt
+
+
+def values(model, engine) -> np.ndarray:
+    full = getattr(engine, "full_parameters", None)
+    if full is None:
+        return np.concatenate([p.data.ravel() for p in model.parameters()])
+    with full():
+        return np.concatenate([p.data.ravel() for p in model.parameters()])
+
+
+@pytest.fixture(params=[b for b in ("mpi", "ring") if b in RUN_BACKENDS])
+def world_comm(request):
+    return create(request.param, world_raw())
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("kind", ["mlp", "gpt"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_every_stage_equals_ddp(world_comm, kind, dtype, assert_all_ranks, assert_ranks_agree):
+    comm, problems, results = world_comm, [], []
+    opt_name = "adamw" if kind == "gpt" else "sgd"
+    m0, e0, _ = train(comm, kind, dtype, 0, opt_name)
+    want = values(m0, e0)
+    for stage in (1, 2, 3):
+        model, engine, _ = train(comm, kind, dtype, stage, opt_name)
+        got = values(model, engine)
+        results.append(got)
+        err = float(np.linalg.norm(got - want) / np.linalg.norm(want))   # relative, in the 2-norm
+        if not err <= TOLERANCE[dtype]:
+            problems.append(f"stage {stage}: relative difference {err:.3g} from DDP")
+    for got in results:
+        assert_ranks_agree(got)
+    assert_all_ranks(not problems, f"{kind} {dtype} {comm.name} N={comm.size}: " + "; ".join(problems))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_consolidated_state_is_the_plain_optimizers(world_comm, stage, assert_all_ranks):
+    """consolidate_state_dict(to) then state_dict() on ``to`` give DDP's optimizer state; elsewhere a clear error."""
+    comm, problems = world_comm, []
+    _, _, plain = train(comm, "gpt", "float64", 0, "adamw", steps=2)
+    model, engine, opt = train(comm, "gpt", "float64", stage, "adamw", steps=2)
+    try:
+        opt.state_dict()
+        problems.append("state_dict before consolidation did not raise")
+    except RuntimeError as exc:
+        if "consolidate_state_dict" not in str(exc):
+            problems.append(f"unclear error: {exc}")
+    to = comm.size - 1
+    opt.consolidate_state_dict(to=to)
+    if comm.rank == to:
+        got, want = opt.state_dict(), plain.state_dict()
+        if set(got) != set(want):
+            problems.append(f"keys differ: {sorted(set(got) ^ set(want))[:4]}")
+        for k in set(got) & set(want):
+            a, b = np.asarray(got[k], dtype=np.float64), np.asarray(want[k], dtype=np.float64)
+            if a.shape != b.shape or not np.allclose(a, b, rtol=1e-10, atol=1e-14):
+                problems.append(f"{k} differs")
+    elif comm.size > 1:
+        try:
+            opt.state_dict()
+            problems.append("state_dict on a rank other than `to` did not raise")
+        except RuntimeError:
+            pass
+    assert_all_ranks(not problems, "; ".join(problems[:4]))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_load_state_dict_round_trip(world_comm, stage, assert_all_ranks):
+    """A consolidated state broadcast to every rank and loaded reproduces the same next step."""
+    comm = world_comm
+    model, engine, opt = train(comm, "mlp", "float64", stage, "adamw", steps=2)
+    opt.consolidate_state_dict(to=0)
+    template = opt.state_dict() if comm.rank == 0 else DistributedStateTemplate(model, opt)
+    state = {}
+    for k in sorted(template):
+        v = template[k]
+        if isinstance(v, np.ndarray) and v.ndim:
+            buf = np.ascontiguousarray(v, dtype=np.float64).copy()
+            comm.broadcast(buf, root=0)
+            state[k] = buf
+        else:
+            box = np.array([float(v)], dtype=np.float64)
+            comm.broadcast(box, root=0)
+            state[k] = np.int64(box[0]) if k == "step" else float(box[0])
+    before = {k: [a.copy() for a in v] for k, v in opt.optim.state.items()}
+    for arrays in opt.optim.state.values():
+        for a in arrays:
+            a[...] = -1.0                                           # the load must restore every element
+    opt.load_state_dict(state)
+    same = all(np.array_equal(a, b) for k in before for a, b in zip(before[k], opt.optim.state[k]))
+    assert_all_ranks(same and opt.step_count == 2, f"stage {stage}: reloaded state differs")
+
+
+def DistributedStateTemplate(model, opt):
+    """The keys and shapes of a whole-model AdamW state dict (values unused: rank 0's are broadcast)."""
+    d = {"step": 0, "lr": 0.0, "beta1": 0.0, "beta2": 0.0, "eps": 0.0, "weight_decay": 0.0}
+    for b in ("exp_avg", "exp_avg_sq"):
+        for i, p in enumerate(model.parameters()):
+            d[f"{b}.{i}"] = np.zeros(p.data.shape)
+    return d
