@@ -15,7 +15,8 @@ it, so gradients are born in memory the other ranks of the node read directly. S
 * ``overlap``: a bucket's non-blocking all-reduce starts the moment its last gradient is
   final during backward; outstanding work is polled between layers and waited for at the end.
 
-Gradients are summed by the backend and divided by the world size exactly once, here.
+Gradients are averaged by the backend (``op="avg"``: the sum scaled by 1/N while each reduced
+block is in cache), so no separate pass over a bucket remains.
 
 Tracing (``tracer=``, or ``NPDDP_TRACE=FILE.json``: :mod:`npddp.util.tracing`): every layer's
 forward and backward, each bucket's all-reduce from issue to the first moment it is seen
@@ -301,10 +302,11 @@ class DistributedDataParallel:
             np.multiply(bucket.buffer, 1.0 / self.comm.size, out=bucket.scratch, casting="same_kind")
             target = bucket.scratch
         stats.comm_bytes += target.nbytes
+        op = "avg" if target is bucket.buffer else "sum"  # avg: the backend scales by 1/N fused into its reduction
         if self.sync == "overlap":
-            bucket.work = self.comm.iallreduce(target)
+            bucket.work = self.comm.iallreduce(target, op)
         else:
-            self.comm.allreduce(target)
+            self.comm.allreduce(target, op)
             bucket.work = _Done()
 
     def _finish(self, bucket: _Bucket) -> None:
@@ -314,8 +316,6 @@ class DistributedDataParallel:
             self._traced_done(bucket)
         if self.compression == "fp16":
             np.copyto(bucket.buffer, bucket.scratch, casting="same_kind")
-        elif self.compression == "none":
-            np.divide(bucket.buffer, self.comm.size, out=bucket.buffer, casting="same_kind")
 
     def _traced_done(self, bucket: _Bucket) -> None:
         """Record ``bucket``'s all-reduce, issued at ``trace_t0``, as complete now."""

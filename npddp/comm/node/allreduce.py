@@ -218,8 +218,11 @@ class NodeGroup:
             res = inp if inp[0] == staging else (staging, self.big_slot(staging, self.li))
         self.sync.publish(*inp, *res)
 
-    def reduce_block(self, src, ufunc, bounds: list[int], push: bool) -> np.ndarray:
-        """Reduce this rank's block from every input into its result, pushing each piece if ``push``; the block."""
+    def reduce_block(self, src, ufunc, bounds: list[int], push: bool, scale: float = 0.0) -> np.ndarray:
+        """Reduce this rank's block from every input into its result, pushing each piece if ``push``; the block.
+
+        ``scale`` (op avg: 1/N) multiplies each reduced piece while it is in cache, before it is pushed.
+        """
         n, dtype, li = src.size, src.dtype, self.li
         lo, hi = bounds[li], bounds[li + 1]
         out = self.published(li, RESULT, dtype, n)
@@ -235,6 +238,8 @@ class NodeGroup:
                 np.copyto(piece, src[a:b])
             for v in inputs[2:]:
                 ufunc(piece, v[a:b], out=piece)
+            if scale:
+                np.multiply(piece, scale, out=piece)
             for t in theirs:
                 np.copyto(t[a:b], piece)
         return out[lo:hi]
@@ -259,7 +264,7 @@ class NodeGroup:
         self.publish(src, at_src, at_dst, self.staging_index, bounds)
         self.sync.arrive(seq)
         self.wait(call, seq)
-        self.reduce_block(src, ufunc, bounds, push=True)
+        self.reduce_block(src, ufunc, bounds, push=True, scale=call.take_scale())
         self.sync.arrive(seq + 1)
         self.wait(call, seq + 1)
         if at_dst[0] < 0:  # the result was staged

@@ -24,7 +24,7 @@ class ShmWork(P2PWork):
     """One shared-memory all-reduce in progress; ``inter`` (hier) all-reduces each node's block across nodes."""
 
     __slots__ = ("_node", "_src", "_dst", "_ufunc", "_inter", "_inner", "_seq", "_state", "_small", "_parity",
-                 "_bounds", "_staging", "_at_src", "_at_dst", "_block")
+                 "_bounds", "_staging", "_at_src", "_at_dst", "_block", "_scale")
 
     def __init__(self, call, node: NodeGroup, src, dst, ufunc, result, inter=None):
         self._small = inter is None and src.nbytes <= node.small_bytes
@@ -38,6 +38,9 @@ class ShmWork(P2PWork):
         self._parity = node.next_parity() if self._small else -1
         self._bounds = node.bounds(src.size)
         self._state = 0
+        # op avg on the large path: each reduced piece is scaled before it is pushed (across nodes:
+        # the block, once the nodes have summed it); the small path scales its result at completion
+        self._scale = 0.0 if self._small else call.take_scale()
         self._start()
 
     def _advance(self, block):
@@ -57,7 +60,8 @@ class ShmWork(P2PWork):
             if self._small:
                 node.reduce_small(self._staging, self._parity, self._dst, self._ufunc)
                 return True
-            self._block = node.reduce_block(self._src, self._ufunc, self._bounds, push=self._inter is None)
+            self._block = node.reduce_block(self._src, self._ufunc, self._bounds, push=self._inter is None,
+                                            scale=self._scale if self._inter is None else 0.0)
             if self._inter is not None and self._block.size:
                 self._inner = self._inter(self._block)
             self._state = 2
@@ -67,6 +71,8 @@ class ShmWork(P2PWork):
                     self._inner.wait()
                 elif not self._inner.test():
                     return False
+                if self._scale:
+                    np.multiply(self._block, self._scale, out=self._block)
                 node.push_block(self._block, self._bounds[node.li], self._src.size)
             sync.arrive(self._seq + 1)
             self._state = 3
