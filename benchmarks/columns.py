@@ -20,6 +20,9 @@ STR, INT, FLOAT = "str", "int", "float"
 COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce_scatter")
 #: Where a collective leaves its result: over its input, or in another buffer.
 PLACES = ("inplace", "outofplace")
+#: Where the timed buffers live: from ``comm.empty`` (node shared memory where the backend offers
+#: it, as DDP's buckets are), or ordinary NumPy arrays.
+BUFFERS = ("shared", "private")
 #: The ``backend`` of rows measured with every all-reduce skipped (the DDP no-comm ceiling).
 NO_COMM = "none"
 
@@ -165,6 +168,8 @@ ALLREDUCE_SWEEP = Kind(
                                             "reduce-scatter), 1 (broadcast); 0 on one rank", low=0.0),
         _count("wrong", "elements", "elements that differ from the exact result in the checked iteration, summed "
                                     "over ranks (nccl-tests' #wrong)"),
+        _label("buffers", "shared: the all-reduce buffers come from comm.empty (node shared memory where the "
+                          "backend offers it); private: ordinary NumPy arrays", BUFFERS),
     ),
     attrs=KIND_ATTRS + (_label("collective", "collective timed", COLLECTIVES), _label("dtype", "element type"),
                         _label("op", "reduction ('none' for broadcast and allgather)")),

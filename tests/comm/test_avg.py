@@ -11,7 +11,7 @@ import pytest
 from npddp.comm import create
 from npddp.comm.checks import AVG_DTYPES, REDUCTIONS
 
-from tests.comm.test_shared_buffers import PLACEMENTS
+from tests.comm.test_shared_buffers import PATHS, PLACEMENTS
 
 
 def _sizes(size: int) -> list[int]:
@@ -85,13 +85,15 @@ def test_unknown_op_names_avg():
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name", ["shm", "auto"])
-def test_avg_every_placement(name, world, values, assert_all_ranks, assert_ranks_agree_on_all):
-    """Shared and private inputs and outputs, on both sides of the one-barrier limit."""
+def test_avg_every_placement(name, path, world, values, assert_all_ranks, assert_ranks_agree_on_all):
+    """Shared and private inputs and outputs, on both sides of the one-barrier limit, staged or single-copy."""
     comm = create(name, world.fresh()) if name == "auto" or not _pretended_nodes(world) else None
     if comm is None or not comm.shared_memory:
         return
-    comm.node.push_bytes = 4096
+    comm.node.push_bytes = comm.node.single_copy_piece_bytes = 4096
+    comm.node.single_copy_bytes = None if path == "staged" else 1
     problems, results = [], []
     sizes = (comm.size + 1, comm.node.small_bytes // 4 + 1, 5 * 4096 * comm.size + 7)
     arenas = {dtype: (comm.empty((sizes[-1],), dtype), comm.empty((sizes[-1],), dtype)) for dtype in AVG_DTYPES}

@@ -13,7 +13,7 @@ import numpy as np
 
 from npddp.comm import checks as c
 from npddp.comm.p2p.engine import P2PWork
-from npddp.comm.node.allreduce import NodeGroup
+from npddp.comm.node.allreduce import STAGED, NodeGroup
 from npddp.comm.p2p.communicator import P2PCommunicator
 from npddp.comm.node.memory import node_ids
 
@@ -61,7 +61,7 @@ class ShmWork(P2PWork):
                 node.reduce_small(self._staging, self._parity, self._dst, self._ufunc)
                 return True
             self._block = node.reduce_block(self._src, self._ufunc, self._bounds, push=self._inter is None,
-                                            scale=self._scale if self._inter is None else 0.0)
+                                            scale=self._scale if self._inter is None else 0.0, dst=self._dst)
             if self._inter is not None and self._block.size:
                 self._inner = self._inter(self._block)
             self._state = 2
@@ -78,7 +78,7 @@ class ShmWork(P2PWork):
             self._state = 3
         if not self._arrived(self._seq + 1, block):
             return False
-        if self._at_dst[0] < 0:  # the result was staged
+        if self._at_dst[0] == STAGED:  # the result was staged
             node.finish(self._dst)
         return True
 
