@@ -79,7 +79,7 @@ class ShmWork(P2PWork):
         if not self._arrived(self._seq + 1, block):
             return False
         if self._at_dst[0] == STAGED:  # the result was staged
-            node.finish(self._dst)
+            node.finish(self._dst, self._bounds)
         return True
 
     def _arrived(self, seq: int, block: bool) -> bool:
