@@ -1,4 +1,4 @@
-"""``python -m npddp.cluster``: bring up K emulated nodes, run a job across them, tear them down, exit with its code.
+"""Bring up K emulated nodes, run a job across them, tear them down, and exit with the job's code.
 
     python -m npddp.cluster --nodes 2 --ranks-per-node 2 --rate 1gbit --launcher tcp -- python -m npddp.train --backend hier
     python -m npddp.cluster --nodes 4 --rate 10gbit --launcher mpi -- python benchmarks/allreduce.py
