@@ -168,6 +168,8 @@ def test_up_exec_status_down(cluster, own_namespaces):
         ran = cluster("exec", "--node", 1, "--", "hostname")
         assert ran.returncode == 0 and ran.stdout.strip() == "node1", ran.stderr
         assert cluster("exec", "--node", 5, "--", "hostname").returncode == 2
+        routes = cluster("exec", "--node", 1, "--", "ip", "-4", "route").stdout.splitlines()
+        assert len(routes) == 1 and routes[0].startswith("10.77.0.0/24 dev eth0"), routes  # no way out of the cluster
     finally:
         gone = cluster("down")
     assert gone.returncode == 0 and cid in gone.stdout and not own_namespaces()
