@@ -230,8 +230,13 @@ def run(args) -> int:
                                                cluster.nodes * args.ranks_per_node, hostfile, args.command), env)]
         return watch(procs, args.grace, seen)
     except Interrupted as exc:
+        for s in old:
+            signal.signal(s, signal.SIG_IGN)   # a second Ctrl-C must not cut the stop and the teardown short
         _say(f"got {signal.Signals(exc.args[0]).name}, stopping the job and removing the cluster")
         _signal_groups(procs, exc.args[0])
+        deadline = time.monotonic() + args.grace
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            time.sleep(0.05)
         return 128 + exc.args[0]
     except ClusterError as exc:
         _say(str(exc))
