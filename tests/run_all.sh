@@ -25,13 +25,15 @@ done
 NPDDP_RANKS_PER_NODE=2 run hier-mpi-4 ./mpi_run.sh -n 4 python -m pytest -q --with-mpi -m mpi -k hier tests/comm "$@"
 NPDDP_RANKS_PER_NODE=2 run hier-tcp-4 python -m npddp.run --nproc 4 -m pytest -q -p no:pytest_mpi -k hier tests/comm "$@"
 # The comm contract across emulated nodes (python -m npddp.cluster; needs CAP_NET_ADMIN, else skipped with the
-# reason): 2 nodes x 2 ranks on both transports, 3 nodes x 1 over TCP, 2 x 1 over MPI; hier across real nodes.
-CLUSTER_K=(-q -k "exact and not shm-backend" tests/comm/test_comm_allreduce.py tests/comm/test_comm_collectives.py)
+# reason): every backend but shm (hier included) at N = 2 (2 nodes x 1), 3 (3 x 1) and 4 (2 x 2) on both transports.
+CLUSTER_K=(-q -k "allreduce_exact and not shm-backend" tests/comm/test_comm_allreduce.py)
 if why=$(python -c "from tests.cluster.conftest import WHY_NOT; print(WHY_NOT or '')") && [[ -z "$why" ]]; then
-  run cluster-tcp-4 python -m npddp.cluster --nodes 2 --ranks-per-node 2 --rate none --launcher tcp -- python -m pytest -p no:pytest_mpi "${CLUSTER_K[@]}" "$@"
-  run cluster-mpi-4 python -m npddp.cluster --nodes 2 --ranks-per-node 2 --rate none --launcher mpi -- python -m pytest --with-mpi -m mpi "${CLUSTER_K[@]}" "$@"
-  run cluster-tcp-3 python -m npddp.cluster --nodes 3 --rate none --launcher tcp -- python -m pytest -p no:pytest_mpi "${CLUSTER_K[@]}" "$@"
-  run cluster-mpi-2 python -m npddp.cluster --nodes 2 --rate none --launcher mpi -- python -m pytest --with-mpi -m mpi "${CLUSTER_K[@]}" "$@"
+  for shape in "2 1" "3 1" "2 2"; do
+    read -r nodes per <<< "$shape"
+    up=(python -m npddp.cluster --nodes "$nodes" --ranks-per-node "$per" --rate none)
+    run "cluster-tcp-${nodes}x$per" "${up[@]}" --launcher tcp -- python -m pytest -p no:pytest_mpi "${CLUSTER_K[@]}" "$@"
+    run "cluster-mpi-${nodes}x$per" "${up[@]}" --launcher mpi -- python -m pytest --with-mpi -m mpi "${CLUSTER_K[@]}" "$@"
+  done
 else
   echo "=== cluster runs skipped: emulated nodes unavailable: $why"
 fi
@@ -39,4 +41,4 @@ if [[ ${#failed[@]} -gt 0 ]]; then
   echo "FAILED runs: ${failed[*]}"
   exit 1
 fi
-echo "all runs passed: serial, mpi-1 (DDP), mpi-2/3/4, tcp-2/3/4, hier-mpi-4, hier-tcp-4, cluster-tcp-4/mpi-4/tcp-3/mpi-2"
+echo "all runs passed: serial, mpi-1 (DDP), mpi-2/3/4, tcp-2/3/4, hier-mpi-4, hier-tcp-4, cluster-{tcp,mpi}-{2x1,3x1,2x2}"

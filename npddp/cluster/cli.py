@@ -1,4 +1,4 @@
-"""``python -m npddp.cluster``: bring up K emulated nodes, run a job across them, tear them down, exit with its code.
+"""Bring up K emulated nodes, run a job across them, tear them down, and exit with the job's code.
 
     python -m npddp.cluster --nodes 2 --ranks-per-node 2 --rate 1gbit --launcher tcp -- python -m npddp.train --backend hier
     python -m npddp.cluster --nodes 4 --rate 10gbit --launcher mpi -- python benchmarks/allreduce.py
@@ -9,7 +9,8 @@
 
 Needs CAP_NET_ADMIN (root). Everything a cluster makes is named in a state file first, so
 namespaces, links and processes are gone after the job, Ctrl-C, a killed rank, and (at the next
-run or ``down``) a harness killed with SIGKILL.
+run or ``down``) a harness killed with SIGKILL; the /dev/shm files the job's processes mapped
+and nobody maps any more are removed at the end too.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import time
 
 from npddp.cluster import launch, shaping, state
 from npddp.cluster.topology import MAX_NODES, Cluster, ClusterError
+from npddp.process import cleanup
 
 PROG = "python -m npddp.cluster"
 EXIT_USAGE = 2
@@ -136,16 +138,27 @@ def _code(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-def watch(procs: list[subprocess.Popen], grace: float) -> int:
+def note_segments(procs: list[subprocess.Popen], seen: set) -> None:
+    """Add to ``seen`` the /dev/shm files the launchers' processes map (MPI's, which a killed job leaves)."""
+    for proc in procs:
+        for pid in cleanup.descendants(proc.pid):
+            seen |= cleanup.mapped_segments(pid)
+
+
+def watch(procs: list[subprocess.Popen], grace: float, seen: set) -> int:
     """Wait for every launcher; when one fails, stop the others. The job's code (0 when none failed).
 
     A failed node's peers exit 1 (their connections broke), sometimes before the failed node's
     launcher reports; of the failures within :data:`_SETTLE_S`, a code other than 1 is the cause.
+    Meanwhile the shared-memory files the job maps are noted in ``seen``.
     """
-    settle = None
+    settle, scanned = None, 0.0
     while any(p.poll() is None for p in procs) and (settle is None or time.monotonic() < settle):
         if settle is None and any(p.poll() for p in procs):
             settle = time.monotonic() + _SETTLE_S
+        if time.monotonic() - scanned > _SCAN_S:
+            note_segments(procs, seen)
+            scanned = time.monotonic()
         time.sleep(0.02)
     codes = [p.returncode for p in procs if p.poll()]
     if not codes:
@@ -160,6 +173,8 @@ def watch(procs: list[subprocess.Popen], grace: float) -> int:
     return _code(next((c for c in codes if c != 1), codes[0]))
 
 
+#: Seconds between two looks at the /dev/shm files the job maps.
+_SCAN_S = 0.25
 #: Seconds after the first failure during which a more specific one (a signal, a code other than 1) is awaited.
 _SETTLE_S = 0.5
 
@@ -196,7 +211,7 @@ def run(args) -> int:
     _cleanup_leftovers()
     cluster = Cluster.new(args.nodes, rate=args.rate_bits, delay=args.delay_s, mtu=args.mtu)
     procs: list[subprocess.Popen] = []
-    record = None
+    record, seen = None, set()
     old = {s: signal.signal(s, _raise_on) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         record = _bring_up(cluster, os.getpid())
@@ -213,10 +228,15 @@ def run(args) -> int:
             hostfile = launch.write_hostfile(cluster, record.runtime, args.ranks_per_node)
             procs = [_start(launch.mpi_command(cluster, mpiexec, record.runtime,
                                                cluster.nodes * args.ranks_per_node, hostfile, args.command), env)]
-        return watch(procs, args.grace)
+        return watch(procs, args.grace, seen)
     except Interrupted as exc:
+        for s in old:
+            signal.signal(s, signal.SIG_IGN)   # a second Ctrl-C must not cut the stop and the teardown short
         _say(f"got {signal.Signals(exc.args[0]).name}, stopping the job and removing the cluster")
         _signal_groups(procs, exc.args[0])
+        deadline = time.monotonic() + args.grace
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            time.sleep(0.05)
         return 128 + exc.args[0]
     except ClusterError as exc:
         _say(str(exc))
@@ -229,6 +249,7 @@ def run(args) -> int:
             signal.signal(s, signal.SIG_IGN)   # teardown must finish even if Ctrl-C is pressed again
         _signal_groups(procs, signal.SIGKILL)
         state.remove(record or cluster.record(os.path.join(state.state_dir(), cluster.cid), 0), grace=args.grace)
+        cleanup.remove_unused(seen)      # what MPI left in /dev/shm when a rank was killed (none after a clean end)
         for s, handler in old.items():
             signal.signal(s, handler)
 

@@ -12,6 +12,11 @@ from npddp.comm import create
 from npddp.comm.node.memory import node_ids
 
 
+def say(line: str) -> None:
+    """One line in one write (atomic on a pipe), so the lines of ranks sharing stdout never interleave."""
+    os.write(1, (line + "\n").encode())
+
+
 def nodes() -> None:
     """Print ``rank host node-of-every-rank hier-ok auto-across-nodes auto-at-16MiB``; hier sums across the nodes."""
     comm = create("hier")
@@ -20,9 +25,8 @@ def nodes() -> None:
     buf = np.arange(1000, dtype=np.float64) + comm.rank
     comm.allreduce(buf)
     expected = comm.size * np.arange(1000.0) + sum(range(comm.size))
-    print(f"RESULT {comm.rank} {socket.gethostname()} {','.join(map(str, ids))} {int(np.array_equal(buf, expected))} "
-          f"{auto.across_nodes} {auto.algorithm_for(16 << 20, np.float32)}",
-          flush=True)
+    say(f"RESULT {comm.rank} {socket.gethostname()} {','.join(map(str, ids))} {int(np.array_equal(buf, expected))} "
+        f"{auto.across_nodes} {auto.algorithm_for(16 << 20, np.float32)}")
 
 
 def shaped(nbytes: str) -> None:
@@ -36,7 +40,7 @@ def shaped(nbytes: str) -> None:
         comm.allreduce(buf)
         best = min(best, time.perf_counter() - t)
     if comm.rank == 0:
-        print(f"SECONDS {best:.6f}", flush=True)
+        say(f"SECONDS {best:.6f}")
 
 
 def kill(victim: str) -> None:

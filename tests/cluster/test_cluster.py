@@ -96,6 +96,8 @@ def test_mpi_start_up_check_names_a_bypass_of_the_links(cluster, own_namespaces)
 @needs_namespaces
 @pytest.mark.parametrize("launcher", LAUNCHERS, ids=lambda name: f"{name}-launcher")
 def test_a_rank_killed_on_one_node_ends_the_job_promptly(cluster, own_namespaces, launcher):
+    from npddp.process.cleanup import SHM, in_use
+    before = set(os.listdir(SHM))
     t = time.monotonic()
     done = cluster("--nodes", 2, "--ranks-per-node", 2, "--rate", "none", "--launcher", launcher, "--",
                    "python", JOB, "kill", 3)
@@ -103,6 +105,8 @@ def test_a_rank_killed_on_one_node_ends_the_job_promptly(cluster, own_namespaces
     if launcher == "tcp":
         assert done.returncode == 128 + signal.SIGKILL, done.stderr
     assert not own_namespaces()
+    left = {f"{SHM}/{name}" for name in set(os.listdir(SHM)) - before} - in_use()
+    assert not left, f"the killed job left {sorted(left)} in {SHM}"
 
 
 def _start_sleeping_job(cluster_env, pid_dir, launcher="tcp"):
@@ -164,6 +168,8 @@ def test_up_exec_status_down(cluster, own_namespaces):
         ran = cluster("exec", "--node", 1, "--", "hostname")
         assert ran.returncode == 0 and ran.stdout.strip() == "node1", ran.stderr
         assert cluster("exec", "--node", 5, "--", "hostname").returncode == 2
+        routes = cluster("exec", "--node", 1, "--", "ip", "-4", "route").stdout.splitlines()
+        assert len(routes) == 1 and routes[0].startswith("10.77.0.0/24 dev eth0"), routes  # no way out of the cluster
     finally:
         gone = cluster("down")
     assert gone.returncode == 0 and cid in gone.stdout and not own_namespaces()
