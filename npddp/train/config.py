@@ -88,7 +88,7 @@ class Config:
     bucket_mb: float = _opt(BUCKET_CAP_MB, "bucket size cap in MiB for bucketed/overlap (DistributedDataParallel's "
                             "bucket_cap_mb); smaller buckets start all-reducing earlier during backward",
                             metavar="MB", resume="inherit")
-    comm_hook: str = _opt("allreduce", "DDP communication hook: allreduce (sum, then average), fp16 "
+    comm_hook: str = _opt("allreduce", "DDP communication hook: allreduce (the average over ranks), fp16 "
                           "(half-precision all-reduce), topk (largest --topk-ratio of each bucket, with error "
                           "feedback) or powersgd (rank --powersgd-rank matrices, with error feedback)",
                           choices=HOOKS, resume="match")
