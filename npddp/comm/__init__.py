@@ -13,6 +13,11 @@ Two environment variables reach every communicator ``create`` builds (and so the
   (on every rank) when they do not.
 * ``NPDDP_TIMEOUT=SECONDS`` sets the timeout of every backend when ``create`` is given none
   (default ``DEFAULT_TIMEOUT``, 300 s): no wait lasts longer.
+
+The first ``create`` also protects the calling script (:mod:`npddp.util.guard`): an exception
+escaping on one rank ends the whole job (``NPDDP_ABORT_ON_EXCEPTION=0`` turns that off), and
+each rank's BLAS gets its share of the node's cores unless a thread variable is set
+(``NPDDP_THREADS=off`` turns that off).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from npddp.comm.wrappers.debug import CollectiveMismatchError
 from npddp.comm.wrappers.progress_thread import PROGRESS
 from npddp.comm.registry import ALGORITHMS, BACKENDS
 from npddp.comm.transports.base import TRANSPORTS, Transport, is_transport, resolve_transport
+from npddp.util import guard
 
 __all__ = ["ALGORITHMS", "BACKENDS", "DEFAULT_TIMEOUT", "DTYPES", "OPS", "TRANSPORTS",
            "CollectiveMismatchError", "Communicator", "Transport", "Work", "create", "debug_from_env",
@@ -77,6 +83,7 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
     timeout = timeout_from_env() if timeout is None else check_timeout(timeout)
     debug = debug or debug_from_env()
     kind = _transport_of(group, transport)
+    guard.install()
     if name == "mpi":
         if kind != "mpi":
             raise ValueError("backend 'mpi' runs MPI's own collectives, so it needs transport 'mpi', not "

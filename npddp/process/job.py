@@ -4,8 +4,9 @@ Without it, a rank that dies of an exception or exits early leaves the others bl
 their next collective until someone kills the job. :func:`abort_on_exception` makes these
 end the whole job promptly:
 
-* an unhandled exception (``KeyboardInterrupt`` included) prints that rank's traceback and
-  calls ``MPI_Abort`` with ``exit_code`` (1);
+* an unhandled exception prints that rank's traceback and calls ``MPI_Abort`` with
+  ``exit_code`` (1); a Ctrl-C prints one ``interrupted`` line and exits 130
+  (:func:`npddp.util.guard.install_hook`, which the library installs for users' scripts too);
 * ``sys.exit(n)`` with ``n`` non-zero on one rank prints one line and calls ``MPI_Abort(n)``,
   so the job's exit status is ``n``.
 
@@ -18,12 +19,9 @@ without MPI the launcher (``python -m npddp.run``) ends the other ranks when one
 
 from __future__ import annotations
 
-import os
 import sys
-import time
-import traceback
 
-from npddp.util import env
+from npddp.util import env, guard
 
 #: Exit statuses of the entry points (``python -m npddp.train``, ``npddp.evaluate``).
 EXIT_OK = 0
@@ -31,9 +29,6 @@ EXIT_FAILED = 1      # an unhandled exception on some rank: the whole job was ab
 EXIT_USAGE = 2       # bad input found before training: flags, data files, checkpoint, paths, MPI missing
 EXIT_DIVERGED = 3    # a non-finite loss, gradient or parameter stopped training
 EXIT_WRITE = 4       # a checkpoint or metrics file could not be written (disk full, I/O error)
-
-#: Seconds between printing the report and MPI_Abort, so the launcher can still forward it.
-_GRACE_S = 0.2
 
 
 class JobError(Exception):
@@ -64,12 +59,7 @@ def end_job(code: int, report: str) -> None:
     world = _world()
     if world is None or world.Get_size() == 1:
         return
-    sys.stdout.flush()
-    sys.stderr.write(f"[rank {world.Get_rank()}] {report.format(size=world.Get_size())}")   # one write
-    sys.stderr.flush()
-    time.sleep(_GRACE_S)  # let the launcher forward the report before it tears the job down
-    world.Abort(code)
-    os._exit(code)
+    guard.end_job(world, code, f"[rank {world.Get_rank()}] {report.format(size=world.Get_size())}")
 
 
 def exit_status(code) -> int:
@@ -83,7 +73,6 @@ def exit_status(code) -> int:
 
 def abort_on_exception(exit_code: int = EXIT_FAILED) -> None:
     """Make an unhandled exception, or ``sys.exit(n != 0)``, on this rank end the whole job."""
-    previous = sys.excepthook
     if not getattr(sys.exit, "_npddp_wrapped", False):
         original_exit = sys.exit
 
@@ -97,16 +86,7 @@ def abort_on_exception(exit_code: int = EXIT_FAILED) -> None:
         exit_all._npddp_wrapped = True
         sys.exit = exit_all
 
-    def hook(exc_type, exc, tb):
-        if _world() is None:
-            previous(exc_type, exc, tb)
-            return
-        what = "interrupted" if issubclass(exc_type, KeyboardInterrupt) else "unhandled exception"
-        report = "".join(traceback.format_exception(exc_type, exc, tb)).replace("{", "{{").replace("}", "}}")
-        end_job(exit_code, f"{what}, aborting all {{size}} ranks:\n{report}")
-        previous(exc_type, exc, tb)
-
-    sys.excepthook = hook
+    guard.install_hook(exit_code, world_of=_world)
 
 
 #: How to get an MPI library when mpi4py cannot load one.

@@ -242,7 +242,7 @@ def main(argv=None) -> int:
     job = Job(args, command)
 
     def forward(signum, frame):  # Ctrl-C or a kill of the launcher: stop every rank the same way
-        sys.stderr.write(f"{PROG}: got {signal.Signals(signum).name}, stopping every rank\n")
+        sys.stderr.write(f"{PROG}: interrupted ({signal.Signals(signum).name}), stopping every rank\n")
         job.stop(signum)
         remove_job_segments(job.job)
         sys.exit(128 + signum)
