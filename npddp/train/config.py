@@ -174,6 +174,8 @@ class Config:
         "on a failure with what each failing rank recorded", metavar="FILE.json", shown="none, or $NPDDP_TRACE")
     trace_steps: str = _opt(DEFAULT_STEPS, "optimizer steps --trace records, FIRST:LAST counted from 1 "
                             "as in the metrics, both included", metavar="FIRST:LAST", parse=steps_text)
+    overwrite: bool = _opt(False, "let a new run replace an existing --checkpoint file; without it (or "
+                           "--resume) a run refuses to overwrite a checkpoint, which may hold another run")
     # --- process
     threads: typing.Union[int, str] = _opt(
         "auto", "BLAS threads per rank, applied with threadpoolctl before any NumPy work: auto "
