@@ -95,6 +95,18 @@ MPI_FIXES = ('install one: pip install "npddp[mpich]" (the MPICH wheel), or a sy
              'without MPI: python -m npddp.run --nproc N -m npddp.train --backend auto')
 
 
+def mpi_load_detail(text: str, limit: int = 300) -> str:
+    """mpi4py's "cannot load MPI library" message in one line: whole lines (never cut mid-path), then a count."""
+    lines = [line.strip() for line in text.splitlines()[1:] if line.strip()]
+    kept: list[str] = []
+    for line in lines:
+        if kept and len("; ".join(kept + [line])) > limit:
+            break
+        kept.append(line)
+    rest = len(lines) - len(kept)
+    return "; ".join(kept) + (f" (and {rest} more)" if rest else "") if kept else "libmpi not found"
+
+
 def open_communicator(backend: str, timeout=None, transport: str = "auto", **kwargs):
     """``npddp.comm.create(backend, ...)``, with a one-line JobError (exit 2) when MPI cannot be loaded.
 
@@ -114,8 +126,7 @@ def open_communicator(backend: str, timeout=None, transport: str = "auto", **kwa
     except RuntimeError as exc:
         if "MPI library" not in str(exc):
             raise
-        detail = "; ".join(line for line in str(exc).splitlines()[1:] if line.strip())[:300]
-        raise JobError(f"cannot load the MPI library ({detail or 'libmpi not found'}); {MPI_FIXES}",
+        raise JobError(f"cannot load the MPI library ({mpi_load_detail(str(exc))}); {MPI_FIXES}",
                        EXIT_USAGE) from None
     except ValueError as exc:
         raise JobError(str(exc), EXIT_USAGE) from None
