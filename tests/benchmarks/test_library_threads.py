@@ -1,6 +1,5 @@
 """benchmarks/library_threads.py: three environments take turns and the ratios are printed."""
 
-import sys
 from pathlib import Path
 
 from benchmarks import library_threads as lt
@@ -19,4 +18,3 @@ def test_the_environments_differ_only_in_thread_settings():
     assert not any(v in none for v in lt.VARIABLES) and "NPDDP_THREADS" not in none
     assert all(omp1[v] == "1" for v in lt.VARIABLES) and off["NPDDP_THREADS"] == "off"
     assert str(Path(lt.__file__).resolve().parents[1]) in none["PYTHONPATH"].split(":")
-    assert sys.executable
