@@ -259,7 +259,8 @@ data: inputs that look unscaled (integers, values beyond +-10) get a warning; --
 exit codes: 0 done; 1 an unhandled exception on any rank (the whole job is aborted); 2 bad
   input found before training (one 'error: ...' line from rank 0, nothing overwritten);
   3 a non-finite loss, gradient or parameter stopped training (the last checkpoint is kept);
-  4 a checkpoint or metrics file could not be written (disk full; the previous file is kept).
+  4 a checkpoint or metrics file could not be written (disk full; the previous file is kept);
+  130 interrupted (Ctrl-C: one 'interrupted' line).
 failures: an exception, a sys.exit(N), a Ctrl-C or a --timeout on any rank ends every rank; a
   killed rank ends the job through mpirun; the last checkpoint stays loadable. NPDDP_DEBUG=1
   checks before every collective that all ranks make the same call.
