@@ -290,6 +290,7 @@ def run_combos(cfg: Config, todo: list[Combo], mpi_comm, announce: bool = False)
     records = np.zeros((len(todo), cfg.steps, len(FIELDS)))  # (combos, steps, fields)
     world = None
     tracer = tracing.NULL
+    started = time.perf_counter()
     try:
         world = bc.tcp_world(harness) if any(c.transport == "tcp" for c in todo) else None
         comms = communicators(subs, world, cfg.progress)
@@ -317,6 +318,11 @@ def run_combos(cfg: Config, todo: list[Combo], mpi_comm, announce: bool = False)
                     ddp, opt = runs[i]
                     records[i, first:first + count] = train_steps(ddp, opt, work.x, work.y, harness, count, warm)
             del runs
+            if announce:   # a sweep takes minutes: say where it is after every setting
+                done = list(groups).index((model, sync, mb)) + 1
+                print(f"# measured {model} {sync}" + (f" {mb:g} MiB" if sync in BUCKETED else "")
+                      + f" ({len(turns)} backend{'s' * (len(turns) != 1)}): {done}/{len(groups)} settings, "
+                      f"{time.perf_counter() - started:.0f} s", flush=True)
         tracer.close()
     finally:
         if world is not None:

@@ -77,3 +77,35 @@ def test_the_mpi_backend_under_npddp_run_is_one_line_naming_the_backends_that_wo
     assert errors == ["error: --backend mpi runs MPI's own collectives, which a job over TCP (--transport auto "
                       "chose tcp: no MPI launcher started it) does not have; use a hand-written backend, e.g. "
                       "--backend ring or --backend auto"]
+
+
+@pytest.mark.parametrize("blocker", ["import", "library"])
+def test_one_process_without_mpi_trains_and_runs_a_plain_script(no_mpi4py, tmp_path, blocker):
+    """No launcher, no MPI (mpi4py missing, or present without an MPI library): a world of one over nothing."""
+    env = {**no_mpi4py, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    if blocker == "library":   # mpi4py imports, loading the MPI library fails as it does without the mpich extra
+        (tmp_path / "fake" / "mpi4py" / "__init__.py").write_text("")
+        (tmp_path / "fake" / "mpi4py" / "MPI.py").write_text(
+            'raise RuntimeError("cannot load MPI library\\n/usr/lib/libmpi.so: cannot open shared object file")\n')
+    script = tmp_path / "mine.py"
+    script.write_text("import numpy as np\nfrom npddp.comm import create\nfor name in ('ring', 'mpi'):\n"
+                      "    comm = create(name)\n    x = np.arange(5.0)\n    comm.allreduce(x)\n"
+                      "    assert comm.size == 1 and x.tolist() == [0, 1, 2, 3, 4]\nprint('ok', comm.size)\n")
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert (done.returncode, done.stdout) == (0, "ok 1\n"), done.stderr
+    done = subprocess.run([sys.executable, "-m", "npddp.train", "--train-samples", "256", "--val-samples", "64",
+                           "--batch-size", "32", "--hidden", "16", "--epochs", "1"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1].startswith("done: epoch 1/1, step 8,"), done.stdout
+
+
+def test_the_cannot_load_mpi_line_keeps_whole_paths():
+    from npddp.process.job import mpi_load_detail
+    paths = [f"/very/long/site-packages/mpi4py/../lib{i}/libmpi.so.12: cannot open shared object file" for i in range(9)]
+    detail = mpi_load_detail("cannot load MPI library\n" + "\n".join(paths))
+    shown = detail.split(" (and ")[0].split("; ")
+    assert shown and all(p in paths for p in shown), detail           # every path shown whole, none cut
+    assert detail.endswith(f" (and {len(paths) - len(shown)} more)") and len(shown) < len(paths)
+    assert mpi_load_detail("cannot load MPI library") == "libmpi not found"

@@ -4,7 +4,8 @@ A backend is either ``mpi`` (MPI's own collectives) or a hand-written algorithm 
 transport's point-to-point messages (``ring``, ``naive``, ``rd``, ``rabenseifner``, ``tree``,
 or ``auto``, which picks one per call). The transport is ``mpi`` (mpi4py's Isend/Irecv) or
 ``tcp`` (plain sockets, set up from torchrun's environment variables by ``python -m npddp.run``);
-``auto`` takes tcp when RANK and WORLD_SIZE are set outside an MPI launcher, mpi otherwise.
+``auto`` takes tcp when RANK and WORLD_SIZE are set outside an MPI launcher, mpi otherwise (a
+single process started by no launcher where MPI cannot be loaded gets a TCP world of one).
 
 Two environment variables reach every communicator ``create`` builds (and so the training CLI):
 
@@ -13,6 +14,11 @@ Two environment variables reach every communicator ``create`` builds (and so the
   (on every rank) when they do not.
 * ``NPDDP_TIMEOUT=SECONDS`` sets the timeout of every backend when ``create`` is given none
   (default ``DEFAULT_TIMEOUT``, 300 s): no wait lasts longer.
+
+The first ``create`` also protects the calling script (:mod:`npddp.util.guard`): an exception
+escaping on one rank ends the whole job (``NPDDP_ABORT_ON_EXCEPTION=0`` turns that off), and
+each rank's BLAS gets its share of the node's cores unless a thread variable is set
+(``NPDDP_THREADS=off`` turns that off).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from npddp.comm.wrappers.progress_thread import PROGRESS
 from npddp.comm.registry import ALGORITHMS, BACKENDS, backend_names, load_plugins
 from npddp.comm.algorithm import register_algorithm
 from npddp.comm.transports.base import TRANSPORTS, Transport, is_transport, resolve_transport
+from npddp.util import env, guard
 
 __all__ = ["ALGORITHMS", "BACKENDS", "DEFAULT_TIMEOUT", "DTYPES", "OPS", "TRANSPORTS",
            "CollectiveMismatchError", "Communicator", "Transport", "Work", "create", "debug_from_env",
@@ -78,6 +85,12 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
     timeout = timeout_from_env() if timeout is None else check_timeout(timeout)
     debug = debug or debug_from_env()
     kind = _transport_of(group, transport)
+    guard.install()
+    if kind == "mpi" and group is None and transport == "auto" and env.launcher() is None and not _mpi_loads():
+        from npddp.comm.transports.rendezvous import world_from_env
+        kind = "tcp"   # one process and no MPI library: a world of one needs none (every backend is a copy)
+        name = "ring" if name == "mpi" else name
+        group = world_from_env(timeout, {"RANK": "0", "WORLD_SIZE": "1"})
     if name == "mpi":
         if kind != "mpi":
             raise ValueError("backend 'mpi' runs MPI's own collectives, so it needs transport 'mpi', not "
@@ -100,6 +113,15 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
         from npddp.comm.wrappers.progress_thread import ThreadedCommunicator
         comm = ThreadedCommunicator(comm)
     return comm
+
+
+def _mpi_loads() -> bool:
+    """True when mpi4py and an MPI library load (importing the ``mpi`` backend loads both)."""
+    try:
+        import npddp.comm.mpi  # noqa: F401
+    except (ImportError, RuntimeError):
+        return False
+    return True
 
 
 def _transport_of(group, transport: str) -> str:

@@ -66,6 +66,11 @@ def check_buffer(buf, what: str = "buf", writable: bool = True) -> np.ndarray:
     if buf.dtype not in _DTYPE_SET:
         raise TypeError(f"{what} has unsupported dtype {buf.dtype}; valid dtypes: {', '.join(DTYPES)}")
     if not buf.flags.c_contiguous:
+        if writable:   # a copy would be reduced and the array itself left unchanged
+            raise ValueError(f"{what} must be C-contiguous (got strides {buf.strides} for shape {buf.shape}): "
+                             "the result is written into it, and a contiguous copy would leave it unchanged; "
+                             "reduce a copy and copy the result back (tmp = np.ascontiguousarray(x); "
+                             "comm.allreduce(tmp); x[...] = tmp)")
         raise ValueError(f"{what} must be C-contiguous (got strides {buf.strides} for shape {buf.shape}); "
                          "pass np.ascontiguousarray(...)")
     if writable and not buf.flags.writeable:

@@ -330,9 +330,23 @@ class DistributedDataParallel:
         self.stats.optimizer_s = time.perf_counter() - t0
 
     def reduce_metrics(self, sums) -> np.ndarray:
-        """Sum metric totals (loss sums, correct counts, sample counts) over ranks; float64."""
-        totals = np.array(sums, dtype=np.float64).reshape(-1)
-        return self.comm.allreduce(totals)
+        """Sum metric totals (loss sums, correct counts, sample counts) over ranks, in place like every collective.
+
+        An ndarray is updated and returned (summed in float64; any dtype or layout, the sums written
+        back into it); a list or number gives a new float64 array. ValueError for a read-only array.
+        """
+        if not isinstance(sums, np.ndarray):
+            return self.comm.allreduce(np.array(sums, dtype=np.float64))
+        if not sums.flags.writeable:
+            raise ValueError("reduce_metrics sums in place, but the array given is read-only; pass a writable "
+                             "array (or a list, to get a new one)")
+        if sums.dtype == np.float64 and sums.flags.c_contiguous:
+            self.comm.allreduce(sums)
+            return sums
+        totals = np.array(sums, dtype=np.float64)             # a contiguous float64 copy, written back below
+        self.comm.allreduce(totals)
+        sums[...] = totals
+        return sums
 
     # --- pass-throughs ----------------------------------------------------------------
     def zero_grad(self) -> None:

@@ -4,7 +4,9 @@ MPICH (like Open MPI) creates files in /dev/shm for on-node messages when a job 
 removes them in ``MPI_Finalize``. A job that ends by ``MPI_Abort`` (any rank's exception) or by
 a kill never finalizes, and its segments (a few MiB each) stay until a reboot.
 
-A segment belongs to a job when one of the job's processes maps it. :class:`Watch` runs a
+MPICH's launcher (hydra) also leaves its topology file (``hydra_hwloc_xmlfile_*``) in the
+temporary directory after a failed job; :class:`Watch` removes those that appeared while its
+job ran. A segment belongs to a job when one of the job's processes maps it. :class:`Watch` runs a
 launcher command, polls ``/proc/<pid>/maps`` of the launcher's descendants for /dev/shm
 files while it runs, and when it ends abnormally removes those still present that no live
 process maps -- only that job's, never another job's (a segment the job never mapped is
@@ -27,16 +29,16 @@ import secrets
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from npddp.comm.node.names import PREFIX, remove_job_segments
-from npddp.util.env import SHM_DIR
+from npddp.util.env import HYDRA_TEMP_PATTERNS, MPI_SHM_PATTERNS, SHM_DIR
 
 SHM = Path(SHM_DIR)
-#: Names of the segments MPI libraries create in /dev/shm (MPICH, Open MPI, UCX, libfabric).
-PATTERNS = ("mpich_shm_*", "ompi.*", "vader_segment.*", "sm_segment.*", "ucx_shm_*", "fi_*", "psm2_shm.*",
-            f"{PREFIX}*")   # and npddp's own (npddp.comm.node.names)
+#: Names of the segments MPI libraries create in /dev/shm (MPICH, Open MPI, UCX, libfabric), and npddp's own.
+PATTERNS = (*MPI_SHM_PATTERNS, f"{PREFIX}*")
 _FAST_S, _SLOW_S, _FAST_FOR_S = 0.05, 0.5, 5.0   # poll interval while starting, then later
 
 
@@ -120,12 +122,32 @@ def orphans(min_age_s: float = 60.0, uid: int | None = None, directory: Path = S
     return sorted(found)
 
 
+def temp_leftovers(directory: str | None = None) -> set[str]:
+    """This user's files in the temporary directory named like those MPICH's launcher leaves (hydra's topology file)."""
+    directory = tempfile.gettempdir() if directory is None else directory
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return set()
+    uid = os.getuid()
+    found = set()
+    for entry in entries:
+        if any(fnmatch.fnmatch(entry.name, p) for p in HYDRA_TEMP_PATTERNS):
+            try:
+                if entry.stat(follow_symlinks=False).st_uid == uid:
+                    found.add(entry.path)
+            except OSError:
+                continue
+    return found
+
+
 class Watch:
     """Run ``command``; record the /dev/shm files its processes map; clean them up if it fails."""
 
-    def __init__(self, command: list[str]):
-        self.command = command
+    def __init__(self, command: list[str], **popen):
+        self.command, self.popen = command, popen     # popen: more keyword arguments of subprocess.Popen
         self.seen: set[str] = set()
+        self.temps_before: set[str] = set()
         self.proc: subprocess.Popen | None = None
         self.job = os.environ.get("NPDDP_JOB_ID") or f"watch{secrets.token_hex(6)}"  # names npddp's segments
 
@@ -135,9 +157,17 @@ class Watch:
 
     def run(self) -> int:
         """The command's exit status (128 + N when killed by signal N)."""
-        self.proc = subprocess.Popen(self.command, env={**os.environ, "NPDDP_JOB_ID": self.job})
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, self._forward)
+        self.temps_before = temp_leftovers()
+        environ = {**(self.popen.get("env") or os.environ), "NPDDP_JOB_ID": self.job}
+        self.proc = subprocess.Popen(self.command, **{**self.popen, "env": environ})
+        previous = {sig: signal.signal(sig, self._forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            return self._poll()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _poll(self) -> int:
         started, pids, listed = time.monotonic(), [], 0.0
         while self.proc.poll() is None:
             now = time.monotonic()
@@ -160,11 +190,18 @@ class Watch:
         deadline = time.monotonic() + 2.0            # let the job's last processes go
         while time.monotonic() < deadline and any(descendants(self.proc.pid) if self.proc else ()):
             time.sleep(0.05)
-        removed = remove_unused(self.seen)
+        removed = remove_unused(self.seen) if self.seen else []
         gone = {p for p, _ in removed}
         for name in remove_job_segments(self.job, str(SHM)):  # npddp's own, even those nobody mapped in time
             if str(SHM / name) not in gone:
                 removed.append((str(SHM / name), 0))
+        for path in sorted(temp_leftovers() - self.temps_before):   # hydra's, made while the job ran
+            try:
+                size = os.stat(path).st_size
+                os.unlink(path)
+                removed.append((path, size))
+            except OSError:
+                continue
         return removed
 
 
@@ -201,7 +238,7 @@ def main(argv=None) -> int:
     code = watch.run()
     removed = watch.clean(code)
     if removed:
-        sys.stderr.write(f"removed {len(removed)} shared-memory segment{'s' * (len(removed) > 1)} "
+        sys.stderr.write(f"removed {len(removed)} file{'s' * (len(removed) > 1)} "
                          f"({_mib(sum(n for _, n in removed))}) left by the failed job: "
                          f"{', '.join(os.path.basename(p) for p, _ in removed)}\n")
     return code

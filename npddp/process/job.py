@@ -4,8 +4,9 @@ Without it, a rank that dies of an exception or exits early leaves the others bl
 their next collective until someone kills the job. :func:`abort_on_exception` makes these
 end the whole job promptly:
 
-* an unhandled exception (``KeyboardInterrupt`` included) prints that rank's traceback and
-  calls ``MPI_Abort`` with ``exit_code`` (1);
+* an unhandled exception prints that rank's traceback and calls ``MPI_Abort`` with
+  ``exit_code`` (1); a Ctrl-C prints one ``interrupted`` line and exits 130
+  (:func:`npddp.util.guard.install_hook`, which the library installs for users' scripts too);
 * ``sys.exit(n)`` with ``n`` non-zero on one rank prints one line and calls ``MPI_Abort(n)``,
   so the job's exit status is ``n``.
 
@@ -18,12 +19,9 @@ without MPI the launcher (``python -m npddp.run``) ends the other ranks when one
 
 from __future__ import annotations
 
-import os
 import sys
-import time
-import traceback
 
-from npddp.util import env
+from npddp.util import env, guard
 
 #: Exit statuses of the entry points (``python -m npddp.train``, ``npddp.evaluate``).
 EXIT_OK = 0
@@ -31,9 +29,6 @@ EXIT_FAILED = 1      # an unhandled exception on some rank: the whole job was ab
 EXIT_USAGE = 2       # bad input found before training: flags, data files, checkpoint, paths, MPI missing
 EXIT_DIVERGED = 3    # a non-finite loss, gradient or parameter stopped training
 EXIT_WRITE = 4       # a checkpoint or metrics file could not be written (disk full, I/O error)
-
-#: Seconds between printing the report and MPI_Abort, so the launcher can still forward it.
-_GRACE_S = 0.2
 
 
 class JobError(Exception):
@@ -64,12 +59,7 @@ def end_job(code: int, report: str) -> None:
     world = _world()
     if world is None or world.Get_size() == 1:
         return
-    sys.stdout.flush()
-    sys.stderr.write(f"[rank {world.Get_rank()}] {report.format(size=world.Get_size())}")   # one write
-    sys.stderr.flush()
-    time.sleep(_GRACE_S)  # let the launcher forward the report before it tears the job down
-    world.Abort(code)
-    os._exit(code)
+    guard.end_job(world, code, f"[rank {world.Get_rank()}] {report.format(size=world.Get_size())}")
 
 
 def exit_status(code) -> int:
@@ -83,7 +73,6 @@ def exit_status(code) -> int:
 
 def abort_on_exception(exit_code: int = EXIT_FAILED) -> None:
     """Make an unhandled exception, or ``sys.exit(n != 0)``, on this rank end the whole job."""
-    previous = sys.excepthook
     if not getattr(sys.exit, "_npddp_wrapped", False):
         original_exit = sys.exit
 
@@ -97,22 +86,25 @@ def abort_on_exception(exit_code: int = EXIT_FAILED) -> None:
         exit_all._npddp_wrapped = True
         sys.exit = exit_all
 
-    def hook(exc_type, exc, tb):
-        if _world() is None:
-            previous(exc_type, exc, tb)
-            return
-        what = "interrupted" if issubclass(exc_type, KeyboardInterrupt) else "unhandled exception"
-        report = "".join(traceback.format_exception(exc_type, exc, tb)).replace("{", "{{").replace("}", "}}")
-        end_job(exit_code, f"{what}, aborting all {{size}} ranks:\n{report}")
-        previous(exc_type, exc, tb)
-
-    sys.excepthook = hook
+    guard.install_hook(exit_code, world_of=_world)
 
 
 #: How to get an MPI library when mpi4py cannot load one.
 MPI_FIXES = ('install one: pip install "npddp[mpich]" (the MPICH wheel), or a system MPI (e.g. apt '
              'install mpich, then pip install --force-reinstall --no-binary mpi4py mpi4py); or run '
              'without MPI: python -m npddp.run --nproc N -m npddp.train --backend auto')
+
+
+def mpi_load_detail(text: str, limit: int = 300) -> str:
+    """mpi4py's "cannot load MPI library" message in one line: whole lines (never cut mid-path), then a count."""
+    lines = [line.strip() for line in text.splitlines()[1:] if line.strip()]
+    kept: list[str] = []
+    for line in lines:
+        if kept and len("; ".join(kept + [line])) > limit:
+            break
+        kept.append(line)
+    rest = len(lines) - len(kept)
+    return "; ".join(kept) + (f" (and {rest} more)" if rest else "") if kept else "libmpi not found"
 
 
 def open_communicator(backend: str, timeout=None, transport: str = "auto", **kwargs):
@@ -134,8 +126,7 @@ def open_communicator(backend: str, timeout=None, transport: str = "auto", **kwa
     except RuntimeError as exc:
         if "MPI library" not in str(exc):
             raise
-        detail = "; ".join(line for line in str(exc).splitlines()[1:] if line.strip())[:300]
-        raise JobError(f"cannot load the MPI library ({detail or 'libmpi not found'}); {MPI_FIXES}",
+        raise JobError(f"cannot load the MPI library ({mpi_load_detail(str(exc))}); {MPI_FIXES}",
                        EXIT_USAGE) from None
     except ValueError as exc:
         raise JobError(str(exc), EXIT_USAGE) from None

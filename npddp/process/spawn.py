@@ -322,7 +322,7 @@ def main(argv=None) -> int:
     current: list[Job] = []
 
     def forward(signum, frame):  # Ctrl-C or a kill of the launcher: stop every rank the same way
-        sys.stderr.write(f"{PROG}: got {signal.Signals(signum).name}, stopping every rank\n")
+        sys.stderr.write(f"{PROG}: interrupted ({signal.Signals(signum).name}), stopping every rank\n")
         if current:
             current[0].stop(signum)
             remove_job_segments(current[0].job)

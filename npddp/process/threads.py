@@ -1,16 +1,9 @@
 """BLAS threads per rank: how many a rank should use, and applying that number.
 
-Several ranks on one node each running one OpenBLAS thread per core fight over the cores
-(on 2 cores, two ranks with two threads each run 10-100x slower). ``auto`` gives each rank
-its share: the CPUs this process may run on (its affinity mask) divided by the ranks sharing
-this node, at least 1 -- unless ``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS`` or
-``MKL_NUM_THREADS`` is set to a positive number, which is then taken as the user's choice.
-
-The ranks on this node are counted without initialising MPI, from what launchers put in the
-environment (:data:`npddp.util.env.LOCAL_SIZE_VARIABLES`: ``LOCAL_WORLD_SIZE`` of ``python -m npddp.run`` and
+``auto`` gives each rank its share of the node's CPUs (see :mod:`npddp.util.cores`, which
+counts them and the ranks sharing them: ``LOCAL_WORLD_SIZE`` of ``python -m npddp.run`` and
 torchrun-style launchers, ``MPI_LOCALNRANKS`` of MPICH's hydra, ``OMPI_COMM_WORLD_LOCAL_SIZE``
-of Open MPI); when none is set and MPI is already initialised, from MPI's shared-memory split
-of ``COMM_WORLD`` (a collective: every rank must ask); otherwise 1.
+of Open MPI, else MPI's shared-memory split) unless a thread variable is set.
 
 The number is applied with threadpoolctl, which limits BLAS and OpenMP libraries already
 loaded, so it works after NumPy is imported (environment variables such as
@@ -27,42 +20,7 @@ import os
 import sys
 
 from npddp.util import env
-
-
-
-def available_cpus() -> int:
-    """CPUs this process may run on: its affinity mask where the OS has one, else the CPU count."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
-def local_ranks(environ=None) -> tuple[int, str]:
-    """(ranks on this node, where that number came from)."""
-    announced = env.local_size(environ)
-    if announced is not None:
-        return announced
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        node = mpi.COMM_WORLD.Split_type(mpi.COMM_TYPE_SHARED)
-        try:
-            return node.Get_size(), "MPI shared-memory split"
-        finally:
-            node.Free()
-    return 1, "no launcher variable"
-
-
-def auto_threads(environ=None, cpus: int | None = None) -> tuple[int, str]:
-    """(BLAS threads for this rank, a short explanation) as ``--threads auto`` chooses them."""
-    environ = os.environ if environ is None else environ
-    setting = env.thread_setting(environ)
-    if setting is not None:
-        return setting[0], f"auto: {setting[1]}={setting[0]}"
-    cpus = available_cpus() if cpus is None else cpus
-    ranks, source = local_ranks(environ)
-    n = max(1, cpus // ranks)
-    return n, f"auto: {cpus} CPU{'s' * (cpus != 1)} / {ranks} rank{'s' * (ranks != 1)} on this node"
+from npddp.util.cores import auto_threads, available_cpus, local_ranks  # noqa: F401  (re-exported)
 
 
 def parse_threads(text) -> int | str:

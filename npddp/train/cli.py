@@ -28,6 +28,7 @@ on one rank, with status N.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import math
 import sys
@@ -308,10 +309,15 @@ def train(argv=None) -> int:
     except ConfigError as exc:
         Printer(hint).error(str(exc))
         return EXIT_USAGE
-    if cfg.backend == "mpi" and resolve_transport(cfg.transport) == "tcp":
-        why = "--transport auto chose tcp: no MPI launcher started it" if cfg.transport == "auto" else "--transport tcp"
-        Printer(hint).error(f"--backend mpi runs MPI's own collectives, which a job over TCP ({why}) does not "
-                            "have; use a hand-written backend, e.g. --backend ring or --backend auto")
+    if cfg.resume is True and not cfg.checkpoint:      # before any MPI: nothing is left in /dev/shm
+        Printer(hint).error("--resume needs --checkpoint PATH.h5: the checkpoint to continue")
+        return EXIT_USAGE
+    if cfg.resume and "backend" not in given:
+        # the backend comes from the checkpoint, read once the ranks can talk: open a provisional
+        # communicator this transport can run (over tcp a hand-written one), the saved one after
+        cfg = dataclasses.replace(cfg, backend="ring" if resolve_transport(cfg.transport) == "tcp" else cfg.backend)
+    elif _mpi_over_tcp(cfg):
+        Printer(hint).error(_mpi_over_tcp(cfg))
         return EXIT_USAGE
     try:
         comm = open_communicator(cfg.backend, timeout=cfg.timeout, transport=cfg.transport)
@@ -326,15 +332,30 @@ def train(argv=None) -> int:
         return exc.code
 
 
+def _mpi_over_tcp(cfg: Config) -> str | None:
+    """The error when ``--backend mpi`` meets a job over TCP, else None."""
+    if cfg.backend != "mpi" or resolve_transport(cfg.transport) != "tcp":
+        return None
+    why = "--transport auto chose tcp: no MPI launcher started it" if cfg.transport == "auto" else "--transport tcp"
+    return (f"--backend mpi runs MPI's own collectives, which a job over TCP ({why}) does not have; use a "
+            "hand-written backend, e.g. --backend ring or --backend auto")
+
+
 def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
     """Everything after the communicator exists; JobError for failures every rank agrees on."""
     opened, ckpt, saved = (cfg.backend, cfg.transport), None, None
     if cfg.resume == "auto":  # resume when the checkpoint exists (rank 0 looks), else start fresh
         cfg = resume.auto(comm, cfg)
+        if not cfg.resume and "backend" not in given:  # fresh: the default backend, not the provisional one
+            cfg = dataclasses.replace(cfg, backend=Config.__dataclass_fields__["backend"].default)
+            if _mpi_over_tcp(cfg):
+                raise JobError(_mpi_over_tcp(cfg), EXIT_USAGE)
     try:
         if cfg.resume:
             ckpt, saved = resume.read_saved(comm, cfg.checkpoint)
             cfg = resume.merge(given, saved, cfg.checkpoint)
+            if _mpi_over_tcp(cfg):
+                raise ConfigError(_mpi_over_tcp(cfg))
         check_config(cfg, comm.size)
     except ConfigError as exc:
         raise JobError(str(exc), EXIT_USAGE) from None
@@ -349,8 +370,12 @@ def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
             model, dropouts, model_text = build_model(settings, ds.input_shape, ds.num_classes, comm.rank)
         except (ValueError, TypeError) as exc:
             message = f"--model {cfg.model}: {exc}"
+    if ds is not None and not message and cfg.batch_size > ds.n_train:
+        message = (f"--batch-size {cfg.batch_size} is larger than the {ds.n_train} training rows of "
+                   f"{settings['dataset']}: no step would see a full batch; use --batch-size {ds.n_train} or "
+                   f"less (a multiple of the {comm.size} ranks), or more rows (--train-samples)")
     if comm.rank == 0 and not message:
-        message = outputs.check_outputs(cfg.checkpoint, cfg.metrics, cfg.resume)
+        message = outputs.check_outputs(cfg.checkpoint, cfg.metrics, bool(cfg.resume), cfg.overwrite)
     if comm.rank == 0 and not message and cfg.trace:
         message = tracing.unwritable(cfg.trace)
     message = agree(comm, message)

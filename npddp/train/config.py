@@ -199,6 +199,8 @@ class Config:
         "on a failure with what each failing rank recorded", metavar="FILE.json", shown="none, or $NPDDP_TRACE")
     trace_steps: str = _opt(DEFAULT_STEPS, "optimizer steps --trace records, FIRST:LAST counted from 1 "
                             "as in the metrics, both included", metavar="FIRST:LAST", parse=steps_text)
+    overwrite: bool = _opt(False, "let a new run replace an existing --checkpoint file; without it (or "
+                           "--resume) a run refuses to overwrite a checkpoint, which may hold another run")
     # --- process
     threads: typing.Union[int, str] = _opt(
         "auto", "BLAS threads per rank, applied with threadpoolctl before any NumPy work: auto "
@@ -282,7 +284,8 @@ data: inputs that look unscaled (integers, values beyond +-10) get a warning; --
 exit codes: 0 done; 1 an unhandled exception on any rank (the whole job is aborted); 2 bad
   input found before training (one 'error: ...' line from rank 0, nothing overwritten);
   3 a non-finite loss, gradient or parameter stopped training (the last checkpoint is kept);
-  4 a checkpoint or metrics file could not be written (disk full; the previous file is kept).
+  4 a checkpoint or metrics file could not be written (disk full; the previous file is kept);
+  130 interrupted (Ctrl-C: one 'interrupted' line).
 failures: an exception, a sys.exit(N), a Ctrl-C or a --timeout on any rank ends every rank; a
   killed rank ends the job through mpirun; the last checkpoint stays loadable. NPDDP_DEBUG=1
   checks before every collective that all ranks make the same call.

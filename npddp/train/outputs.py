@@ -37,8 +37,11 @@ def _format_of(path: str) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def check_output(name: str, path: str | None, resuming: bool = False) -> str | None:
-    """Why the file ``path`` given to ``--<name>`` cannot be written, or None."""
+def check_output(name: str, path: str | None, resuming: bool = False, overwrite: bool = True) -> str | None:
+    """Why the file ``path`` given to ``--<name>`` cannot be written, or None.
+
+    ``overwrite=False``: an existing npddp file there is refused too (a new run's checkpoint).
+    """
     if path is None:
         return None
     where = f"{_flag(name)} {path!r}"
@@ -61,12 +64,19 @@ def check_output(name: str, path: str | None, resuming: bool = False) -> str | N
     if mode is not None and not resuming and _format_of(path) != KINDS[name]:
         return (f"{where} exists and is not an npddp {name} file; refusing to replace it (move it "
                 "away or choose another path)")
+    if mode is not None and not resuming and not overwrite:
+        return (f"{where} already holds a {name} (of an earlier run, perhaps of another model); refusing "
+                f"to overwrite it: pass --resume to continue it, --overwrite to replace it, or choose "
+                "another path")
     return None
 
 
-def check_outputs(checkpoint: str | None, metrics: str | None, resuming: bool) -> str | None:
-    """The first problem with the checkpoint or metrics path, or None (``--resume`` reads the checkpoint itself)."""
-    return check_output("checkpoint", checkpoint, resuming) or check_output("metrics", metrics)
+def check_outputs(checkpoint: str | None, metrics: str | None, resuming: bool, overwrite: bool = True) -> str | None:
+    """The first problem with the checkpoint or metrics path, or None (``--resume`` reads the checkpoint itself).
+
+    ``overwrite=False`` refuses an existing checkpoint unless ``resuming``.
+    """
+    return check_output("checkpoint", checkpoint, resuming, overwrite) or check_output("metrics", metrics)
 
 
 def remove_stale(paths) -> list[str]:

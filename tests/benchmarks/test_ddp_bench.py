@@ -373,3 +373,16 @@ def test_weak_scaling_runs_each_size_and_repeat(assert_all_ranks, agreed_tmpdir)
             problems.append("the ceiling's own DDP efficiency is not 1.0")
         shutil.rmtree(directory)
     assert_all_ranks(rc == 0 and not problems, f"rc={rc}, problems: {problems}")
+
+
+def test_a_sweep_says_where_it_is_after_every_setting(capsys):
+    argv = TINY + BUCKETS + ["--syncs", "flat,bucketed", "--backends", "mpi", "--no-comm"]
+    assert bd.main(argv, mpi_comm=MPI.COMM_SELF) == 0
+    lines = capsys.readouterr().out.splitlines()
+    progress = [line for line in lines if line.startswith("# measured ")]
+    assert [line.split(":")[0] for line in progress] == [
+        "# measured tiny flat (2 backends)", "# measured tiny bucketed 0.001 MiB (2 backends)",
+        "# measured tiny bucketed 1000 MiB (2 backends)"], lines
+    assert [line.split(": ")[1].split(",")[0] for line in progress] == ["1/3 settings", "2/3 settings", "3/3 settings"]
+    table = next(i for i, line in enumerate(lines) if line.split()[:1] == ["model"])
+    assert lines.index(progress[-1]) < table          # printed while measuring, before the table

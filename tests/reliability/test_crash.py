@@ -69,8 +69,8 @@ print("passed the barrier", flush=True)
 """
 
 LAUNCH_CASES = [("before-mpi", "mpi", "ValueError: failed before importing MPI", None),
-                ("ctrl-c", "mpi", "[rank 1] interrupted, aborting all", 1),
-                ("ctrl-c", "ring", "[rank 1] interrupted, aborting all", 1),
+                ("ctrl-c", "mpi", "[rank 1] interrupted, aborting all", 130),
+                ("ctrl-c", "ring", "[rank 1] interrupted, aborting all", 130),
                 ("exception", "ring", "[rank 1] unhandled exception, aborting all", 1),
                 # sys.exit on one rank: MPI's finalize would wait for the others forever (mpi) or
                 # until the timeout (ring); the job ends at once with that exit status

@@ -81,7 +81,11 @@ def test_ctrl_c_reaches_every_rank(launch, worker):
         time.sleep(0.05)
     job.proc.send_signal(signal.SIGINT)
     assert job.wait(timeout=30) == 128 + signal.SIGINT, job.output
-    assert "got SIGINT, stopping every rank" in job.output and not job.alive()
+    assert "interrupted (SIGINT), stopping every rank" in job.output and not job.alive()
+    # one line says so: the ranks, whose guard knows the launcher reports it, print no traceback
+    assert "Traceback" not in job.output and "KeyboardInterrupt" not in job.output, job.output
+    assert [line for line in job.output.splitlines() if "interrupted" in line] == \
+        ["python -m npddp.run: interrupted (SIGINT), stopping every rank"], job.output
 
 
 def test_every_rank_gets_its_place_one_thread_and_a_tag_on_its_lines(tmp_path):

@@ -81,18 +81,22 @@ def test_a_checkpoint_write_that_fails_is_one_line_exit_4_and_the_old_file_survi
 
 
 def test_a_missing_mpi_library_is_one_line_naming_the_fixes(tmp_path):
-    env = {**_env(), "MPI4PY_LIBMPI": str(tmp_path / "no" / "libmpi.so.12")}
+    """Under an MPI launcher a job needs MPI: one uncut line; one process with no launcher trains without it."""
+    env = {**_env(), "MPI4PY_LIBMPI": str(tmp_path / "no" / "libmpi.so.12"), "PMI_SIZE": "2", "PMI_RANK": "0"}
     proc = subprocess.run([sys.executable, "-m", "npddp.train", "--epochs", "1"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
     line = _error_line(proc)
-    assert line.startswith("error: cannot load the MPI library (") and "libmpi.so.12" in line
+    assert line.startswith("error: cannot load the MPI library (") and str(tmp_path / "no" / "libmpi.so.12") in line
     assert 'pip install "npddp[mpich]"' in line and "a system MPI" in line
     assert "python -m npddp.run --nproc N -m npddp.train --backend auto" in line
-    no_mpi4py = "import sys; sys.modules['mpi4py'] = None; from npddp.train.cli import main; sys.exit(main([]))"
-    proc = subprocess.run([sys.executable, "-c", no_mpi4py], cwd=tmp_path, env=_env(), capture_output=True,
-                          text=True, timeout=60)
-    assert proc.returncode == 2 and _error_line(proc).startswith("error: mpi4py cannot be imported")
+    for code in ("sys.modules['mpi4py'] = None",
+                 f"import os; os.environ['MPI4PY_LIBMPI'] = {str(tmp_path / 'no' / 'libmpi.so.12')!r}"):
+        alone = (f"import sys; {code}; from npddp.train.cli import main; "
+                 "sys.exit(main(['--epochs', '1', '--train-samples', '256', '--batch-size', '32', '--hidden', '8']))")
+        proc = subprocess.run([sys.executable, "-c", alone], cwd=tmp_path, env=_env(), capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 0 and proc.stdout.splitlines()[-1].startswith("done: epoch 1/1"), proc.stderr
 
 
 def test_temporary_files_left_by_a_crashed_writer_are_removed_with_one_line(tmp_path):

@@ -75,6 +75,7 @@ FLAGS = [
     ("--checkpoint", ["run.h5"], "checkpoint", "run.h5"),
     ("--checkpoint-every", ["5"], "checkpoint_every", 5),
     ("--resume", [], "resume", True),
+    ("--overwrite", [], "overwrite", True),
     ("--metrics", ["m.h5"], "metrics", "m.h5"),
     ("--trace", ["t.json"], "trace", "t.json"),
     ("--trace-steps", ["2:9"], "trace_steps", "2:9"),

@@ -1,0 +1,56 @@
+"""CPUs this process may use, the ranks sharing this node, and each rank's share as BLAS threads.
+
+Several ranks on one node each running one OpenBLAS thread per core fight over the cores
+(on 2 cores, two ranks with two threads each run 10-100x slower). ``auto`` gives each rank
+its share: the CPUs this process may run on (its affinity mask) divided by the ranks sharing
+this node, at least 1 -- unless ``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS`` or
+``MKL_NUM_THREADS`` is set to a positive number, which is then taken as the user's choice.
+
+The ranks on this node are counted without initialising MPI, from what launchers put in the
+environment (:data:`npddp.util.env.LOCAL_SIZE_VARIABLES`); when none is set and MPI is already
+initialised, from MPI's shared-memory split of ``COMM_WORLD`` (a collective: every rank must
+ask; ``ask_mpi=False`` never asks); otherwise 1. :mod:`npddp.process.threads` applies the number
+for the entry points, :mod:`npddp.util.guard` for a user's own script.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from npddp.util import env
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on: its affinity mask where the OS has one, else the CPU count."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def local_ranks(environ=None, ask_mpi: bool = True) -> tuple[int, str]:
+    """(ranks on this node, where that number came from)."""
+    announced = env.local_size(environ)
+    if announced is not None:
+        return announced
+    mpi = sys.modules.get("mpi4py.MPI")
+    if ask_mpi and mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        node = mpi.COMM_WORLD.Split_type(mpi.COMM_TYPE_SHARED)
+        try:
+            return node.Get_size(), "MPI shared-memory split"
+        finally:
+            node.Free()
+    return 1, "no launcher variable"
+
+
+def auto_threads(environ=None, cpus: int | None = None, ask_mpi: bool = True) -> tuple[int, str]:
+    """(BLAS threads for this rank, a short explanation) as ``--threads auto`` chooses them."""
+    environ = os.environ if environ is None else environ
+    setting = env.thread_setting(environ)
+    if setting is not None:
+        return setting[0], f"auto: {setting[1]}={setting[0]}"
+    cpus = available_cpus() if cpus is None else cpus
+    ranks, source = local_ranks(environ, ask_mpi)
+    n = max(1, cpus // ranks)
+    return n, f"auto: {cpus} CPU{'s' * (cpus != 1)} / {ranks} rank{'s' * (ranks != 1)} on this node"

@@ -1,0 +1,105 @@
+"""A user's own script, protected by its first ``create``: a failure or a Ctrl-C on one rank ends the job at once.
+
+Plain ``mpirun`` (no mpi_run.sh, no ``abort_on_exception`` call) and ``python -m npddp.run``:
+an exception on rank 1 ends the job promptly with one line naming rank 1 and a non-zero exit;
+over TCP the healthy peer says so in one line, not a traceback; a Ctrl-C of the whole job
+prints one ``interrupted`` line and exits 130; the MPI segments of the failed job are gone.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+
+from npddp.process.cleanup import Watch
+from tests.reliability.conftest import job_env, mpirun
+
+#: Seconds from the start of a job whose rank 1 fails at once to its end that count as "promptly"
+#: (the job itself takes about 1 s on an idle machine; the bound leaves room for a loaded one).
+ENDS_WITHIN = 30.0
+
+SCRIPT = """
+import sys, time
+import numpy as np
+from npddp.comm import create
+comm = create(sys.argv[1])
+sys.stdout.write(f"rank {comm.rank} ready\\n")   # one write: ranks share the pipe
+sys.stdout.flush()
+if sys.argv[2] == "raise" and comm.rank == 1:
+    raise ValueError("boom on rank 1")
+x = np.ones(1000)
+while True:
+    comm.allreduce(x)
+    x[:] = 1
+    if sys.argv[2] == "raise":
+        break
+    time.sleep(0.01)
+print("passed", flush=True)
+"""
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "user_script.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def _command(launcher: str, script, backend: str, mode: str, n: int = 2) -> list[str]:
+    if launcher == "mpirun":
+        return [mpirun(), "-n", str(n), sys.executable, str(script), backend, mode]
+    return [sys.executable, "-m", "npddp.run", "--nproc", str(n), str(script), backend, mode]
+
+
+@pytest.mark.parametrize("launcher, backend", [("mpirun", "ring"), ("mpirun", "mpi"), ("npddp.run", "ring")])
+def test_an_exception_on_rank_1_of_a_plain_script_ends_the_job_with_one_line_naming_it(script, launcher, backend):
+    with tempfile.TemporaryFile("w+") as sink:
+        watch = Watch(_command(launcher, script, backend, "raise"), env=job_env(), stdout=sink, stderr=sink,
+                      text=True)                              # notes the /dev/shm files the job maps
+        started = time.monotonic()
+        code = watch.run()
+        sink.seek(0)
+        out = sink.read()
+    took = time.monotonic() - started
+    assert code == 1, out
+    assert took < ENDS_WITHIN, f"{took:.1f} s"
+    assert "passed" not in out and "ValueError: boom on rank 1" in out
+    assert [line for line in out.splitlines() if line.startswith("[rank")] == \
+        [f"[rank 1] unhandled exception, {'aborting' if launcher == 'mpirun' else 'ending'} all 2 ranks:"] + \
+        ([] if launcher == "mpirun" else [line for line in out.splitlines() if line.startswith("[rank 0] ending: ")])
+    assert out.count("Traceback") == 1, out                      # rank 1's; the healthy peer prints no traceback
+    if launcher == "npddp.run":
+        assert any("the connection to rank 1 broke" in line for line in out.splitlines()
+                   if line.startswith("[rank 0] ending: ")) or "[rank 0]" not in out, out
+    assert not [s for s in watch.seen if os.path.exists(s)], "the failed job left its MPI segments"
+
+
+@pytest.mark.parametrize("launcher, backend", [("mpirun", "ring"), ("mpirun", "mpi"), ("npddp.run", "ring")])
+def test_ctrl_c_of_the_whole_job_prints_one_interrupted_line_and_exits_130(script, launcher, backend):
+    proc = subprocess.Popen(_command(launcher, script, backend, "run"), env=job_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while "".join(lines).count("ready") < 2:     # ranks share the pipe: their lines may interleave
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
+            time.sleep(0.05)
+        time.sleep(0.3)
+        os.killpg(proc.pid, signal.SIGINT)       # what Ctrl-C in a terminal does: the whole foreground group
+        code = proc.wait(60)
+        reader.join(10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    out = "".join(lines)
+    assert code == 130, out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+    assert len([line for line in out.splitlines() if "interrupted" in line]) == 1, out

@@ -1,0 +1,51 @@
+"""What a newcomer runs into with the training CLI: resuming over TCP, --resume alone, overwriting a
+checkpoint, a batch larger than the data. Each ends with one clear line (or just works)."""
+
+import os
+
+from npddp.process.cleanup import Watch
+from npddp.train import checkpoint
+from tests.train.test_cli import TINY, _env, _mpirun, ok, train
+
+
+def test_a_tcp_run_resumes_without_the_backend_given_again(tmp_path):
+    ok(train(tmp_path, *TINY, "--epochs", "1", "--backend", "ring", "--checkpoint", "c.h5", launcher="npddp.run"))
+    resumed = ok(train(tmp_path, "--checkpoint", "c.h5", "--resume", "--epochs", "2", launcher="npddp.run"))
+    assert "backend ring over tcp" in resumed.stdout, resumed.stdout
+    assert checkpoint.read(tmp_path / "c.h5").epochs_done == 2
+
+
+def test_resume_without_a_checkpoint_is_one_line_and_leaves_no_mpi_segment(tmp_path):
+    import sys
+    with open(tmp_path / "out.txt", "w+") as sink:
+        watch = Watch([_mpirun(), "-n", "2", sys.executable, "-m", "npddp.train", "--resume"], cwd=tmp_path,
+                      env=_env(), stdout=sink, stderr=sink, text=True)
+        code = watch.run()
+        sink.seek(0)
+        out = sink.read()
+    assert code == 2, out
+    assert out.strip().splitlines() == ["error: --resume needs --checkpoint PATH.h5: the checkpoint to continue"]
+    assert not watch.seen, f"MPI was started and made {watch.seen}"
+
+
+def test_a_new_run_refuses_to_overwrite_a_checkpoint_unless_told(tmp_path):
+    ok(train(tmp_path, *TINY, "--epochs", "1", "--checkpoint", "c.h5", n=None))
+    before = (tmp_path / "c.h5").read_bytes()
+    refused = train(tmp_path, *TINY, "--epochs", "1", "--hidden", "8", "--checkpoint", "c.h5", n=None)
+    assert refused.returncode == 2, refused.stderr
+    assert "--checkpoint 'c.h5' already holds a checkpoint" in refused.stderr and "--overwrite" in refused.stderr
+    assert "Traceback" not in refused.stderr and (tmp_path / "c.h5").read_bytes() == before
+    ok(train(tmp_path, *TINY, "--epochs", "2", "--checkpoint", "c.h5", "--resume", n=None))      # resume: allowed
+    ok(train(tmp_path, *TINY, "--epochs", "1", "--hidden", "8", "--checkpoint", "c.h5", "--overwrite", n=None))
+    assert checkpoint.read(tmp_path / "c.h5").epochs_done == 1
+
+
+def test_a_batch_larger_than_the_data_is_an_error_naming_both(tmp_path):
+    for samples, batch in ((50, 96), (100, 128)):
+        done = train(tmp_path, "--train-samples", str(samples), "--batch-size", str(batch), "--hidden", "8",
+                     "--epochs", "1", n=None)
+        assert done.returncode == 2, done.stdout + done.stderr
+        line = next(line for line in done.stderr.splitlines() if line.startswith("error:"))
+        assert f"--batch-size {batch} is larger than the {samples} training rows" in line
+        assert "Traceback" not in done.stderr
+    assert not os.listdir(tmp_path)
