@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--secret-file", default=None, metavar="PATH",
                    help="file holding the job secret every connection must prove (readable by you only); the "
                         "same file on every machine of a multi-node job (default: NPDDP_JOB_SECRET, else a fresh "
-                        "secret per job, which needs --nnodes 1)")
+                        "secret per job; several machines need one of the two)")
     p.add_argument("--max-restarts", type=int, default=0, metavar="K",
                    help="when a rank fails, stop every rank and start the job again, at most K times; each "
                         "start sees NPDDP_RESTART_COUNT (default: 0, a failure is final)")
