@@ -66,7 +66,10 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
            transport: str = "auto", tuning=None, progress: str = "caller") -> Communicator:
     """Build the backend called ``name`` over ``group`` (default: every rank of the chosen transport).
 
-    ``group`` is an mpi4py communicator (transport mpi), a :class:`Transport`, or None.
+    ``group`` is an mpi4py communicator (transport mpi), a :class:`Transport`, or None. With None,
+    every communicator gets a message context of its own (MPI: a ``Dup`` of COMM_WORLD; TCP: a
+    context all ranks agree on), so none ever matches another's messages; a group you pass is
+    used as it is (its context shared with your own messages on it: pass ``comm.Dup()`` to isolate).
     ``transport``: ``mpi``, ``tcp`` or ``auto`` (see the module docstring).
     ``debug=True`` (or ``NPDDP_DEBUG=1``) checks every collective's arguments across ranks first.
     ``timeout``: seconds a blocking call may wait for its peers before TimeoutError; None takes
@@ -96,11 +99,11 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
             raise ValueError("backend 'mpi' runs MPI's own collectives, so it needs transport 'mpi', not "
                              f"{kind!r}; over tcp use a hand-written backend: {', '.join(BACKENDS[1:])}")
         from npddp.comm.mpi import MPICommunicator
-        comm = MPICommunicator(group.comm if is_transport(group) else group, timeout, dup=True)
+        comm = MPICommunicator(group.comm if is_transport(group) else group, timeout, dup=group is None)
     else:
         if kind == "mpi" and not is_transport(group):
             from npddp.comm.transports.mpi import MPITransport
-            group = MPITransport(group, dup=True)   # a context of its own: never matches another's messages
+            group = MPITransport(group, dup=group is None)   # the world: a Dup, a context of its own
         elif group is None:
             from npddp.comm.transports.rendezvous import transport_from_env
             group = transport_from_env(timeout)     # a context of its own, agreed by every rank

@@ -15,6 +15,12 @@ flags) and are then stopped (SIGTERM, then SIGKILL after ``--grace`` seconds) an
 with the failing rank's code (128 + signal; a specific status beats the 1 its peers exit with); Ctrl-C is forwarded to every process.
 Processes die with the launcher (``PR_SET_PDEATHSIG``), so none outlives it. Shared-memory
 segments the job left behind are removed when it ends abnormally.
+
+Every job gets a fresh secret in ``NPDDP_JOB_SECRET`` (or ``--secret-file``'s, shared by every
+machine of a multi-node job) that every TCP connection of the job must prove it holds
+(docs/security.md). ``--max-restarts K`` starts the whole job again after a failure, at most
+K times, with ``NPDDP_RESTART_COUNT`` set (``npddp.train --resume auto`` then continues from
+its checkpoint); exit status 2 (bad flags or files) is final.
 """
 
 from __future__ import annotations
@@ -61,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--secret-file", default=None, metavar="PATH",
                    help="file holding the job secret every connection must prove (readable by you only); the "
                         "same file on every machine of a multi-node job (default: NPDDP_JOB_SECRET, else a fresh "
-                        "secret per job, which needs --nnodes 1)")
+                        "secret per job; several machines need one of the two)")
     p.add_argument("--max-restarts", type=int, default=0, metavar="K",
                    help="when a rank fails, stop every rank and start the job again, at most K times; each "
                         "start sees NPDDP_RESTART_COUNT (default: 0, a failure is final)")
