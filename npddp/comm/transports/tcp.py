@@ -396,8 +396,10 @@ class TCPWorld:
                 mine[0] = max(int(mine[0]), int(theirs.max()))
                 self._wait([self.peers[r].isend(_bytes(mine), (CONTROL, 1)) for r in range(1, self.size)], timeout)
             else:
+                agreed = np.zeros(1, dtype=np.uint64)
                 self._wait([self.peers[0].isend(_bytes(mine), (CONTROL, 0)),
-                            self.peers[0].irecv(_bytes(mine), (CONTROL, 1))], timeout)
+                            self.peers[0].irecv(_bytes(agreed), (CONTROL, 1))], timeout)
+                mine = agreed
             self._contexts = int(mine[0])
         return self.transport()
 
