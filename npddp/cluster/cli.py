@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -216,7 +217,9 @@ def run(args) -> int:
     try:
         record = _bring_up(cluster, os.getpid())
         if args.launcher == "tcp":
-            procs = [_start(c) for c in launch.tcp_commands(cluster, args.ranks_per_node, args.command, args.grace)]
+            env = {**os.environ, "NPDDP_JOB_SECRET": os.environ.get("NPDDP_JOB_SECRET") or secrets.token_hex(32)}
+            procs = [_start(c, env) for c in launch.tcp_commands(cluster, args.ranks_per_node, args.command,
+                                                                 args.grace)]
         else:
             env = launch.mpi_env()
             launch.write_stand_in(cluster, record.runtime)
