@@ -42,7 +42,7 @@ from npddp.train import state
 from npddp.process import threads
 from npddp.train.agree import agree, any_rank
 from npddp.train.banner import header, summary, transport_of
-from npddp.train.config import Config, ConfigError, parse_args
+from npddp.train.config import Config, ConfigError, load_plugins, parse_args
 from npddp.train.validate import check_config, parse_fault
 from npddp.comm.transports.base import resolve_transport
 from npddp.data import BatchLoader, DistributedSampler, iterate_batches
@@ -331,6 +331,7 @@ def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
         if cfg.resume:
             ckpt, saved = resume.read_saved(comm, cfg.checkpoint)
             cfg = resume.merge(given, saved, cfg.checkpoint)
+            load_plugins(cfg.plugin)           # the checkpoint's plugins, before its backend is opened
         check_config(cfg, comm.size)
     except ConfigError as exc:
         raise JobError(str(exc), EXIT_USAGE) from None
