@@ -249,10 +249,6 @@ class DistributedDataParallel:
             raise TypeError(f"hook must be a function hook(state, bucket), got {type(hook).__name__}")
         self.comm_hook_state, self.comm_hook = state, hook
 
-    def comm_hook_name(self) -> str:
-        """The registered hook's function name (``allreduce_hook`` by default)."""
-        return getattr(self.comm_hook, "__name__", type(self.comm_hook).__name__)
-
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """Backward through the model, then leave every ``.grad`` averaged over ranks."""
         reducing = self._reducing()

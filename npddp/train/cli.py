@@ -44,7 +44,7 @@ from npddp.train import sharding
 from npddp.process import threads
 from npddp.train.agree import agree, any_rank
 from npddp.train.banner import header, summary, transport_of
-from npddp.train.config import Config, ConfigError, parse_args
+from npddp.train.config import Config, ConfigError, load_plugins, parse_args
 from npddp.train.validate import check_config, parse_fault
 from npddp.comm.transports.base import resolve_transport
 from npddp.data import BatchLoader, DistributedSampler, iterate_batches
@@ -354,6 +354,7 @@ def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
         if cfg.resume:
             ckpt, saved = resume.read_saved(comm, cfg.checkpoint)
             cfg = resume.merge(given, saved, cfg.checkpoint)
+            load_plugins(cfg.plugin)           # the checkpoint's plugins, before its backend is opened
             if _mpi_over_tcp(cfg):
                 raise ConfigError(_mpi_over_tcp(cfg))
         check_config(cfg, comm.size)

@@ -367,12 +367,12 @@ def parse_args(argv=None, help_file=None) -> dict:
                           "(none is allreduce; with --topk-ratio, --powersgd-rank, --powersgd-start-iter)")
     plugins = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--plugin"]
     plugins += [a.split("=", 1)[1] for a in argv if a.startswith("--plugin=")]
-    _load_plugins(",".join(plugins))
+    load_plugins(",".join(plugins))
     parser = build_parser(help_file)
     return vars(parser.parse_args(argv))
 
 
-def _load_plugins(text: str) -> None:
+def load_plugins(text: str) -> None:
     """Import the comma-separated modules of ``text``; ConfigError naming one that cannot be imported."""
     from npddp.comm import load_plugins
     try:

@@ -121,3 +121,43 @@ def test_benchmarks_take_a_plugin_backend_by_name():
     assert allreduce.parse_config([*args, "--backends", "broken_twice"], verbose=False).backends == ("broken_twice",)
     with pytest.raises(SystemExit):
         ddp.parse_config(["--plugin", "no.such.plugin_mod", "--backends", "ring"], verbose=False)
+
+
+def test_installed_packages_register_through_the_entry_point_group(monkeypatch):
+    from importlib import metadata
+    from npddp.comm import registry
+
+    class EntryPoint:
+        name, value = "broken_twice", "tests.comm._broken_algorithm"
+
+        def load(self):
+            load_plugins([str(ROOT / "tests/comm/_broken_algorithm.py")])
+
+    class Silent(EntryPoint):
+        name = "never_registered"
+
+        def load(self):
+            pass
+
+    REGISTERED.pop("broken_twice", None)
+    monkeypatch.setattr(registry, "_discovered", [])
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [EntryPoint()] if group == registry.ENTRY_POINT_GROUP
+                        else [])
+    assert "broken_twice" in backend_names()
+    monkeypatch.setattr(registry, "_discovered", [])
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [Silent()])
+    with pytest.raises(ValueError, match="registered no algorithm called 'never_registered'"):
+        backend_names()
+
+
+def test_training_cli_trains_and_resumes_on_a_plugin_backend(tmp_path):
+    """Under mpirun: on --resume the checkpoint's backend and plugin replace the defaults."""
+    cmd = [str(ROOT / "mpi_run.sh"), "-n", "2", sys.executable, "-m", "npddp.train", "--hidden", "8", "--epochs", "2",
+           "--train-samples", "256", "--val-samples", "64", "--batch-size", "32", "--progress", "none",
+           "--checkpoint", str(tmp_path / "c.h5")]
+    first = subprocess.run([*cmd, "--backend", "custom_ring", "--plugin", "examples.custom_allreduce", "--max-steps", "5"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0 and "backend custom_ring" in first.stdout, first.stdout + first.stderr
+    again = subprocess.run([*cmd, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "done: epoch 2/2" in again.stdout, again.stdout + again.stderr
+    assert "backend custom_ring" in again.stdout, again.stdout

@@ -85,6 +85,7 @@ def pq_sizes(rank):
     return ps, qs
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # 3e4 x N(0, 1) overflows float16: inf, as in torch
 def test_fp16_hook_equals_pytorchs_on_one_rank(torch_group):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     comm = one_rank_comm()
