@@ -66,9 +66,11 @@ class NodeGroup:
     push_bytes = 256 << 10
     #: Private (not :meth:`empty`) buffers of at least this many bytes are read and written in the
     #: peers' own memory by single-copy transfers (:mod:`npddp.comm.node.cma`) instead of staged,
-    #: when the kernel allows it; smaller ones are staged, which measured as fast or faster up to
-    #: 1 MiB at N = 2 (copies that stay in cache beat the kernel's per-page cost). ``None``: never.
-    single_copy_bytes: int | None = 2 << 20
+    #: when the kernel allows it; smaller ones are staged, which measured faster from 2 to 8 MiB at
+    #: N = 2 (0.47-0.62 of MPI's time against 0.65-0.84; the kernel's per-page cost outweighs the
+    #: copies saved), level at 16 MiB, and slower from 32 MiB (0.28-0.31 against 0.20-0.22).
+    #: ``None``: never.
+    single_copy_bytes: int | None = 16 << 20
     #: Pieces read from (and written to) a peer's private memory: each transfer is one system call,
     #: so they are larger than ``push_bytes`` (measured at N = 2: 1 MiB pieces took 0.6-0.8 of the
     #: time of 256 KiB ones from 4 MiB up).
