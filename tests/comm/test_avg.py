@@ -66,11 +66,26 @@ def test_reduce_scatter_avg(comm, group, values, assert_all_ranks):
     assert_all_ranks(np.array_equal(got, want), f"reduce_scatter avg: got {got[:4]}, expected {want[:4]}", group)
 
 
+def test_ireduce_scatter_avg_equals_the_blocking_call(comm, group, values, assert_all_ranks):
+    """The non-blocking reduce-scatter averages too (not a silent sum), with the blocking call's bits."""
+    problems = []
+    for n in (1, comm.size + 1, 1009):
+        for dtype in ("float16", "float32", "float64"):
+            x = values.rank(n, comm.rank, dtype, "sum")
+            want = comm.reduce_scatter(x, "avg")
+            out = np.empty_like(want)
+            got = comm.ireduce_scatter(x, "avg", out=out).wait()
+            if not (got is out and np.array_equal(out, want)):
+                problems.append(f"n={n} {dtype}: {out[:3]} against {want[:3]}")
+    assert_all_ranks(not problems, "; ".join(problems), group)
+
+
 @pytest.mark.parametrize("dtype", ["int32", "int64"])
 def test_avg_refuses_integers_before_sending(comm, dtype):
     x = np.ones(4, dtype=dtype)
     for call in (lambda: comm.allreduce(x, "avg"), lambda: comm.iallreduce(x, "avg"),
-                 lambda: comm.allreduce(x, "avg", out=np.empty_like(x)), lambda: comm.reduce_scatter(x, "avg")):
+                 lambda: comm.allreduce(x, "avg", out=np.empty_like(x)), lambda: comm.reduce_scatter(x, "avg"),
+                 lambda: comm.ireduce_scatter(x, "avg")):
         with pytest.raises(TypeError, match=f"avg.*{dtype}.*float16, float32, float64"):
             call()
     # nothing was sent: the communicator still works (a one-rank or all-rank call follows)
