@@ -212,7 +212,7 @@ def run(args) -> int:
     _cleanup_leftovers()
     cluster = Cluster.new(args.nodes, rate=args.rate_bits, delay=args.delay_s, mtu=args.mtu)
     procs: list[subprocess.Popen] = []
-    record, seen = None, set()
+    record, seen, before = None, set(), cleanup.segment_files()
     old = {s: signal.signal(s, _raise_on) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         record = _bring_up(cluster, os.getpid())
@@ -252,7 +252,9 @@ def run(args) -> int:
             signal.signal(s, signal.SIG_IGN)   # teardown must finish even if Ctrl-C is pressed again
         _signal_groups(procs, signal.SIGKILL)
         state.remove(record or cluster.record(os.path.join(state.state_dir(), cluster.cid), 0), grace=args.grace)
-        cleanup.remove_unused(seen)      # what MPI left in /dev/shm when a rank was killed (none after a clean end)
+        # what MPI left in /dev/shm when a rank was killed (none after a clean end): what the job was seen to map,
+        # and what appeared while it ran that nothing maps now (a job may die between two looks at its maps)
+        cleanup.remove_unused(seen | (cleanup.segment_files() - before))
         for s, handler in old.items():
             signal.signal(s, handler)
 

@@ -122,6 +122,23 @@ def orphans(min_age_s: float = 60.0, uid: int | None = None, directory: Path = S
     return sorted(found)
 
 
+def segment_files(directory: Path = SHM) -> set[str]:
+    """This user's files in ``directory`` named like MPI's (or npddp's) segments."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return set()
+    uid, found = os.getuid(), set()
+    for entry in entries:
+        if any(fnmatch.fnmatch(entry.name, p) for p in PATTERNS):
+            try:
+                if entry.stat(follow_symlinks=False).st_uid == uid:
+                    found.add(entry.path)
+            except OSError:
+                continue
+    return found
+
+
 def temp_leftovers(directory: str | None = None) -> set[str]:
     """This user's files in the temporary directory named like those MPICH's launcher leaves (hydra's topology file)."""
     directory = tempfile.gettempdir() if directory is None else directory
@@ -148,6 +165,7 @@ class Watch:
         self.command, self.popen = command, popen     # popen: more keyword arguments of subprocess.Popen
         self.seen: set[str] = set()
         self.temps_before: set[str] = set()
+        self.segments_before: set[str] = set()
         self.proc: subprocess.Popen | None = None
         self.job = os.environ.get("NPDDP_JOB_ID") or f"watch{secrets.token_hex(6)}"  # names npddp's segments
 
@@ -158,6 +176,7 @@ class Watch:
     def run(self) -> int:
         """The command's exit status (128 + N when killed by signal N)."""
         self.temps_before = temp_leftovers()
+        self.segments_before = segment_files()
         environ = {**(self.popen.get("env") or os.environ), "NPDDP_JOB_ID": self.job}
         self.proc = subprocess.Popen(self.command, **{**self.popen, "env": environ})
         previous = {sig: signal.signal(sig, self._forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
@@ -190,7 +209,9 @@ class Watch:
         deadline = time.monotonic() + 2.0            # let the job's last processes go
         while time.monotonic() < deadline and any(descendants(self.proc.pid) if self.proc else ()):
             time.sleep(0.05)
-        removed = remove_unused(self.seen) if self.seen else []
+        # what the watch saw mapped, and what appeared while the job ran and nothing maps now (a job that dies
+        # within milliseconds of making its segments can end between two looks at its processes' maps)
+        removed = remove_unused(self.seen | (segment_files() - self.segments_before))
         gone = {p for p, _ in removed}
         for name in remove_job_segments(self.job, str(SHM)):  # npddp's own, even those nobody mapped in time
             if str(SHM / name) not in gone:

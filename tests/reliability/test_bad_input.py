@@ -51,7 +51,7 @@ CASES = [
     ("allreduce strided", lambda d: _self("mpi").allreduce(strided), ValueError, ["C-contiguous", "strides (8,)"]),
     ("broadcast root", lambda d: _self().broadcast(x, root=1), ValueError, ["root=1", "valid ranks: 0..0"]),
     ("send tag", lambda d: _self().send(x, 0, tag=1 << 14), ValueError, ["tag=16384", "valid tags: 0..16383"]),
-    ("debug allreduce op", lambda d: _self(debug=True).allreduce(x, "avg"), ValueError, ["'avg'", "sum, prod"]),
+    ("debug allreduce op", lambda d: _self(debug=True).allreduce(x, "mean"), ValueError, ["'mean'", "sum, prod"]),
     # --- create() and the environment
     ("create backend", lambda d: create("nccl"), ValueError, ["'nccl'", ", ".join(BACKENDS)]),
     ("create debug", lambda d: create("ring", debug="yes"), TypeError, ["debug must be a bool", "str"]),
