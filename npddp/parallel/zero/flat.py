@@ -66,8 +66,8 @@ class FlatGroup:
 
     @property
     def buffer(self) -> np.ndarray:
-        """The flat gradients (what DDP calls a bucket's buffer)."""
-        return self.grads
+        """The flat gradients (what DDP calls a bucket's buffer; ZeRO-3 between backwards: zeros, no memory)."""
+        return self.grads if self.grads is not None else _absent((self.padded,), self._dtype)
 
     def _bind(self, values: np.ndarray) -> None:
         """Make every ``p.data`` a view into ``values``."""
