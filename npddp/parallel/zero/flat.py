@@ -23,14 +23,38 @@ import numpy as np
 from npddp.nn.module import Parameter
 
 
+class BufferPool:
+    """A few freed ZeRO-3 buffers kept for reuse, so gathering does not fault in fresh pages every time."""
+
+    __slots__ = ("_free", "keep")
+
+    def __init__(self, keep: int = 2):
+        self._free: list[np.ndarray] = []
+        self.keep = keep
+
+    def take(self, n: int, dtype) -> np.ndarray:
+        """A ``(n,)`` array of ``dtype`` (contents undefined): a kept one if one fits exactly, else a new one."""
+        for i, a in enumerate(self._free):
+            if a.size == n and a.dtype == dtype:
+                return self._free.pop(i)
+        return np.empty(n, dtype=dtype)
+
+    def give(self, a: np.ndarray) -> None:
+        """Keep ``a`` for reuse (the oldest kept one is dropped beyond ``keep``)."""
+        self._free.append(a)
+        if len(self._free) > self.keep:
+            self._free.pop(0)
+
+
 class FlatGroup:
     """Parameters of one dtype as padded flat values and gradients, with this rank's shard."""
 
     __slots__ = ("index", "params", "comm", "numel", "padded", "shard_size", "offsets", "values", "grads",
-                 "shard", "reports", "pending", "work", "gather_work", "live", "reduced", "_owned", "_dtype")
+                 "shard", "reports", "pending", "work", "gather_work", "live", "reduced", "_owned", "_dtype", "pool")
 
-    def __init__(self, index: int, params: list[Parameter], comm, sharded_values: bool = False):
+    def __init__(self, index: int, params: list[Parameter], comm, sharded_values: bool = False, pool=None):
         self.index, self.params, self.comm = index, params, comm
+        self.pool = BufferPool() if pool is None else pool
         size, rank = comm.size, comm.rank
         dtype = self._dtype = params[0].data.dtype
         self.numel = sum(p.data.size for p in params)
@@ -78,12 +102,15 @@ class FlatGroup:
     def ensure_grads(self) -> None:
         """ZeRO-3: give the parameters zeroed full gradients to accumulate into (before a backward uses them)."""
         if self.grads is None:
-            self.grads = np.zeros(self.padded, dtype=self._dtype)
+            self.grads = self.pool.take(self.padded, self._dtype)
+            self.grads[...] = 0
             for p, lo in zip(self.params, self.offsets):
                 p.grad = self.grads[lo:lo + p.data.size].reshape(p.data.shape)
 
     def drop_grads(self) -> None:
         """ZeRO-3: free the full gradients (once reduced into the shard); ``p.grad`` reads as zeros."""
+        if self.grads is not None:
+            self.pool.give(self.grads)
         self.grads = None
         for p in self.params:
             p.grad = _absent(p.data.shape, self._dtype)
@@ -108,7 +135,7 @@ class FlatGroup:
         if self.gather_work is not None or (self.live and self._owned is not None):
             return
         if self._owned is not None:
-            self.values = np.empty(self.padded, dtype=self.dtype)
+            self.values = self.pool.take(self.padded, self._dtype)
             rows = self.values.reshape(self.comm.size, -1)
             rows[self.comm.rank] = self._owned
             self.gather_work = self.comm.iallgather(rows[self.comm.rank], out=rows)
@@ -136,6 +163,7 @@ class FlatGroup:
             return
         for p in self.params:
             p.data = _absent(p.data.shape, self._dtype)
+        self.pool.give(self.values)
         self.values = None
         self.live = False
 
