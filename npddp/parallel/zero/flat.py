@@ -61,21 +61,24 @@ class FlatGroup:
         self.shard_size = -(-self.numel // size)
         self.padded = self.shard_size * size
         self.offsets = np.cumsum([0] + [p.data.size for p in params]).tolist()
-        self.grads = np.zeros(self.padded, dtype=dtype)    # (padded,)
         values = np.zeros(self.padded, dtype=dtype)        # (padded,)
         for p, lo in zip(params, self.offsets):
             values[lo:lo + p.data.size] = p.data.reshape(-1)
-            self.grads[lo:lo + p.data.size] = p.grad.reshape(-1)
-            p.grad = self.grads[lo:lo + p.data.size].reshape(p.data.shape)
         mine = slice(rank * self.shard_size, (rank + 1) * self.shard_size)
+        self.grads = None
         if sharded_values:   # ZeRO-3: only the shard is kept; values and gradients exist while needed
             self._owned = values[mine].copy()               # (shard_size,)
             self.values = None
+            del values
             for p in params:
                 p.data = _absent(p.data.shape, dtype)
-            self.drop_grads()
+                p.grad = _absent(p.data.shape, dtype)       # ZeRO-3 starts from zero gradients
         else:
             self._owned, self.values = None, values
+            self.grads = np.zeros(self.padded, dtype=dtype)    # (padded,)
+            for p, lo in zip(params, self.offsets):
+                self.grads[lo:lo + p.data.size] = p.grad.reshape(-1)
+                p.grad = self.grads[lo:lo + p.data.size].reshape(p.data.shape)
             self._bind(values)
         self.shard = Parameter(self._owned if sharded_values else values[mine])
         self.reports = self.pending = len(params)
