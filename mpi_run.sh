@@ -4,13 +4,17 @@ set -euo pipefail
 
 usage() {
   cat <<'USAGE'
-Usage: ./mpi_run.sh [-n N] [--hostfile FILE] [--dry-run] [--] COMMAND [ARGS...]
+Usage: ./mpi_run.sh [-n N] [--hostfile FILE] [--max-restarts K] [--dry-run] [--] COMMAND [ARGS...]
 
 Runs COMMAND on N MPI ranks (default 2) with the mpirun of the active environment
 (the virtual environment's bin/ first, then PATH).
 
   -n, -np N         number of ranks (default: 2)
   --hostfile FILE   hosts to place ranks on (passed as -f for MPICH, --hostfile for Open MPI)
+  --max-restarts K  when the job fails, run it again, at most K times (default: 0); each run
+                    sees NPDDP_RESTART_COUNT (0, 1, ...), so `python -m npddp.train
+                    --checkpoint c.h5 --resume auto` continues from its last checkpoint.
+                    Exit status 2 (bad flags or files: it would fail again) is not restarted.
   --dry-run         print the mpirun command line and exit without running it
   -h, --help        show this help
 
@@ -39,6 +43,7 @@ USAGE
 nprocs=2
 hostfile=""
 dry_run=0
+max_restarts=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -h|--help) usage; exit 0 ;;
@@ -46,6 +51,8 @@ while [[ $# -gt 0 ]]; do
             nprocs="$2"; shift 2 ;;
     --hostfile) [[ $# -ge 2 ]] || { echo "mpi_run.sh: --hostfile needs a file" >&2; exit 2; }
             hostfile="$2"; shift 2 ;;
+    --max-restarts) [[ $# -ge 2 ]] || { echo "mpi_run.sh: --max-restarts needs a value" >&2; exit 2; }
+            max_restarts="$2"; shift 2 ;;
     --dry-run) dry_run=1; shift ;;
     --) shift; break ;;
     -*) echo "mpi_run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -54,6 +61,7 @@ while [[ $# -gt 0 ]]; do
 done
 [[ $# -gt 0 ]] || { echo "mpi_run.sh: no command given (see --help)" >&2; exit 2; }
 [[ "$nprocs" =~ ^[1-9][0-9]*$ ]] || { echo "mpi_run.sh: -n must be a positive integer, got '$nprocs'" >&2; exit 2; }
+[[ "$max_restarts" =~ ^[0-9]+$ ]] || { echo "mpi_run.sh: --max-restarts must be an integer >= 0, got '$max_restarts'" >&2; exit 2; }
 [[ -z "$hostfile" || -r "$hostfile" ]] || { echo "mpi_run.sh: hostfile '$hostfile' is not readable" >&2; exit 2; }
 
 mpirun="${MPIRUN:-}"
@@ -84,14 +92,37 @@ if "$mpirun" --version 2>&1 | grep -qiE 'open mpi|open-mpi|openrte'; then
   [[ "$(id -u)" == 0 ]] && args+=(--allow-run-as-root)
   [[ -n "$hostfile" ]] && args+=(--hostfile "$hostfile")
   for v in OMP_NUM_THREADS OPENBLAS_NUM_THREADS MKL_NUM_THREADS; do [[ -n "${!v:-}" ]] && args+=(-x "$v"); done
+  args+=(-x NPDDP_RESTART_COUNT)
 else
   [[ -n "$hostfile" ]] && args+=(-f "$hostfile")
-  [[ -n "${OMP_NUM_THREADS:-}" ]] && args+=(-envlist OMP_NUM_THREADS,OPENBLAS_NUM_THREADS,MKL_NUM_THREADS)
+  [[ -n "${OMP_NUM_THREADS:-}" ]] && args+=(-envlist OMP_NUM_THREADS,OPENBLAS_NUM_THREADS,MKL_NUM_THREADS,NPDDP_RESTART_COUNT)
 fi
 
 echo "+ $mpirun ${args[*]} $*" >&2
 [[ "$dry_run" == 1 ]] && exit 0
-if [[ "$npddp_ok" == 1 && "${NPDDP_SHM_WATCH:-1}" != 0 ]]; then
-  exec "$python" -m npddp.process.cleanup run -- "$mpirun" "${args[@]}" "$@"
+run_once() {
+  if [[ "$npddp_ok" == 1 && "${NPDDP_SHM_WATCH:-1}" != 0 ]]; then
+    "$python" -m npddp.process.cleanup run -- "$mpirun" "${args[@]}" "$@"
+  else
+    "$mpirun" "${args[@]}" "$@"
+  fi
+}
+export NPDDP_RESTART_COUNT=0
+if [[ "$max_restarts" == 0 ]]; then
+  if [[ "$npddp_ok" == 1 && "${NPDDP_SHM_WATCH:-1}" != 0 ]]; then
+    exec "$python" -m npddp.process.cleanup run -- "$mpirun" "${args[@]}" "$@"
+  fi
+  exec "$mpirun" "${args[@]}" "$@"
 fi
-exec "$mpirun" "${args[@]}" "$@"
+trap 'exit 130' INT
+trap 'exit 143' TERM
+while :; do
+  status=0
+  run_once "$@" || status=$?
+  if [[ "$status" == 0 || "$status" == 2 || "$NPDDP_RESTART_COUNT" -ge "$max_restarts" ]]; then
+    [[ "$status" != 0 ]] && echo "mpi_run.sh: the job failed (exit $status) after $NPDDP_RESTART_COUNT restart(s); giving up" >&2
+    exit "$status"
+  fi
+  NPDDP_RESTART_COUNT=$((NPDDP_RESTART_COUNT + 1))
+  echo "mpi_run.sh: the job failed (exit $status); restarting every rank ($NPDDP_RESTART_COUNT of $max_restarts, NPDDP_RESTART_COUNT=$NPDDP_RESTART_COUNT)" >&2
+done

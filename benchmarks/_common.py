@@ -270,3 +270,35 @@ def format_table(rows: list[dict], spec) -> str:
     for r in rows:
         lines.append(" ".join(format(r[col], f">{width}{fmt}") for col, _, width, fmt in spec))
     return "\n".join(lines)
+
+
+PLUGIN_HELP = ("import MODULE first (a dotted name or a .py path; repeatable): it registers all-reduce "
+               "algorithms (npddp.comm.register_algorithm) that the backend lists then accept")
+
+
+def load_plugins(argv) -> None:
+    """Import the modules ``--plugin MODULE`` names in ``argv`` (before a parser checks backend names).
+
+    Entry points of group ``npddp.algorithms`` load too. A module that cannot be imported is
+    reported by the parser, which knows the flag (argparse ``type`` :func:`plugin`).
+    """
+    import sys
+    from npddp.comm import load_plugins as load
+    argv = list(sys.argv[1:] if argv is None else argv)
+    names = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--plugin"]
+    names += [a.split("=", 1)[1] for a in argv if a.startswith("--plugin=")]
+    for name in names:
+        try:
+            load([name])
+        except ValueError:
+            pass  # the parser's type check reports it
+
+
+def plugin(text: str) -> str:
+    """argparse type of ``--plugin``: the module, imported (it registers its algorithms)."""
+    from npddp.comm import load_plugins as load
+    try:
+        load([text])
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text

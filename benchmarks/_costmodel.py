@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmarks._common import GB, busbw_factor, check_collective
-from npddp.comm.registry import ALGORITHMS
+from npddp.comm.registry import ALGORITHMS, costed
 from npddp.comm.registry import algorithm as algorithm_class
 
 
@@ -44,7 +44,7 @@ def terms(collective: str, n: int, algorithm: str = "ring") -> tuple[float, floa
     if collective == "allreduce":
         if n == 1:
             return 0, 0.0
-        cost = algorithm_class(algorithm if algorithm in ALLREDUCE_MODELS else "ring").cost(1.0, n)
+        cost = algorithm_class(algorithm if modelled(algorithm) else "ring").cost(1.0, n)
         return cost.steps, cost.sent
     steps = n - 1
     return steps, busbw_factor(collective, n)
@@ -52,7 +52,7 @@ def terms(collective: str, n: int, algorithm: str = "ring") -> tuple[float, floa
 
 def modelled(algorithm: str) -> bool:
     """True if the all-reduce ``algorithm`` has a cost model here."""
-    return algorithm in ALLREDUCE_MODELS
+    return algorithm in ALLREDUCE_MODELS or algorithm in costed()
 
 
 def model_time(nbytes, collective: str, n: int, alpha: float, beta: float, calls=1, algorithm: str = "ring"):

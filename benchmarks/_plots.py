@@ -8,6 +8,8 @@ Series names come from the data (backends, algorithms, models), never from a fix
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
@@ -64,18 +66,34 @@ def _series(df, keys):
         yield " ".join(_PLACE.get(str(v), f"{v:g} MiB" if isinstance(v, float) else str(v)) for v in values), part
 
 
+#: A fixed colour per backend (and algorithm of the same name), the same in every figure; the
+#: no-comm ceiling is black. Other names get a colour of their own from their letters.
+BACKEND_COLOURS = {"mpi": "#1f77b4", "ring": "#ff7f0e", "naive": "#7f7f7f", "rd": "#2ca02c",
+                   "rabenseifner": "#9467bd", "tree": "#8c564b", "auto": "#d62728", "shm": "#e377c2",
+                   "hier": "#17becf", "gloo": "#bcbd22", NO_COMM: "#000000"}
+_SPARE = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354")
+
+
+def backend_colour(name: str) -> str:
+    """The colour of a backend in every figure: fixed for npddp's own, stable from the name for others."""
+    name = str(name).split("/")[0]
+    if name in BACKEND_COLOURS:
+        return BACKEND_COLOURS[name]
+    return _SPARE[zlib.crc32(name.encode()) % len(_SPARE)]
+
+
 def _colours(df, keys) -> dict:
-    """A colour per series without its place (in- and out-of-place of one backend share a colour)."""
+    """A colour per series without its place: its backend's (in- and out-of-place of one backend share it)."""
     keys = [k for k in keys if k != "place"]
-    names = [label for label, _ in _series(df, keys)]
-    return {name: f"C{i % 10}" for i, name in enumerate(names)}
+    return {label: backend_colour(part["backend"].iloc[0]) for label, part in _series(df, keys)}
 
 
 def _style(label: str, colours: dict) -> dict:
-    """Line colour from the series without its place (or what it ran); dashed out of place."""
+    """Line colour from the series without its place (or what it ran); dashed out of place; squares over tcp."""
     label = label.split(" (ran ")[0]
     base = label.replace(" out-of-place", "").replace(" in-place", "")
-    return {"color": colours.get(base), "ls": "--" if label.endswith("out-of-place") else "-"}
+    return {"color": colours.get(base), "ls": "--" if label.endswith("out-of-place") else "-",
+            "marker": "s" if " tcp" in f" {base} " else "o"}
 
 
 def _sweep_keys(df) -> list:
@@ -112,7 +130,7 @@ def sweep_busbw(df, meta: dict) -> Figure:
         part = part.sort_values("bytes")
         bw = part[column].to_numpy()
         median = part["time_median_s"].to_numpy()
-        line, = ax.plot(part["bytes"], bw, marker="o", ms=3, label=label, **_style(label, colours))
+        line, = ax.plot(part["bytes"], bw, ms=3, label=label, **_style(label, colours))
         ax.fill_between(part["bytes"], bw * median / part["time_p90_s"].to_numpy(),
                         bw * median / part["time_p10_s"].to_numpy(), color=line.get_color(), alpha=0.12, lw=0)
     _size_axis(ax)
@@ -135,7 +153,7 @@ def sweep_ratio(df, meta: dict, baseline: str):
     for label, part in _sweep_series(others):
         part = part.sort_values("bytes")
         ratio = part["time_median_s"].to_numpy() / ref.reindex(list(zip(part["place"], part["bytes"]))).to_numpy()
-        ax.plot(part["bytes"], ratio, marker="o", ms=3, label=label, **_style(label, colours))
+        ax.plot(part["bytes"], ratio, ms=3, label=label, **_style(label, colours))
     ax.axhline(1.0, color="black", lw=1, label=f"{baseline} (1.0)")
     _size_axis(ax)
     ax.set_yscale("log", base=2)
@@ -154,25 +172,39 @@ SEGMENTS = (("forward", "forward_ms", "C0", ""),
             ("other (slowest rank, barrier skew)", None, "0.75", ""))
 
 
+#: Height of one bar of the breakdown, and the tallest the figure gets (inches).
+BAR_IN, BREAKDOWN_MAX_IN = 0.2, 10.0
+LEGEND_ROWS = 2.5    # the legend's row, in bars
+
+
 def breakdown(df, meta: dict) -> Figure:
-    """Per model, one bar per row: the step split into its parts as % of the step, absolute ms on the bars."""
+    """Per model, one bar per row: the step split into its parts as % of the step, absolute ms on the bars.
+
+    A bar always ends at 100%: when the measured parts add up to more than the step (they are
+    each the slowest rank's, so they can), they are shown as shares of their sum instead.
+    The legend sits at the top; backend names on the axis take their colour in every figure.
+    """
     models = list(dict.fromkeys(df["model"]))
     heights = [max(1, (df["model"] == m).sum()) for m in models]
-    fig = _figure(10, 1.6 + 0.32 * sum(heights) + 0.5 * len(models),
+    fig = _figure(10, min(BREAKDOWN_MAX_IN, 1.9 + BAR_IN * sum(heights) + 0.45 * len(models)),
                   "DDP step breakdown (% of the step; ms on the bars; eff = step(none) / step)", meta)
-    axes = fig.subplots(len(models), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
+    # the legend's row is the first axes; the models' axes follow
+    top, *axes = fig.subplots(len(models) + 1, 1, squeeze=False,
+                              gridspec_kw={"height_ratios": [LEGEND_ROWS, *heights]})[:, 0]
     for ax, model in zip(axes, models):
         part = df[df["model"] == model]
         several = part.loc[part["backend"] != NO_COMM, "transport"].nunique() > 1  # name it only if it varies
         labels = [f"{s} {b}" + (f"/{t}" if several and b != NO_COMM else "") + (f" {mb:g} MiB" if mb else "")
                   for s, b, t, mb in zip(part["sync"], part["backend"], part["transport"], part["bucket_mb"])]
         step = part["step_ms"].to_numpy()
+        parts = [part[column].to_numpy() for _, column, _, _ in SEGMENTS if column]
+        whole = np.maximum(step, np.sum(parts, axis=0))                          # what 100% stands for
         left = np.zeros(len(part))
         for name, column, colour, hatch in SEGMENTS:
-            ms = part[column].to_numpy() if column else np.maximum(step - left * step / 100, 0.0)
-            share = 100 * ms / step
+            ms = part[column].to_numpy() if column else np.maximum(step - left * whole / 100, 0.0)
+            share = 100 * ms / whole
             bars = ax.barh(labels, share, left=left, color=colour, hatch=hatch, edgecolor="white", lw=0.5,
-                           label=name if ax is axes[0] else None)
+                           height=0.75, label=name if ax is axes[0] else None)
             for bar, value, width in zip(bars, ms, share):
                 if width >= 7:
                     ax.text(bar.get_x() + width / 2, bar.get_y() + bar.get_height() / 2, f"{value:.1f}",
@@ -180,15 +212,19 @@ def breakdown(df, meta: dict) -> Figure:
             left += share
         for y, (total, eff) in enumerate(zip(step, part["ddp_efficiency"])):
             note = f"{total:.1f} ms" + (f", eff {eff:.2f}" if np.isfinite(eff) else "")
-            ax.text(max(left[y], 100) + 1, y, note, va="center", fontsize=7)
+            ax.text(101, y, note, va="center", fontsize=7)
         ax.invert_yaxis()
-        ax.set_xlim(0, 135)
+        ax.set_xlim(0, 122)
         ax.set_xticks(range(0, 101, 20))
+        ax.set_ylim(len(part) - 0.5, -0.5)
         ax.set_title(f"{model} ({format_count(int(part['params'].iloc[0]))} parameters, batch "
                      f"{int(part['batch'].iloc[0])} per rank)", fontsize=9, loc="left")
-        ax.tick_params(axis="y", labelsize=8)
+        ax.tick_params(axis="y", labelsize=7)
+        for tick, backend in zip(ax.get_yticklabels(), part["backend"]):
+            tick.set_color(backend_colour(backend))
     axes[-1].set_xlabel("share of the step time (%)")
-    fig.legend(loc="outside lower center", ncols=3, fontsize=8)
+    top.axis("off")                                   # a row of its own for the legend, under the title
+    top.legend(*axes[0].get_legend_handles_labels(), loc="center", ncols=3, fontsize=8, frameon=False)
     return fig
 
 
@@ -200,6 +236,9 @@ def scaling(df, meta: dict) -> Figure:
                   meta, world_size=f"1..{int(df['world_size'].max())}")
     axes = fig.subplots(1, 2 if ceiling else 1, squeeze=False)[0]
     keys = [k for k in ("model", "sync", "backend", "bucket_mb") if df[k].nunique() > 1] or ["backend"]
+    others = [k for k in keys if k != "backend"]   # series of one backend share its colour: a marker each
+    markers = {v: "osD^v<>p*h"[i % 10] for i, v in enumerate(dict.fromkeys(
+        tuple(row) for row in df[others].itertuples(index=False)))} if others else {}
     flagged = []
     panels = [(axes[0], "efficiency", "weak-scaling efficiency (samples/s / (N x one rank))")]
     if ceiling:
@@ -213,8 +252,9 @@ def scaling(df, meta: dict) -> Figure:
             ns = stats.index.to_numpy()
             err = np.vstack([stats["median"] - stats["min"], stats["max"] - stats["median"]])
             name = "no-comm ceiling" + (f" ({label})" if len(keys) > 1 else "") if is_ceiling else label
-            ax.errorbar(ns, stats["median"], yerr=err, marker="o", capsize=4, label=name,
-                        color="black" if is_ceiling else None, ls="--" if is_ceiling else "-")
+            marker = markers.get(tuple(part[others].iloc[0]), "o") if others else "o"
+            ax.errorbar(ns, stats["median"], yerr=err, marker=marker, capsize=4, label=name,
+                        color=backend_colour(part["backend"].iloc[0]), ls="--" if is_ceiling else "-")
             spread = (stats["max"] - stats["min"]) / stats["median"]
             for n, s, y in zip(ns, spread, stats["median"]):
                 if s > SPREAD_WARNING:
@@ -242,7 +282,8 @@ def projection(df, meta: dict, params: int, note: str) -> Figure:
     for ax, net in zip(axes, nets):
         rows = df[df["network"] == net]
         for algorithm, part in rows.groupby("algorithm", sort=False):
-            ax.plot(part["n"], part["efficiency_serial"], marker="o", label=algorithm)
+            ax.plot(part["n"], part["efficiency_serial"], marker="o", label=algorithm,
+                    color=backend_colour(algorithm))
         _ranks_axis(ax, rows["n"])
         ax.set_title(net, fontsize=9)
         ax.set_ylim(0, 1.05)

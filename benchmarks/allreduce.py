@@ -112,8 +112,9 @@ def build_parser(verbose: bool = True) -> argparse.ArgumentParser:
     """The command-line parser; only a ``verbose`` one prints."""
     p = bc.RankParser(prog="allreduce.py", verbose=verbose,
                       description="Time a collective over npddp backends across message sizes.")
+    p.add_argument("--plugin", type=bc.plugin, action="append", default=[], metavar="MODULE", help=bc.PLUGIN_HELP)
     p.add_argument("--backends", default=",".join(npcomm.BACKENDS),
-                   help=f"comma-separated backends (default: %(default)s; valid: {', '.join(npcomm.BACKENDS)}, "
+                   help=f"comma-separated backends (default: %(default)s; valid: {', '.join(npcomm.backend_names())}, "
                         "and gloo: PyTorch's all-reduce over TCP, when torch is installed)")
     p.add_argument("--collective", default="allreduce", choices=bc.COLLECTIVES)
     p.add_argument("-b", "--minbytes", type=_size, default=8, help="smallest size, e.g. 8, 1K (default 8)")
@@ -137,12 +138,13 @@ def build_parser(verbose: bool = True) -> argparse.ArgumentParser:
 
 def parse_config(argv, verbose: bool = True) -> SweepConfig:
     """Parse and check ``argv``; on bad input print (if verbose) and raise SystemExit(2)."""
+    bc.load_plugins(argv)
     parser = build_parser(verbose)
     a = parser.parse_args(argv)
     backends = tuple(b.strip() for b in a.backends.split(","))
-    bad = [b for b in backends if b not in (*npcomm.BACKENDS, GLOO)]
+    bad = [b for b in backends if b not in (*npcomm.backend_names(), GLOO)]
     if bad or not backends:
-        parser.error(f"--backends: unknown backend {bad[0] if bad else ''!r}; valid: {', '.join(npcomm.BACKENDS)}, "
+        parser.error(f"--backends: unknown backend {bad[0] if bad else ''!r}; valid: {', '.join(npcomm.backend_names())}, "
                      f"{GLOO}")
     if GLOO in backends and a.collective != "allreduce":
         parser.error(f"--backends {GLOO} times all-reduce only, not {a.collective}")

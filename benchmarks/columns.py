@@ -3,7 +3,7 @@
 A benchmark dump holds one flat table (one row per measurement). Each kind of dump declares
 here its columns in order, with a type, a unit and a one-line meaning, plus the root
 attributes the table cannot be read without and any raw (per-iteration) arrays beside it.
-:mod:`benchmarks.results` writes, checks and reads dumps from these declarations; the README's
+:mod:`benchmarks.results` writes, checks and reads dumps from these declarations; docs/benchmarks.md's
 analysis section and ``python -m benchmarks.results --schema`` print them. To add a kind of dump,
 add its ``Kind`` to :data:`KINDS`.
 

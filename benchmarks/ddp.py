@@ -126,8 +126,9 @@ def build_parser(verbose: bool = True):
     p.add_argument("--syncs", type=bc.names(SYNCS), default=None,
                    help=f"comma-separated sync strategies (default: all; weak scaling: overlap; "
                         f"valid: {', '.join(SYNCS)})")
-    p.add_argument("--backends", type=bc.names(npcomm.BACKENDS), default=None,
-                   help=f"comma-separated backends (default: mpi,ring; valid: {', '.join(npcomm.BACKENDS)})")
+    p.add_argument("--plugin", type=bc.plugin, action="append", default=[], metavar="MODULE", help=bc.PLUGIN_HELP)
+    p.add_argument("--backends", type=bc.names(npcomm.backend_names()), default=None,
+                   help=f"comma-separated backends (default: mpi,ring; valid: {', '.join(npcomm.backend_names())})")
     p.add_argument("--transports", type=bc.names(npcomm.TRANSPORTS), default=(bc.DEFAULT_TRANSPORT,),
                    help="comma-separated transports of the hand-written backends: mpi, tcp (default: mpi; "
                         "tcp builds a socket mesh among the job's ranks; backend mpi runs over mpi only)")
@@ -161,6 +162,7 @@ def build_parser(verbose: bool = True):
 
 def parse_config(argv, verbose: bool = True) -> Config:
     """Parse ``argv``; on bad input print (if verbose) and raise SystemExit(2)."""
+    bc.load_plugins(argv)
     parser = build_parser(verbose)
     a = parser.parse_args(argv)
     if a.repeats is not None and not a.weak_scaling:

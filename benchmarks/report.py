@@ -166,7 +166,7 @@ def compute_rate(tables, compute_ms: float, compute_params: int) -> tuple[float,
         biggest = params == params.max()
         rate = float(np.median(ms[biggest] / params[biggest])) / 1e3
         return rate, f"measured in {Path(path).name}: {bc.format_count(int(params.max()))}-parameter model"
-    source = f"--compute-ms {compute_ms:g} at --compute-params {bc.format_count(compute_params)}"
+    source = f"assumed {compute_ms:g} ms per step at {bc.format_count(compute_params)} parameters"
     return compute_ms / 1e3 / compute_params, source
 
 
@@ -196,7 +196,8 @@ def projection_tables(proj, rate: float, source: str, local_fits: dict, bucket_b
                       for kind in ("serial", "overlap")}, axis=1)
     wide.columns = [f"{algo} {kind}" for kind, algo in wide.columns]
     lines = [f"== DDP projection: all-reduce of float32 gradients per step in {bucket_bytes / (1 << 20):g} MiB buckets",
-             f"compute: {rate * 1e9:.3f} ms per step per 1M parameters ({source})",
+             f"compute: {rate * 1e9:.3f} ms per step per 1M parameters ({source}"
+             + (": set with --compute-ms and --compute-params)" if source.startswith("assumed") else ")"),
              nets.to_string(index=False, float_format="{:.2f}".format),
              "efficiency = compute / step; serial: communication after compute; overlap: perfectly hidden",
              wide.to_string(float_format="{:.3f}".format)]
@@ -236,6 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dpi", type=bc.int_at_least(20), default=100, help="PNG resolution in dots per inch (default 100)")
     p.add_argument("--no-plots", action="store_true", help="print tables only")
     p.add_argument("--baseline", default="mpi", help="backend the time ratios divide by (default mpi)")
+    p.add_argument("--plugin", type=bc.plugin, action="append", default=[], metavar="MODULE",
+                   help=bc.PLUGIN_HELP + "; a registered algorithm's declared cost joins the projection")
     p.add_argument("--compute-ms", type=float, default=100.0,
                    help="compute time per step of a --compute-params model when no ddp_breakdown dump is given "
                         "(default 100)")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerate the README's figures (docs/*.png) from fresh benchmark runs: a few minutes on 2 cores.
+# Regenerate the figures of docs/benchmarks.md (docs/*.png) from fresh benchmark runs: a few minutes on 2 cores.
 #
 #   bash docs/make_figures.sh            # 2 ranks
 #   bash docs/make_figures.sh 4          # 4 ranks (one core per rank, or the timings mean nothing)

@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from npddp.comm import DTYPES, create
-from npddp.comm.p2p.auto import CANDIDATES, FORMAT, VERSION, check_table
+from npddp.comm.p2p.auto import FORMAT, VERSION, candidates, check_table
 from npddp.comm.registry import node_group
 from npddp.comm.transports.base import resolve_transport
 from npddp.process.job import abort_on_exception
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     transport = resolve_transport(args.transport)
     timer = create("rd", transport=transport)
-    comms = {name: create(name, transport=transport) for name in CANDIDATES}
+    comms = {name: create(name, transport=transport) for name in candidates()}
     if node_group(timer, timer._begin("setup")) is not None:  # one node: shared memory competes too
         comms["shm"] = create("shm", transport=transport)
     rank, size = timer.rank, timer.size

@@ -16,6 +16,9 @@ ALLOWED = {
     "train": {"util", "comm", "nn", "data", "optim", "parallel", "process"},
     "tune": {"util", "comm", "process"},
     "run": {"process"}, "evaluate": {"train"}, "__init__": set(),
+    "generate": {"train"},
+    "cluster": {"util", "process"},
+    "check": {"util", "comm"},
 }
 
 

@@ -23,12 +23,13 @@ from npddp.comm.checks import DEFAULT_TIMEOUT, DTYPES, OPS, check_timeout
 from npddp.comm.base import Communicator, Work
 from npddp.comm.wrappers.debug import CollectiveMismatchError
 from npddp.comm.wrappers.progress_thread import PROGRESS
-from npddp.comm.registry import ALGORITHMS, BACKENDS
+from npddp.comm.registry import ALGORITHMS, BACKENDS, backend_names, load_plugins
+from npddp.comm.algorithm import register_algorithm
 from npddp.comm.transports.base import TRANSPORTS, Transport, is_transport, resolve_transport
 
 __all__ = ["ALGORITHMS", "BACKENDS", "DEFAULT_TIMEOUT", "DTYPES", "OPS", "TRANSPORTS",
            "CollectiveMismatchError", "Communicator", "Transport", "Work", "create", "debug_from_env",
-           "timeout_from_env"]
+           "timeout_from_env", "register_algorithm", "backend_names", "load_plugins"]
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
@@ -68,8 +69,8 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
     """
     if progress not in PROGRESS:
         raise ValueError(f"unknown progress {progress!r}; valid: {', '.join(PROGRESS)}")
-    if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; valid backends: {', '.join(BACKENDS)}")
+    if name not in BACKENDS and name not in backend_names():
+        raise ValueError(f"unknown backend {name!r}; valid backends: {', '.join(backend_names())}")
     if not isinstance(debug, bool):
         raise TypeError(f"debug must be a bool, got {type(debug).__name__}")
     if tuning is not None and name != "auto":
@@ -82,14 +83,14 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
             raise ValueError("backend 'mpi' runs MPI's own collectives, so it needs transport 'mpi', not "
                              f"{kind!r}; over tcp use a hand-written backend: {', '.join(BACKENDS[1:])}")
         from npddp.comm.mpi import MPICommunicator
-        comm = MPICommunicator(group.comm if is_transport(group) else group, timeout)
+        comm = MPICommunicator(group.comm if is_transport(group) else group, timeout, dup=True)
     else:
         if kind == "mpi" and not is_transport(group):
             from npddp.comm.transports.mpi import MPITransport
-            group = MPITransport(group)
+            group = MPITransport(group, dup=True)   # a context of its own: never matches another's messages
         elif group is None:
-            from npddp.comm.transports.rendezvous import world_from_env
-            group = world_from_env(timeout)
+            from npddp.comm.transports.rendezvous import transport_from_env
+            group = transport_from_env(timeout)     # a context of its own, agreed by every rank
         from npddp.comm.registry import build
         comm = build(name, group, timeout, tuning)
     if debug:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import math
 import os
 import time
+import weakref
 
 import numpy as np
 from mpi4py import MPI
 
 from npddp.comm import checks as c
 from npddp.comm.p2p.engine import NAP_S, SPIN_ROUNDS, DoneWork
+from npddp.comm.transports.mpi import free_comm
 
 _MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
 _CLOCK_EVERY = 64
@@ -53,8 +55,12 @@ class MPICommunicator(c.Backend):
 
     name = "mpi"
 
-    def __init__(self, mpi_comm=None, timeout: float = c.DEFAULT_TIMEOUT):
+    def __init__(self, mpi_comm=None, timeout: float = c.DEFAULT_TIMEOUT, dup: bool = False):
         self.comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+        self._abandoned = [False]  # True once a call timed out: its messages may still come, so never free
+        if dup:  # a context of its own (collective), freed with this communicator unless abandoned
+            self.comm = self.comm.Dup()
+            weakref.finalize(self, free_comm, self.comm, self._abandoned)
         self._rank, self._size = self.comm.Get_rank(), self.comm.Get_size()
         self.timeout = timeout
         self._calls = 0
@@ -87,6 +93,7 @@ class MPICommunicator(c.Backend):
                     expires = now + self._timeout
                 elif now > expires:
                     number = "" if what.endswith(")") else f" (collective #{self._calls})"
+                    self._abandoned[0] = True
                     self._failure = (f"[rank {self._rank}] mpi {what}{number} timed out after "
                                      f"{self._timeout:g} s waiting {waiting}: a peer crashed, hangs, or called a different collective "
                                      "(NPDDP_DEBUG=1 checks that); this communicator is now unusable")

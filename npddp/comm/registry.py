@@ -35,10 +35,12 @@ def _load(module: str, name: str):
 def algorithm(name: str):
     """The all-reduce algorithm class called ``name``; ValueError naming the valid ones otherwise."""
     table = {**ALGORITHMS, **NODE_ALGORITHMS}
+    if name in REGISTERED or (name not in table and discover() and name in REGISTERED):
+        return REGISTERED[name]
     try:
         return _load(*table[name])
     except KeyError:
-        raise ValueError(f"unknown all-reduce algorithm {name!r}; valid: {', '.join(table)}") from None
+        raise ValueError(f"unknown all-reduce algorithm {name!r}; valid: {', '.join([*table, *REGISTERED])}") from None
 
 
 def node_group(comm, call):
@@ -55,9 +57,70 @@ def build(name: str, transport, timeout: float, tuning=None, shared_memory: bool
     ``shared_memory=False``: ``auto`` never uses shared memory (hier's group across nodes, whose
     ranks lie on different nodes even where ``NPDDP_RANKS_PER_NODE`` pretends so on one machine).
     """
+    if name in REGISTERED:
+        return _load("p2p.communicator", "P2PCommunicator")(transport, REGISTERED[name], name, timeout)
     if name == "auto":
         return _load(*_COMMUNICATORS[name])(transport, timeout, tuning, shared_memory)
     if name in ("shm", "hier"):
         return _load(*_COMMUNICATORS[name])(transport, timeout)
     cls = _load(*_COMMUNICATORS.get(name, ("p2p.communicator", "P2PCommunicator")))
     return cls(transport, algorithm(name), name, timeout)
+
+
+# --- algorithms registered at run time: register_algorithm, --plugin MODULE, entry points ----
+#: Users' all-reduce algorithms: name -> class (``__init__(ctx)``, ``start(...)``, maybe ``cost``).
+REGISTERED: dict = {}
+#: The entry-point group an installed package names its algorithms in (``name = module:function``).
+ENTRY_POINT_GROUP = "npddp.algorithms"
+_discovered: list = []  # [True] once the entry points were loaded
+
+
+def register(name: str, cls) -> None:
+    """Add algorithm class ``cls`` as ``name`` (:func:`npddp.comm.algorithm.register_algorithm` builds it)."""
+    if not (isinstance(name, str) and name.isidentifier()):
+        raise ValueError(f"algorithm name {name!r} must be a Python identifier (letters, digits, _)")
+    if name in BACKENDS or name in NODE_ALGORITHMS:
+        raise ValueError(f"algorithm name {name!r} is built in; choose another (taken: {', '.join(BACKENDS)})")
+    REGISTERED[name] = cls
+
+
+def discover() -> bool:
+    """Load the algorithms installed packages declare under :data:`ENTRY_POINT_GROUP` (once); True."""
+    if not _discovered:
+        _discovered.append(True)
+        from importlib.metadata import entry_points
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            ep.load()  # importing the module registers the algorithm
+            if ep.name not in REGISTERED:
+                raise ValueError(f"entry point {ep.name} = {ep.value} (group {ENTRY_POINT_GROUP}) was imported "
+                                 f"but registered no algorithm called {ep.name!r}")
+    return True
+
+
+def load_plugins(modules) -> None:
+    """Import each of ``modules`` (dotted names or ``.py`` paths; they register algorithms); ValueError naming a bad one."""
+    for module in modules or ():
+        try:
+            if module.endswith(".py"):
+                from pathlib import Path
+                from importlib.util import module_from_spec, spec_from_file_location
+                spec = spec_from_file_location(f"npddp_plugin_{Path(module).stem}", module)
+                if spec is None or not Path(module).is_file():
+                    raise ImportError(f"no such file {module}")
+                spec.loader.exec_module(module_from_spec(spec))
+            else:
+                importlib.import_module(module)
+        except ImportError as exc:
+            raise ValueError(f"--plugin {module!r} cannot be imported: {exc}") from None
+
+
+def backend_names() -> tuple:
+    """Every backend name ``create`` accepts now: the built-in ones, then the registered ones."""
+    discover()
+    return (*BACKENDS, *REGISTERED)
+
+
+def costed() -> tuple:
+    """Registered algorithms that declare a cost (``auto``, the tuner and the projection consider them)."""
+    discover()
+    return tuple(n for n, cls in REGISTERED.items() if callable(getattr(cls, "cost", None)))

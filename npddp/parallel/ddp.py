@@ -15,7 +15,10 @@ it, so gradients are born in memory the other ranks of the node read directly. S
 * ``overlap``: a bucket's non-blocking all-reduce starts the moment its last gradient is
   final during backward; outstanding work is polled between layers and waited for at the end.
 
-Gradients are summed by the backend and divided by the world size exactly once, here.
+How a bucket becomes the averaged gradient is a comm hook (:mod:`npddp.parallel.hooks`):
+``register_comm_hook(state, hook)``, PyTorch's API; the default sums over ranks and divides by
+the world size once. Compression (fp16, top-k, PowerSGD) is a hook; local SGD is an averager
+called after the optimizer step (:mod:`npddp.parallel.averaging`); DDP itself holds neither.
 
 Tracing (``tracer=``, or ``NPDDP_TRACE=FILE.json``: :mod:`npddp.util.tracing`): every layer's
 forward and backward, each bucket's all-reduce from issue to the first moment it is seen
@@ -33,13 +36,13 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from npddp.nn.module import Module, Parameter
+from npddp.parallel.hooks import GradBucket, Handle, allreduce_hook
 from npddp.util import tracing
 
 #: Default bucket cap in MiB (PyTorch's ``bucket_cap_mb``); the CLI's ``--bucket-mb`` default too.
 BUCKET_CAP_MB = 25.0
 
 SYNCS = ("per_param", "flat", "bucketed", "overlap")
-COMPRESSIONS = ("none", "fp16", "topk")
 
 
 @dataclass
@@ -62,7 +65,7 @@ class StepStats:
 class _Bucket:
     """A flat gradient buffer and the parameters whose ``.grad`` are views into it."""
 
-    __slots__ = ("index", "params", "buffer", "reports", "pending", "work", "scratch", "residual",
+    __slots__ = ("index", "params", "buffer", "reports", "pending", "work", "grad_bucket",
                  "trace_name", "trace_t0")
 
     def __init__(self, index: int, params: list[Parameter], buffer: np.ndarray):
@@ -77,9 +80,8 @@ class _Bucket:
             offset += p.data.size
         self.reports = len(params)  # gradient-ready reports that complete the bucket (-1: never)
         self.pending = self.reports
-        self.work = None
-        self.scratch = None   # fp16 copy for fp16 compression
-        self.residual = None  # error feedback for top-k compression
+        self.work = None      # the comm hook's handle while the bucket is being reduced
+        self.grad_bucket = None  # what the comm hook sees of this bucket (set once buckets are cut)
         self.trace_name = 0   # the tracer's name of this bucket's all-reduce event
         self.trace_t0 = 0     # issue time of the all-reduce being traced (0: none)
 
@@ -125,26 +127,16 @@ class DistributedDataParallel:
     """Wrap ``model`` so that ``backward`` leaves every rank with the rank-averaged gradient."""
 
     def __init__(self, model: Module, comm, sync: str = "overlap", bucket_cap_mb: float = BUCKET_CAP_MB,
-                 compression: str = "none", topk_ratio: float = 0.01, local_sgd: int = 0, tracer=None):
+                 tracer=None):
         if sync not in SYNCS:
             raise ValueError(f"unknown sync {sync!r}; valid: {', '.join(SYNCS)}")
         if not (isinstance(bucket_cap_mb, (int, float)) and bucket_cap_mb > 0):
             raise ValueError(f"bucket_cap_mb must be a positive number, got {bucket_cap_mb!r}")
-        if compression not in COMPRESSIONS:
-            raise ValueError(f"unknown compression {compression!r}; valid: {', '.join(COMPRESSIONS)}")
-        if not 0.0 < topk_ratio <= 1.0:
-            raise ValueError(f"topk_ratio must be in (0, 1], got {topk_ratio!r}")
-        if isinstance(local_sgd, bool) or not isinstance(local_sgd, int) or local_sgd < 0:
-            raise ValueError(f"local_sgd must be an int >= 0 (0 = average gradients every step), got {local_sgd!r}")
-        if local_sgd and compression != "none":
-            raise ValueError("local_sgd averages parameters, so it cannot be combined with gradient compression")
         self.module = model
         self.comm = comm
         self.sync = sync
         self.bucket_cap_mb = float(bucket_cap_mb)
-        self.compression = compression
-        self.topk_ratio = float(topk_ratio)
-        self.local_sgd = local_sgd
+        self.comm_hook_state, self.comm_hook = comm, allreduce_hook
         self.stats = StepStats()
         self.tracer = tracing.from_env(comm) if tracer is None else tracer   # collective when tracing
         self.steps = 0
@@ -161,6 +153,8 @@ class DistributedDataParallel:
         groups = _cut_buckets(self._params, cap)
         buffers = _arenas(groups, comm.empty)
         self.buckets = [_Bucket(i, ps, buf) for i, (ps, buf) in enumerate(zip(groups, buffers))]
+        for b in self.buckets:
+            b.grad_bucket = GradBucket(b.index, b.buffer, b.params, b.index == len(self.buckets) - 1)
         self._layer_buckets = self._map_leaf_layers(model)
         self._in_backward = False
         model.register_grad_hook(self._on_layer_done)
@@ -171,11 +165,11 @@ class DistributedDataParallel:
         tracer, comm = self.tracer, self.comm
         self.module.trace_layers(tracer, tracing.COMPUTE)
         for b in self.buckets:
-            nbytes = b.buffer.size * (2 if self.compression == "fp16" else b.buffer.itemsize)
+            nbytes = b.buffer.nbytes
             algorithm = comm.algorithm_for(nbytes, b.buffer.dtype) if comm.name == "auto" else comm.name
             b.trace_name = tracer.name(f"all-reduce bucket {b.index}", bucket=b.index, bytes=nbytes,
                                        params=len(b.params), dtype=str(b.buffer.dtype), backend=comm.name,
-                                       algorithm=algorithm, sync=self.sync, compression=self.compression)
+                                       algorithm=algorithm, sync=self.sync)
         return {"wait": tracer.name("all-reduce wait"), "optimizer": tracer.name("optimizer step")}
 
     @property
@@ -242,7 +236,21 @@ class DistributedDataParallel:
             self._sync_enabled = previous
 
     def _reducing(self) -> bool:
-        return self._sync_enabled and not self.local_sgd and self.comm.size > 1
+        return self._sync_enabled and self.comm.size > 1
+
+    def register_comm_hook(self, state, hook) -> None:
+        """Reduce every bucket with ``hook(state, bucket) -> handle`` (see :mod:`npddp.parallel.hooks`).
+
+        ``hook`` is called on every rank, bucket by bucket in the same order; ``handle.wait()``
+        returns the bucket's averaged gradient. Call before the first backward.
+        """
+        if not callable(hook):
+            raise TypeError(f"hook must be a function hook(state, bucket), got {type(hook).__name__}")
+        self.comm_hook_state, self.comm_hook = state, hook
+
+    def comm_hook_name(self) -> str:
+        """The registered hook's function name (``allreduce_hook`` by default)."""
+        return getattr(self.comm_hook, "__name__", type(self.comm_hook).__name__)
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """Backward through the model, then leave every ``.grad`` averaged over ranks."""
@@ -285,83 +293,40 @@ class DistributedDataParallel:
 
     # --- per-bucket communication ---------------------------------------------------
     def _start(self, bucket: _Bucket) -> None:
-        """Begin reducing ``bucket`` (non-blocking when overlapping)."""
+        """Hand ``bucket`` to the comm hook (and, unless overlapping, finish it at once)."""
         stats = self.stats
         stats.comm_calls += 1
         bucket.trace_t0 = self.tracer.clock()
-        if self.compression == "topk":
-            bucket.work = _Done()
-            self._reduce_topk(bucket)
-            return
-        target = bucket.buffer
-        if self.compression == "fp16":
-            if bucket.scratch is None:
-                bucket.scratch = np.empty(bucket.buffer.size, dtype=np.float16)
-            # pre-divide so the half-precision sum cannot overflow
-            np.multiply(bucket.buffer, 1.0 / self.comm.size, out=bucket.scratch, casting="same_kind")
-            target = bucket.scratch
-        stats.comm_bytes += target.nbytes
-        if self.sync == "overlap":
-            bucket.work = self.comm.iallreduce(target)
-        else:
-            self.comm.allreduce(target)
-            bucket.work = _Done()
+        bucket.work = self.comm_hook(self.comm_hook_state, bucket.grad_bucket)
+        stats.comm_bytes += bucket.work.nbytes if isinstance(bucket.work, Handle) else bucket.buffer.nbytes
+        if self.sync != "overlap":
+            self._finish(bucket)
 
     def _finish(self, bucket: _Bucket) -> None:
-        """Wait for ``bucket``'s reduction and turn the sum into the average."""
-        bucket.work.wait()
+        """Wait for the hook's handle; its result is the averaged gradient (copied in if another array)."""
+        if bucket.work.__class__ is _Done:
+            return
+        result = bucket.work.wait()
+        bucket.work = _Done()
         if bucket.trace_t0:
             self._traced_done(bucket)
-        if self.compression == "fp16":
-            np.copyto(bucket.buffer, bucket.scratch, casting="same_kind")
-        elif self.compression == "none":
-            np.divide(bucket.buffer, self.comm.size, out=bucket.buffer, casting="same_kind")
+        if result is not bucket.buffer:
+            np.copyto(bucket.buffer, result, casting="same_kind")
 
     def _traced_done(self, bucket: _Bucket) -> None:
         """Record ``bucket``'s all-reduce, issued at ``trace_t0``, as complete now."""
         self.tracer.add(bucket.trace_t0, bucket.trace_name, tracing.COMM)
         bucket.trace_t0 = 0
 
-    def _reduce_topk(self, bucket: _Bucket) -> None:
-        """Top-k sparsification with error feedback: exchange the k largest entries of grad + residual."""
-        buf = bucket.buffer
-        if bucket.residual is None:
-            bucket.residual = np.zeros_like(buf)
-        acc = bucket.residual
-        acc += buf                                                    # (n,) gradient plus carried error
-        k = max(1, int(math.ceil(self.topk_ratio * buf.size)))
-        idx = np.argpartition(np.abs(acc), buf.size - k)[buf.size - k:].astype(np.int64)  # (k,)
-        idx.sort()
-        values = acc[idx]                                            # (k,)
-        acc[idx] = 0                                                 # what is sent leaves the residual
-        all_idx = self.comm.allgather(idx)                           # (size, k)
-        all_values = self.comm.allgather(values)                     # (size, k)
-        self.stats.comm_calls += 1
-        self.stats.comm_bytes += idx.nbytes + values.nbytes
-        buf[...] = 0
-        for r in range(self.comm.size):                              # fixed rank order: same bits everywhere
-            np.add.at(buf, all_idx[r], all_values[r])
-        np.divide(buf, self.comm.size, out=buf, casting="same_kind")
-
-    # --- optimizer step, local SGD and metrics --------------------------------------
+    # --- optimizer step and metrics --------------------------------------------------
     def step(self, optimizer) -> None:
-        """Run ``optimizer.step()``; with local SGD, average parameters every ``local_sgd`` steps."""
+        """Run ``optimizer.step()`` and count the step."""
         t0 = time.perf_counter()
         traced = self.tracer.clock()
         optimizer.step()
         self.tracer.add(traced, self._trace_names["optimizer"], tracing.OPTIMIZER)
         self.steps += 1
-        if self.local_sgd and self.comm.size > 1 and self.steps % self.local_sgd == 0:
-            self.average_parameters()
         self.stats.optimizer_s = time.perf_counter() - t0
-
-    def average_parameters(self) -> None:
-        """Replace every parameter by its mean over ranks."""
-        for p in self._params:
-            self.comm.allreduce(p.data)
-            np.divide(p.data, self.comm.size, out=p.data, casting="same_kind")
-            self.stats.comm_calls += 1
-            self.stats.comm_bytes += p.data.nbytes
 
     def reduce_metrics(self, sums) -> np.ndarray:
         """Sum metric totals (loss sums, correct counts, sample counts) over ranks; float64."""

@@ -23,17 +23,20 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from npddp.comm.node.names import PREFIX, remove_job_segments
 from npddp.util.env import SHM_DIR
 
 SHM = Path(SHM_DIR)
 #: Names of the segments MPI libraries create in /dev/shm (MPICH, Open MPI, UCX, libfabric).
-PATTERNS = ("mpich_shm_*", "ompi.*", "vader_segment.*", "sm_segment.*", "ucx_shm_*", "fi_*", "psm2_shm.*")
+PATTERNS = ("mpich_shm_*", "ompi.*", "vader_segment.*", "sm_segment.*", "ucx_shm_*", "fi_*", "psm2_shm.*",
+            f"{PREFIX}*")   # and npddp's own (npddp.comm.node.names)
 _FAST_S, _SLOW_S, _FAST_FOR_S = 0.05, 0.5, 5.0   # poll interval while starting, then later
 
 
@@ -124,6 +127,7 @@ class Watch:
         self.command = command
         self.seen: set[str] = set()
         self.proc: subprocess.Popen | None = None
+        self.job = os.environ.get("NPDDP_JOB_ID") or f"watch{secrets.token_hex(6)}"  # names npddp's segments
 
     def _forward(self, signum, _frame) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -131,7 +135,7 @@ class Watch:
 
     def run(self) -> int:
         """The command's exit status (128 + N when killed by signal N)."""
-        self.proc = subprocess.Popen(self.command)
+        self.proc = subprocess.Popen(self.command, env={**os.environ, "NPDDP_JOB_ID": self.job})
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, self._forward)
         started, pids, listed = time.monotonic(), [], 0.0
@@ -151,12 +155,17 @@ class Watch:
 
     def clean(self, code: int) -> list[tuple[str, int]]:
         """After an abnormal end (``code`` != 0): remove the job's segments that nothing maps any more."""
-        if code == 0 or not self.seen:
+        if code == 0:
             return []
         deadline = time.monotonic() + 2.0            # let the job's last processes go
         while time.monotonic() < deadline and any(descendants(self.proc.pid) if self.proc else ()):
             time.sleep(0.05)
-        return remove_unused(self.seen)
+        removed = remove_unused(self.seen)
+        gone = {p for p, _ in removed}
+        for name in remove_job_segments(self.job, str(SHM)):  # npddp's own, even those nobody mapped in time
+            if str(SHM / name) not in gone:
+                removed.append((str(SHM / name), 0))
+        return removed
 
 
 def _mib(n: int) -> str:

@@ -31,6 +31,8 @@ import threading
 import time
 
 from npddp.comm.node.names import remove_job_segments
+from npddp.comm.transports.handshake import SECRET_VARIABLE, new_secret
+from npddp.comm.transports.rendezvous import is_loopback
 from npddp.process.job import EXIT_USAGE
 from npddp.util.env import THREAD_VARIABLES
 
@@ -56,6 +58,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", action="store_true", help="prefix every output line with the rank that printed it")
     p.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                    help="after a failure, seconds between SIGTERM and SIGKILL for the others (default: 5)")
+    p.add_argument("--secret-file", default=None, metavar="PATH",
+                   help="file holding the job secret every connection must prove (readable by you only); the "
+                        "same file on every machine of a multi-node job (default: NPDDP_JOB_SECRET, else a fresh "
+                        "secret per job, which needs --nnodes 1)")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="K",
+                   help="when a rank fails, stop every rank and start the job again, at most K times; each "
+                        "start sees NPDDP_RESTART_COUNT (default: 0, a failure is final)")
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, as python -m MODULE")
     return p
 
@@ -96,6 +105,41 @@ def _check(p: argparse.ArgumentParser, args) -> None:
         p.error(f"--grace {args.grace} is out of range; valid: 0 < seconds < 3600")
     if not args.module and not args.program:
         p.error("no program given: pass a script path or -m MODULE")
+    if not 0 <= args.max_restarts <= 1000:
+        p.error(f"--max-restarts {args.max_restarts} is out of range; valid: 0..1000")
+    try:
+        socket.getaddrinfo(args.master_addr, None)
+    except (OSError, UnicodeError) as exc:
+        p.error(f"--master-addr {args.master_addr!r} does not resolve ({getattr(exc, 'strerror', None) or exc})")
+    args.secret = _job_secret(p, args)
+
+
+def _job_secret(p: argparse.ArgumentParser, args, environ=None) -> str:
+    """The job's secret: from ``--secret-file`` (owner-only), else ``NPDDP_JOB_SECRET``, else a fresh one."""
+    environ = os.environ if environ is None else environ
+    if args.secret_file is not None:
+        try:
+            mode = os.stat(args.secret_file).st_mode
+            with open(args.secret_file, encoding="utf-8") as f:
+                secret = f.read().strip()
+        except (OSError, UnicodeError) as exc:
+            p.error(f"--secret-file {args.secret_file!r} cannot be read ({getattr(exc, 'strerror', None) or exc})")
+        if mode & 0o077:
+            p.error(f"--secret-file {args.secret_file!r} is readable or writable by others (mode "
+                    f"{mode & 0o777:o}); valid: only you (chmod 600 {args.secret_file})")
+        if len(secret) < 16:
+            p.error(f"--secret-file {args.secret_file!r} holds {len(secret)} characters; valid: 16 or more "
+                    f"(e.g. python -c 'import secrets; print(secrets.token_hex(32))' > FILE)")
+        return secret
+    secret = environ.get(SECRET_VARIABLE, "").strip()
+    if secret:
+        return secret
+    if args.nnodes == 1:
+        return new_secret()
+    if not is_loopback(args.master_addr):
+        p.error(f"--nnodes {args.nnodes} needs a secret shared by every machine: --secret-file PATH (the same "
+                f"file everywhere, mode 600) or {SECRET_VARIABLE}")
+    return ""   # several launchers on one machine without a shared secret: loopback only, unauthenticated
 
 
 def free_port(host: str) -> int:
@@ -111,6 +155,9 @@ def rank_env(args, local_rank: int, port: int, job: str, environ=None) -> dict:
     env.update(RANK=str(args.node_rank * args.nproc + local_rank), WORLD_SIZE=str(args.nnodes * args.nproc),
                LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(args.nproc), MASTER_ADDR=args.master_addr,
                MASTER_PORT=str(port), NPDDP_JOB_ID=job, PYTHONUNBUFFERED="1")
+    secret = getattr(args, "secret", None)
+    if secret:
+        env[SECRET_VARIABLE] = secret
     for name in THREAD_VARIABLES:
         if args.threads is not None:
             env[name] = args.threads
@@ -129,18 +176,28 @@ def _die_with_parent() -> None:
 
 
 def _pump(stream, out, tag: bytes) -> None:
-    """Copy ``stream``'s lines to ``out``, each prefixed with ``tag``."""
+    """Copy ``stream``'s lines to ``out``, each prefixed with ``tag``.
+
+    When ``out`` is gone (``| head`` exited) the lines are read and dropped: a rank never blocks
+    on a full pipe, and the job runs to its end as it would without the pipe.
+    """
     for line in iter(stream.readline, b""):
-        out.write(tag + line)
-        out.flush()
+        try:
+            out.write(tag + line)
+            out.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            try:  # from now on this stream goes nowhere (and the exit's flush does not complain)
+                os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+            except (OSError, ValueError):
+                pass
     stream.close()
 
 
 class Job:
     """The local processes of one launch: start them, watch them, stop them all when one fails."""
 
-    def __init__(self, args, command: list[str]):
-        self.args, self.command = args, command
+    def __init__(self, args, command: list[str], restart: int = 0):
+        self.args, self.command, self.restart = args, command, restart
         self.job = secrets.token_hex(6)
         self.procs: list[subprocess.Popen] = []
         self.pumps: list[threading.Thread] = []
@@ -152,6 +209,7 @@ class Job:
         pipe = subprocess.PIPE if args.prefix else None
         for local in range(args.nproc):  # every process first: preexec_fn is unsafe once threads run
             env = rank_env(args, local, port, self.job)
+            env[RESTART_VARIABLE] = str(self.restart)
             self.procs.append(subprocess.Popen(self.command, env=env, stdout=pipe, stderr=pipe,
                                                start_new_session=True, preexec_fn=_die_with_parent))
         if args.prefix:
@@ -199,7 +257,14 @@ class Job:
         if failures:
             i, code = _cause(failures)
             rank = self.args.node_rank * self.args.nproc + i
-            if any(p.poll() is None for p in self.procs):
+            stopped = [self.args.node_rank * self.args.nproc + j for j, p in enumerate(self.procs)
+                       if p.poll() is None and _is_stopped(p.pid)]
+            if stopped:  # the others timed out waiting for it: it is the cause, not the one that gave up
+                sys.stderr.write(f"{PROG}: rank{'s' * (len(stopped) > 1)} {', '.join(map(str, stopped))} "
+                                 f"{'are' if len(stopped) > 1 else 'is'} stopped (e.g. SIGSTOP or a debugger), "
+                                 f"so rank {rank} {_describe(code)}; stopping every rank\n")
+                self.stop()
+            elif any(p.poll() is None for p in self.procs):
                 sys.stderr.write(f"{PROG}: rank {rank} {_describe(code)}; stopping the other ranks\n")
                 self.stop()
             else:
@@ -221,8 +286,23 @@ def _cause(failures: list) -> tuple[int, int]:
     return next((f for f in failures if f[1] != 1), failures[0])
 
 
+#: The environment variable telling a rank how many times the job was restarted (0: the first start).
+RESTART_VARIABLE = "NPDDP_RESTART_COUNT"
+
+#: Exit statuses never restarted: a failure every rank agreed on (bad flags, files) repeats itself.
+_FINAL = (EXIT_USAGE,)
+
 #: Seconds the other ranks get to exit on their own after the first failure, before SIGTERM.
 _SETTLE_S = 0.5
+
+
+def _is_stopped(pid: int) -> bool:
+    """True when process ``pid`` is stopped (state T or t in /proc; False where that cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 def _describe(code: int) -> str:
@@ -236,21 +316,34 @@ def _describe(code: int) -> str:
 
 
 def main(argv=None) -> int:
-    """Launch, watch, and return the job's exit code."""
+    """Launch, watch (restarting after a failure, up to ``--max-restarts`` times), and return the exit code."""
     args = parse_args(argv)
     command = [sys.executable, "-u"] + (["-m", args.module] if args.module else []) + args.program
-    job = Job(args, command)
+    current: list[Job] = []
 
     def forward(signum, frame):  # Ctrl-C or a kill of the launcher: stop every rank the same way
         sys.stderr.write(f"{PROG}: got {signal.Signals(signum).name}, stopping every rank\n")
-        job.stop(signum)
-        remove_job_segments(job.job)
+        if current:
+            current[0].stop(signum)
+            remove_job_segments(current[0].job)
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
-    job.start()
-    return job.watch()
+    restart = 0
+    while True:
+        job = Job(args, command, restart)
+        current[:] = [job]
+        job.start()
+        code = job.watch()
+        if code == 0 or code in _FINAL or restart >= args.max_restarts:
+            if code and args.max_restarts:
+                sys.stderr.write(f"{PROG}: the job failed after {restart} restart{'s' * (restart != 1)}"
+                                 f"{' (exit 2: not restarted)' if code in _FINAL else ''}; giving up\n")
+            return code
+        restart += 1
+        sys.stderr.write(f"{PROG}: restarting every rank ({restart} of {args.max_restarts}, "
+                         f"{RESTART_VARIABLE}={restart})\n")
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ def header(cfg: Config, comm, ds, model_text: str, model, ddp, trainer, env: dic
     lines = [f"npddp.train: {comm.size} rank{'s' * (comm.size > 1)}, backend {cfg.backend} over {kind}, {where}",
              thread_line,
              f"model: {model_text}; {model.num_parameters():,} parameters ({cfg.dtype}, {format_bytes(nbytes)})",
-             f"sync: {cfg.sync}, {len(ddp.buckets)} bucket{'s' * (len(ddp.buckets) > 1)}, compression "
-             f"{cfg.compression}" + (f", local SGD every {cfg.local_sgd} steps" if cfg.local_sgd else "")
+             f"sync: {cfg.sync}, {len(ddp.buckets)} bucket{'s' * (len(ddp.buckets) > 1)}, comm hook "
+             f"{cfg.comm_hook}" + (f", local SGD every {cfg.local_sgd} steps" if cfg.local_sgd else "")
              + auto_picks(comm, ddp),
              (f"data: {ds.name}, {ds.n_train} train / {ds.n_val} val sequences of {cfg.context_length} tokens, "
               f"vocabulary {ds.num_classes}; batch {cfg.batch_size} = {comm.size} x {per_rank} sequences, "

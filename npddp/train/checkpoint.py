@@ -13,7 +13,8 @@ File layout (HDF5, written through :func:`npddp.util.atomicfile.atomic_h5`)::
                       buffers such as exp_avg.3 (with a leading rank axis when per_rank)
     /rng/dropout      (world_size, n_dropout, 6) uint64: each rank's PCG64 dropout streams
                       (present only when the model has dropout)
-    /ddp/residual.<i> (world_size, n): each rank's top-k error feedback of bucket i (top-k only)
+    /ddp/<name>       (world_size, ...): each rank's comm hook state (top-k or PowerSGD error
+                      feedback ``error.<bucket>``, PowerSGD's ``p.<bucket>``, ``q.<bucket>``, step, seeds)
     /progress/totals  running sums of the epoch in progress (attr ``columns``)
 
 Integrity: the file starts with a 512-byte user block ``npddp-checkpoint crc32=XXXXXXXX
@@ -65,7 +66,7 @@ class Checkpoint:
     optimizer_name: str
     per_rank: bool = False
     dropout_rng: np.ndarray | None = None          # (world_size, n_dropout, 6) uint64
-    residuals: list = field(default_factory=list)  # [(world_size, n)] per bucket
+    hook_state: dict = field(default_factory=dict)  # name -> (world_size, ...) comm hook state
     totals: np.ndarray = field(default_factory=lambda: np.zeros(0))
     totals_columns: tuple = ()
     attrs: dict = field(default_factory=dict)      # environment, written as attributes
@@ -186,8 +187,8 @@ def write(path, ckpt: Checkpoint) -> None:
         if ckpt.dropout_rng is not None:
             rng.create_dataset("dropout", data=ckpt.dropout_rng.astype(np.uint64))
         g = f.create_group("ddp")
-        for i, res in enumerate(ckpt.residuals):
-            g.create_dataset(f"residual.{i}", data=res)
+        for name, value in ckpt.hook_state.items():
+            g.create_dataset(name, data=value)
         g = f.create_group("progress")
         g.create_dataset("totals", data=np.asarray(ckpt.totals, dtype=np.float64))
         g["totals"].attrs["columns"] = json.dumps(list(ckpt.totals_columns))
@@ -248,14 +249,14 @@ def _from_file(f, attrs: dict) -> Checkpoint:
         value = ds[()]
         optimizer[key] = value.item() if isinstance(value, np.generic) and key != "step" else value
     dropout = f["rng"]["dropout"][()] if "dropout" in f["rng"] else None
-    residuals = [f["ddp"][f"residual.{i}"][()] for i in range(len(f["ddp"]))]
+    hook_state = {name: f["ddp"][name][()] for name in f["ddp"]}
     totals = f["progress"]["totals"]
     env = {k: v for k, v in attrs.items() if not k.startswith("config")}
     return Checkpoint(epochs_done=attrs["epochs_done"], batches_done=attrs["batches_done"],
                       step=attrs["step"], world_size=attrs["world_size"],
                       backend=str(attrs["backend"]), config=json.loads(attrs["config"]),
                       params=params, optimizer=optimizer, optimizer_name=str(attrs["optimizer"]),
-                      per_rank=attrs["per_rank"], dropout_rng=dropout, residuals=residuals,
+                      per_rank=attrs["per_rank"], dropout_rng=dropout, hook_state=hook_state,
                       totals=totals[()], totals_columns=tuple(json.loads(totals.attrs["columns"])),
                       attrs=env, input_shape=tuple(attrs.get("input_shape") or ()),
                       num_classes=attrs.get("num_classes", 0))
@@ -292,9 +293,9 @@ def validate(ckpt: Checkpoint) -> str | None:
     if ckpt.dropout_rng is not None and (ckpt.dropout_rng.ndim != 3 or ckpt.dropout_rng.shape[0] != world
                                          or ckpt.dropout_rng.shape[2] != 6):
         return f"rng/dropout has shape {ckpt.dropout_rng.shape}; valid: ({world}, layers, 6)"
-    for i, res in enumerate(ckpt.residuals):
-        if res.ndim != 2 or res.shape[0] != world:
-            return f"ddp/residual.{i} has shape {res.shape}; valid: ({world}, n)"
+    for name, value in ckpt.hook_state.items():
+        if np.ndim(value) < 2 or np.shape(value)[0] != world:
+            return f"ddp/{name} has shape {np.shape(value)}; valid: ({world}, ...)"
     if np.ndim(ckpt.totals) != 1 or len(ckpt.totals) != len(ckpt.totals_columns):
         return f"progress/totals has shape {np.shape(ckpt.totals)}; valid: ({len(ckpt.totals_columns)},)"
     return None

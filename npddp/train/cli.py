@@ -9,7 +9,7 @@
     mpirun -n 2 python -m npddp.train --dataset images.npz --normalize standard
     mpirun -n 2 python -m npddp.train --backend ring --timeout 60 --inject-fault 1:5   # must end, exit 1
     mpirun -n 2 python -m npddp.train --model gpt --optimizer adamw --lr 1e-3 --epochs 2   # tiny GPT
-    mpirun -n 2 python -m npddp.train --model gpt --dataset text:README.md --context-length 128
+    mpirun -n 2 python -m npddp.train --model gpt --dataset text:code.txt --batch-size 16 --lr 3e-3 --optimizer adamw
     python -m npddp.train --help                   # every flag with its default
 
 The steps: flags (parsed identically on every rank) -> communicator -> (the checkpoint's
@@ -27,6 +27,7 @@ on one rank, with status N.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import sys
@@ -46,6 +47,8 @@ from npddp.train.config import Config, ConfigError, parse_args
 from npddp.train.validate import check_config, parse_fault
 from npddp.comm.transports.base import resolve_transport
 from npddp.data import BatchLoader, DistributedSampler, iterate_batches
+from npddp.parallel import builtin as hooks
+from npddp.parallel.averaging import PeriodicModelAverager
 from npddp.parallel.ddp import DistributedDataParallel
 from npddp.train.inputs import dataset_name, load_data, scaling_warning
 from npddp.util import env, tracing
@@ -91,6 +94,8 @@ class Trainer:
     def __init__(self, cfg: Config, comm, out: Printer, ds, model, dropouts, ddp, optimizer, attrs: dict):
         self.cfg, self.comm, self.out = cfg, comm, out
         self.model, self.dropouts, self.ddp, self.optimizer = model, dropouts, ddp, optimizer
+        #: local SGD (--local-sgd K): parameters averaged every K steps, gradients never
+        self.averager = PeriodicModelAverager(comm, cfg.local_sgd) if cfg.local_sgd else None
         self.X_val, self.y_val = shape_rows(cfg.model, ds.X_val), ds.y_val
         self.n_train, self.input_shape, self.num_classes = ds.n_train, tuple(ds.input_shape), ds.num_classes
         sampler = DistributedSampler(ds.n_train, comm.size, comm.rank, shuffle=True, seed=cfg.seed)
@@ -129,7 +134,7 @@ class Trainer:
         alone keeps the check to a few microseconds. Parameters are checked in full before every
         checkpoint, so nothing non-finite is ever saved.
         """
-        if self.ddp.local_sgd and self.comm.size > 1:
+        if self.averager is not None and self.comm.size > 1:
             return                                   # replicas differ: checked at averaging and flushes
         bad = _nonfinite([p.grad for p in self.watched])
         if bad is not None:
@@ -191,7 +196,7 @@ class Trainer:
                     position=(self.epochs_done, self.batches_done, self.step), totals=self.totals,
                     totals_columns=TOTALS, config=self.attrs["config"], backend=self.cfg.backend,
                     optimizer_name=self.cfg.optimizer, input_shape=self.input_shape, num_classes=self.num_classes,
-                    attrs={k: v for k, v in self.attrs.items() if k != "config"})
+                    attrs={k: v for k, v in self.attrs.items() if k != "config"}, local_sgd=self.averager is not None)
                 self.saved_at = self.step
         self.write_files(("metrics", "checkpoint"), status)
         self.ddp.tracer.add(traced, self.trace_save, tracing.CHECKPOINT)
@@ -235,10 +240,14 @@ class Trainer:
                 xb = self.inject(xb)
             ddp.zero_grad()
             loss = loss_fn.forward(ddp(xb), yb)
-            ddp.backward(loss_fn.backward())
+            averager = self.averager
+            with ddp.no_sync() if averager is not None and averager.local() else contextlib.nullcontext():
+                ddp.backward(loss_fn.backward())
             self.check_gradients()
             ddp.step(self.optimizer)
-            if ddp.local_sgd and self.comm.size > 1 and ddp.steps % ddp.local_sgd == 0:
+            if averager is not None and averager.average_parameters(ddp.parameters()):
+                ddp.stats.comm_calls += averager.calls
+                ddp.stats.comm_bytes += averager.bytes
                 self.check_parameters(collective=False)          # identical right after averaging
             self.step, self.batches_done = self.step + 1, b
             now = time.perf_counter()
@@ -320,6 +329,8 @@ def train(argv=None) -> int:
 def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
     """Everything after the communicator exists; JobError for failures every rank agrees on."""
     opened, ckpt, saved = (cfg.backend, cfg.transport), None, None
+    if cfg.resume == "auto":  # resume when the checkpoint exists (rank 0 looks), else start fresh
+        cfg = resume.auto(comm, cfg)
     try:
         if cfg.resume:
             ckpt, saved = resume.read_saved(comm, cfg.checkpoint)
@@ -347,14 +358,15 @@ def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
         raise JobError(message, EXIT_USAGE)
 
     tracer = tracing.Tracer(cfg.trace, comm, cfg.trace_steps) if cfg.trace else None  # None: $NPDDP_TRACE
-    if cfg.zero:
+    if cfg.zero >= 2:
         ddp, optimizer = sharding.build(cfg, model, comm, tracer)
     else:
-        ddp = DistributedDataParallel(model, comm, sync=cfg.sync, bucket_cap_mb=cfg.bucket_mb,
-                                      compression=cfg.compression, topk_ratio=cfg.topk_ratio,
-                                      local_sgd=cfg.local_sgd, tracer=tracer)
-        optimizer = make_optimizer(cfg.optimizer, ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                                   weight_decay=cfg.weight_decay)
+        ddp = DistributedDataParallel(model, comm, sync=cfg.sync, bucket_cap_mb=cfg.bucket_mb, tracer=tracer)
+        ddp.register_comm_hook(*hooks.build(cfg.comm_hook, comm, topk_ratio=cfg.topk_ratio,
+                                            powersgd_rank=cfg.powersgd_rank,
+                                            powersgd_start_iter=cfg.powersgd_start_iter, seed=cfg.seed))
+        optimizer = sharding.shard_optimizer(cfg, ddp, comm) if cfg.zero == 1 else make_optimizer(
+            cfg.optimizer, ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     env = environment(world_size=comm.size, backend=cfg.backend, mpi=transport_of(comm) == "mpi") \
         if comm.rank == 0 else {}
     if comm.rank == 0:

@@ -17,10 +17,11 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 
-from npddp.comm import BACKENDS, DEFAULT_TIMEOUT, TRANSPORTS
+from npddp.comm import BACKENDS, DEFAULT_TIMEOUT, TRANSPORTS, backend_names
 from npddp.data import DATASET_NAMES, NORMALIZE_MODES
 from npddp.data.arrays import ARRAY_SUFFIXES
-from npddp.parallel.ddp import BUCKET_CAP_MB, COMPRESSIONS, SYNCS
+from npddp.parallel.ddp import BUCKET_CAP_MB, SYNCS
+from npddp.parallel.builtin import HOOKS
 from npddp.train.models import DTYPES, MODELS
 from npddp.nn.gpt import PRESETS
 from npddp.optim import OPTIMIZERS
@@ -42,19 +43,28 @@ class ConfigError(ValueError):
     """Bad command-line input: printed once as ``error: <message>``, exit code 2."""
 
 
-def _opt(default, help: str, *, choices=None, metavar=None, resume: str = "", shown=None, parse=None):
+def _opt(default, help: str, *, choices=None, metavar=None, resume: str = "", shown=None, parse=None,
+         const=None):
     """A dataclass field carrying its command-line help.
 
     ``resume``: "match" (fixed: taken from the checkpoint, and a different value given again is
     an error), "inherit" (taken from the checkpoint unless given; may change) or "" (this
     run's own). ``parse`` converts the command-line string (default: the field's type).
+    ``const``: the value of the flag given without one (its value is then optional).
     """
     assert resume in RESUME_KINDS, resume
     meta = {"help": help, "choices": choices, "metavar": metavar, "resume": resume, "shown": shown,
-            "parse": parse}
+            "parse": parse, "const": const}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def resume_text(text: str) -> str:
+    """The value of ``--resume VALUE``: only ``auto``."""
+    if text != "auto":
+        raise ValueError(f"--resume takes no value or 'auto', not {text!r}")
+    return text
 
 
 @dataclass(frozen=True)
@@ -78,11 +88,18 @@ class Config:
     bucket_mb: float = _opt(BUCKET_CAP_MB, "bucket size cap in MiB for bucketed/overlap (DistributedDataParallel's "
                             "bucket_cap_mb); smaller buckets start all-reducing earlier during backward",
                             metavar="MB", resume="inherit")
-    compression: str = _opt("none", "gradient compression: none, fp16 (half-precision all-reduce) or "
-                            "topk (largest --topk-ratio of each bucket, with error feedback)",
-                            choices=COMPRESSIONS, resume="inherit")
-    topk_ratio: float = _opt(0.01, "fraction of each bucket sent by --compression topk, in (0, 1]",
-                             metavar="R", resume="inherit")
+    comm_hook: str = _opt("allreduce", "DDP communication hook: allreduce (sum, then average), fp16 "
+                          "(half-precision all-reduce), topk (largest --topk-ratio of each bucket, with error "
+                          "feedback) or powersgd (rank --powersgd-rank matrices, with error feedback)",
+                          choices=HOOKS, resume="match")
+    topk_ratio: float = _opt(0.01, "fraction of each bucket sent by --comm-hook topk, in (0, 1]",
+                             metavar="R", resume="match")
+    powersgd_rank: int = _opt(1, "rank of PowerSGD's low-rank approximation (--comm-hook powersgd)",
+                              metavar="R", resume="match")
+    powersgd_start_iter: int = _opt(10, "plain all-reduce for this many steps before PowerSGD starts "
+                                    "(--comm-hook powersgd; >= 2)", metavar="K", resume="match")
+    plugin: str = _opt("", "comma-separated modules (dotted names or .py paths) imported first; they register "
+                       "all-reduce algorithms that --backend then accepts", metavar="MODULES", resume="inherit")
     local_sgd: int = _opt(0, "average parameters every K steps instead of gradients every step "
                           "(0: plain data parallelism)", metavar="K", resume="match")
     timeout: typing.Optional[float] = _opt(
@@ -163,10 +180,13 @@ class Config:
         "an npddp checkpoint, never another file", metavar="PATH.h5", shown="none")
     checkpoint_every: int = _opt(0, "also write the checkpoint every N optimizer steps (0: only "
                                  "at epoch ends and at the end)", metavar="N", resume="inherit")
-    resume: bool = _opt(False, "continue the run saved in --checkpoint, with its settings: flags "
-                        "marked [fixed on resume] are taken from it (given again, they must "
-                        "repeat the saved value), those marked [from the checkpoint] too unless "
-                        "given; the backend and the world size may change")
+    resume: typing.Union[bool, str] = _opt(
+        False, "continue the run saved in --checkpoint, with its settings: flags "
+        "marked [fixed on resume] are taken from it (given again, they must "
+        "repeat the saved value), those marked [from the checkpoint] too unless "
+        "given; the backend and the world size may change. --resume auto: resume if the "
+        "checkpoint exists, else start fresh (for restarts by python -m npddp.run --max-restarts)",
+        metavar="auto", shown="off", parse=resume_text, const=True)
     metrics: typing.Optional[str] = _opt(
         None, "HDF5 file of per-step and per-epoch metrics (groups /steps and /epochs of 1-D "
         "columns), rewritten atomically by rank 0 at every epoch end and checkpoint; it may "
@@ -311,10 +331,12 @@ def build_parser(help_file=None) -> argparse.ArgumentParser:
                 kwargs["type"] = next(a for a in typing.get_args(kind) if a is not type(None)) \
                     if typing.get_origin(kind) is typing.Union else kind
             if meta["choices"]:
-                kwargs["choices"] = meta["choices"]
+                kwargs["choices"] = backend_names() if f.name == "backend" else meta["choices"]
                 kwargs["metavar"] = "{" + ",".join(meta["choices"]) + "}"
             elif meta["metavar"]:
                 kwargs["metavar"] = meta["metavar"]
+            if meta["const"] is not None:
+                kwargs.update(nargs="?", const=meta["const"])
         group.add_argument(flag(f.name), **kwargs)
     return parser
 
@@ -332,9 +354,28 @@ def _checked(parse):
 def parse_args(argv=None, help_file=None) -> dict:
     """The flags given in ``argv`` (default ``sys.argv[1:]``) as {field: value}; ConfigError when bad.
 
-    ``--help`` prints to ``help_file`` (stdout when None) and raises SystemExit(0).
+    ``--help`` prints to ``help_file`` (stdout when None) and raises SystemExit(0). ``--plugin``
+    modules are imported first, so ``--backend`` accepts the algorithms they register.
     """
-    return vars(build_parser(help_file).parse_args(argv))
+    import sys
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a == "--compression" or a.startswith("--compression=") for a in argv):
+        raise ConfigError("--compression is gone; use --comm-hook {" + ",".join(HOOKS) + "} "
+                          "(none is allreduce; with --topk-ratio, --powersgd-rank, --powersgd-start-iter)")
+    plugins = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--plugin"]
+    plugins += [a.split("=", 1)[1] for a in argv if a.startswith("--plugin=")]
+    _load_plugins(",".join(plugins))
+    parser = build_parser(help_file)
+    return vars(parser.parse_args(argv))
+
+
+def _load_plugins(text: str) -> None:
+    """Import the comma-separated modules of ``text``; ConfigError naming one that cannot be imported."""
+    from npddp.comm import load_plugins
+    try:
+        load_plugins([m.strip() for m in text.split(",") if m.strip()])
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def parse_config(argv=None, help_file=None) -> Config:

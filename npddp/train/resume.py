@@ -8,12 +8,13 @@ are this run's own. So ``--checkpoint run.h5 --resume`` alone continues a run.
 
 Allowed changes and what they cost: the backend and the sync settings change the order in
 which gradients are summed, and a new world size restarts per-rank state (dropout streams,
-top-k residuals, local-SGD replicas); results stay defined but are no longer bit-identical to
+comm hook error feedback, local-SGD replicas); results stay defined but are no longer bit-identical to
 an uninterrupted run, and the header says so.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -95,7 +96,7 @@ def changes(cfg: Config, given: dict, saved: dict, world_size: int) -> list[str]
         return ["resume: same settings as the checkpoint; bit-identical to an uninterrupted run"]
     text = "resume: changed since the checkpoint: " + ", ".join(lines)
     if world_size != saved["world_size"]:
-        text += ("; per-rank state (dropout streams, top-k residuals, local-SGD replicas) starts "
+        text += ("; per-rank state (dropout streams, comm hook error feedback, local-SGD replicas) starts "
                  "afresh and the rows each rank reads change, so the run is no longer bit-identical "
                  "to an uninterrupted one")
     elif order:
@@ -146,12 +147,13 @@ def incompatibility(ckpt, path, *, named_params, optimizer, ddp, optimizer_name:
             saved = np.asarray(ckpt.optimizer[key])
             if saved.shape != lead + value.shape or saved.dtype != value.dtype:
                 return f"{where}: optimizer state {key!r} is {_describe(saved)} there, {_describe(value)} here"
-    if ddp.compression == "topk" and ckpt.residuals and ckpt.world_size == ddp.comm.size:
-        have = [int(r.shape[1]) for r in ckpt.residuals]
-        want = [int(b.buffer.size) for b in ddp.buckets]
+    errors = {int(k.split(".")[1]): v for k, v in ckpt.hook_state.items() if k.startswith("error.")}
+    if errors and ckpt.world_size == ddp.comm.size:
+        have = {i: int(np.shape(v)[1]) for i, v in sorted(errors.items())}
+        want = {i: int(ddp.buckets[i].buffer.size) if i < len(ddp.buckets) else 0 for i in have}
         if have != want:
-            return (f"{where} holds top-k residuals for buckets of {have} elements, this run's buckets "
-                    f"have {want}; resume with the saved --sync and --bucket-mb "
+            return (f"{where} holds comm hook error feedback for buckets of {list(have.values())} elements, "
+                    f"this run's buckets have {list(want.values())}; resume with the saved --sync and --bucket-mb "
                     f"({_show(ckpt.config.get('sync'))}, {_show(ckpt.config.get('bucket_mb'))})")
     return None
 
@@ -170,6 +172,8 @@ def restore_into(trainer, ckpt, saved: dict, out) -> None:
         raise JobError(message, EXIT_USAGE)
     got = state.restore(comm, ckpt, named_params=named, optimizer=trainer.optimizer, ddp=trainer.ddp,
                         dropouts=trainer.dropouts)
+    if trainer.averager is not None:
+        trainer.averager.step = got["step"]
     trainer.optimizer.lr = cfg.lr
     trainer.epochs_done, trainer.batches_done, trainer.step = got["epochs_done"], got["batches_done"], got["step"]
     trainer.saved_at = trainer.step
@@ -180,3 +184,13 @@ def restore_into(trainer, ckpt, saved: dict, out) -> None:
         trainer.log, note = MetricsLog.resume(cfg.metrics, trainer.step, trainer.epochs_done)
         if note:
             out.warn(note)
+
+
+def auto(comm, cfg: Config) -> Config:
+    """``--resume auto``: the config with ``resume`` True when rank 0 finds the checkpoint, else False.
+
+    Collective. For a job restarted by ``python -m npddp.run --max-restarts``: the first start
+    begins fresh, every restart continues from the last complete checkpoint.
+    """
+    exists = "1" if comm.rank == 0 and cfg.checkpoint and os.path.exists(cfg.checkpoint) else "0"
+    return dataclasses.replace(cfg, resume=share_text(comm, exists) == "1")

@@ -13,7 +13,6 @@ from __future__ import annotations
 from functools import partial
 
 from npddp.optim import make_optimizer
-from npddp.parallel.ddp import DistributedDataParallel
 from npddp.parallel.zero import ShardedOptimizer, ZeroDataParallel, ZeroRedundancyOptimizer
 from npddp.train.console import format_bytes
 
@@ -63,18 +62,23 @@ class CheckpointedOptimizer:
         self.sharded.load_state_dict(d)
 
 
+def _defaults(cfg) -> tuple:
+    """The optimizer factory and its keyword defaults from the config."""
+    return partial(make_optimizer, cfg.optimizer), {"lr": cfg.lr, "momentum": cfg.momentum,
+                                                     "weight_decay": cfg.weight_decay}
+
+
+def shard_optimizer(cfg, engine, comm) -> CheckpointedOptimizer:
+    """``--zero 1``: the optimizer of DDP's parameters, its state sharded over the ranks."""
+    factory, defaults = _defaults(cfg)
+    return CheckpointedOptimizer(ZeroRedundancyOptimizer(engine.parameters(), factory, comm, **defaults), comm)
+
+
 def build(cfg, model, comm, tracer):
-    """``(engine, optimizer)`` for ``cfg.zero`` in 1..3."""
-    factory = partial(make_optimizer, cfg.optimizer)
-    defaults = {"lr": cfg.lr, "momentum": cfg.momentum, "weight_decay": cfg.weight_decay}
-    if cfg.zero == 1:
-        engine = DistributedDataParallel(model, comm, sync=cfg.sync, bucket_cap_mb=cfg.bucket_mb,
-                                         compression=cfg.compression, topk_ratio=cfg.topk_ratio, tracer=tracer)
-        sharded = ZeroRedundancyOptimizer(engine.parameters(), factory, comm, **defaults)
-    else:
-        engine = ZeroDataParallel(model, comm, stage=cfg.zero, bucket_cap_mb=cfg.bucket_mb, tracer=tracer)
-        sharded = ShardedOptimizer(engine, factory, **defaults)
-    return engine, CheckpointedOptimizer(sharded, comm)
+    """``(engine, optimizer)`` for ``cfg.zero`` in 2..3: sharded gradients (and parameters)."""
+    factory, defaults = _defaults(cfg)
+    engine = ZeroDataParallel(model, comm, stage=cfg.zero, bucket_cap_mb=cfg.bucket_mb, tracer=tracer)
+    return engine, CheckpointedOptimizer(ShardedOptimizer(engine, factory, **defaults), comm)
 
 
 def bytes_per_rank(stage: int, engine, optimizer) -> dict:

@@ -10,7 +10,24 @@ from __future__ import annotations
 
 import numpy as np
 
+from npddp.parallel.hooks import HookState
 from npddp.train.checkpoint import Checkpoint
+
+
+def _row(array) -> np.ndarray:
+    """A hook state array as a contiguous array of at least one dimension."""
+    return np.ascontiguousarray(np.atleast_1d(array))
+
+
+def _names(comm, names: list[str]) -> list[str]:
+    """Rank 0's list of names on every rank (as int32 characters, no pickling)."""
+    raw = np.frombuffer("\n".join(names).encode(), dtype=np.uint8).astype(np.int32) if comm.rank == 0 else None
+    size = np.array([0 if raw is None else raw.size], dtype=np.int64)
+    comm.broadcast(size, root=0)
+    text = raw if raw is not None else np.zeros(int(size[0]), dtype=np.int32)
+    comm.broadcast(text, root=0)
+    decoded = bytes(text.astype(np.uint8)).decode()
+    return decoded.split("\n") if decoded else []
 
 
 def _gathered(comm, array: np.ndarray, per_rank: bool):
@@ -22,13 +39,14 @@ def _gathered(comm, array: np.ndarray, per_rank: bool):
 
 def collect(comm, *, named_params, optimizer, ddp, dropouts, position: tuple[int, int, int],
             totals: np.ndarray, totals_columns, config: dict, backend: str,
-            optimizer_name: str, attrs: dict, input_shape=(), num_classes: int = 0) -> Checkpoint | None:
+            optimizer_name: str, attrs: dict, input_shape=(), num_classes: int = 0,
+            local_sgd: bool = False) -> Checkpoint | None:
     """Gather this step's training state; the Checkpoint on rank 0, None elsewhere.
 
     Collective: every rank calls it at the same step. Parameters and optimizer buffers are
-    stored once, or per rank with local SGD (``ddp.local_sgd``) where replicas differ.
+    stored once, or per rank with local SGD (``local_sgd``) where replicas differ.
     """
-    per_rank = bool(ddp.local_sgd) and comm.size > 1
+    per_rank = bool(local_sgd) and comm.size > 1
     params = {name: _gathered(comm, p.data, per_rank) for name, p in named_params}
     state = optimizer.state_dict()
     opt = {k: _gathered(comm, v, per_rank) if isinstance(v, np.ndarray) and v.ndim else v
@@ -37,11 +55,9 @@ def collect(comm, *, named_params, optimizer, ddp, dropouts, position: tuple[int
     if dropouts:
         words = np.stack([d.get_rng_state() for d in dropouts])               # (n_dropout, 6) uint64
         dropout = comm.gather(words.view(np.int64), root=0)                   # (size, n_dropout, 6)
-    residuals = []
-    if ddp.compression == "topk":
-        for bucket in ddp.buckets:
-            res = bucket.residual if bucket.residual is not None else np.zeros_like(bucket.buffer)
-            residuals.append(comm.gather(res, root=0))                        # (size, n)
+    hook = ddp.comm_hook_state
+    arrays = hook.state_dict() if isinstance(hook, HookState) else {}
+    hook_state = {name: comm.gather(_row(arrays[name]), root=0) for name in sorted(arrays)}  # (size, ...)
     if comm.rank != 0:
         return None
     epochs_done, batches_done, step = position
@@ -49,10 +65,13 @@ def collect(comm, *, named_params, optimizer, ddp, dropouts, position: tuple[int
                       world_size=comm.size, backend=backend, config=config, params=params,
                       optimizer=opt, optimizer_name=optimizer_name, per_rank=per_rank,
                       dropout_rng=None if dropout is None else dropout.view(np.uint64),
-                      residuals=residuals, totals=np.array(totals, dtype=np.float64),
+                      hook_state=hook_state, totals=np.array(totals, dtype=np.float64),
                       totals_columns=tuple(totals_columns), attrs=attrs,
                       input_shape=tuple(int(v) for v in input_shape), num_classes=int(num_classes))
 
+
+
+_DTYPES = ("float16", "float32", "float64", "int32", "int64")
 
 
 def restore(comm, ckpt: Checkpoint | None, *, named_params, optimizer, ddp, dropouts) -> dict:
@@ -66,7 +85,7 @@ def restore(comm, ckpt: Checkpoint | None, *, named_params, optimizer, ddp, drop
     head = np.zeros(7, dtype=np.int64)
     if root:
         head[:] = [ckpt.epochs_done, ckpt.batches_done, ckpt.step, ckpt.world_size, ckpt.per_rank,
-                   ckpt.dropout_rng is not None, len(ckpt.residuals)]
+                   ckpt.dropout_rng is not None, len(ckpt.hook_state)]
     comm.broadcast(head, root=0)
     epochs_done, batches_done, step, saved_size, per_rank, has_dropout, n_res = (int(v) for v in head)
     same = saved_size == comm.size
@@ -103,13 +122,23 @@ def restore(comm, ckpt: Checkpoint | None, *, named_params, optimizer, ddp, drop
             d.set_rng_state(w)
     elif dropouts:
         fresh.append("dropout streams")
-    if n_res and same and ddp.compression == "topk":
-        for i, bucket in enumerate(ddp.buckets):
-            res = np.empty((comm.size, bucket.buffer.size), bucket.buffer.dtype)
-            src = np.ascontiguousarray(ckpt.residuals[i], dtype=res.dtype) if root else res
-            bucket.residual = comm.scatter(src, root=0)                       # (n,)
-    elif ddp.compression == "topk":
-        fresh.append("top-k residuals")
+    hook = ddp.comm_hook_state
+    if n_res and same and isinstance(hook, HookState):
+        names = _names(comm, sorted(ckpt.hook_state) if root else [])
+        loaded = {}
+        for name in names:
+            saved = np.ascontiguousarray(ckpt.hook_state[name]) if root else None
+            head = np.zeros(9, dtype=np.int64)   # dtype code, ndim, shape (up to 7 axes)
+            if root:
+                head[:2] = [_DTYPES.index(saved.dtype.name), saved.ndim]
+                head[2:2 + saved.ndim] = saved.shape
+            comm.broadcast(head, root=0)
+            shape = tuple(int(v) for v in head[2:2 + int(head[1])])
+            src = saved if root else np.empty(shape, dtype=_DTYPES[int(head[0])])
+            loaded[name] = comm.scatter(src, root=0)
+        hook.load_state_dict(loaded)
+    elif n_res:
+        fresh.append("comm hook state")
     ddp.steps = step
     totals = np.array(ckpt.totals if root else np.zeros(0), dtype=np.float64)
     size = np.array([totals.size], dtype=np.int64)

@@ -67,9 +67,14 @@ def check_config(cfg: Config, world_size: int) -> None:
             raise ConfigError(f"--timeout must be a number of seconds > 0 (inf: wait forever), got {cfg.timeout}")
     if cfg.inject_fault is not None:
         parse_fault(cfg.inject_fault, world_size)
-    if cfg.local_sgd and cfg.compression != "none":
+    if cfg.local_sgd and cfg.comm_hook != "allreduce":
         raise ConfigError(f"--local-sgd {cfg.local_sgd} averages parameters, so it cannot be combined "
-                          f"with --compression {cfg.compression}")
+                          f"with --comm-hook {cfg.comm_hook}")
+    if cfg.powersgd_rank < 1:
+        raise ConfigError(f"--powersgd-rank must be an integer >= 1, got {cfg.powersgd_rank}")
+    if cfg.powersgd_start_iter < 2:
+        raise ConfigError(f"--powersgd-start-iter must be an integer >= 2 (error feedback and warm start "
+                          f"need plain steps first), got {cfg.powersgd_start_iter}")
     _check_zero(cfg)
     _check_dataset(cfg)
     _check_files(cfg)
@@ -142,9 +147,9 @@ def _check_zero(cfg: Config) -> None:
     if cfg.zero and cfg.local_sgd:
         raise ConfigError(f"--local-sgd {cfg.local_sgd} keeps a different replica on every rank, which --zero "
                           f"{cfg.zero} cannot shard; use one or the other")
-    if cfg.zero >= 2 and cfg.compression != "none":
-        raise ConfigError(f"--compression {cfg.compression} compresses whole buckets for an all-reduce; --zero "
-                          f"{cfg.zero} reduce-scatters them uncompressed (use --zero 1 or --compression none)")
+    if cfg.zero >= 2 and cfg.comm_hook != "allreduce":
+        raise ConfigError(f"--comm-hook {cfg.comm_hook} works on whole buckets for an all-reduce; --zero "
+                          f"{cfg.zero} reduce-scatters them (use --zero 1 or --comm-hook allreduce)")
     if cfg.zero >= 2 and cfg.sync != "overlap":
         raise ConfigError(f"--sync {cfg.sync} is a DDP strategy; --zero {cfg.zero} always reduce-scatters each "
                           "bucket as backward finishes it (use --sync overlap, the default, or --zero 0/1)")

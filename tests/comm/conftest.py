@@ -20,8 +20,10 @@ from tests.conftest import RUN_BACKENDS, TCP_MODE, world_raw
 P2P_BACKENDS = tuple(b for b in BACKENDS if b != "mpi")
 
 #: The only methods of an mpi4py communicator a point-to-point backend may call (``Split``: hier's
-#: one setup call, making its group across nodes; never on the data path).
-P2P_METHODS = frozenset({"Get_rank", "Get_size", "Send", "Recv", "Sendrecv", "Isend", "Irecv", "Split"})
+#: one setup call, making its group across nodes; ``Dup``: create's one setup call giving each
+#: communicator a message context of its own; neither on the data path).
+P2P_METHODS = frozenset({"Get_rank", "Get_size", "Send", "Recv", "Sendrecv", "Isend", "Irecv", "Split", "Dup"})
+_SETUP_METHODS = ("Get_", "Dup")
 
 _REDUCE = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}
 
@@ -95,9 +97,15 @@ class P2POnly:
         self.calls[name] += 1
         return getattr(self._comm, name)
 
+    def Dup(self):  # noqa: N802  (mpi4py's name) the duplicate is watched and counted the same way
+        self.calls["Dup"] += 1
+        twin = P2POnly(self._comm.Dup())
+        twin.calls = self.calls
+        return twin
+
     def messages(self) -> int:
         """Number of message calls so far (everything except Get_rank/Get_size)."""
-        return sum(n for name, n in self.calls.items() if not name.startswith("Get_"))
+        return sum(n for name, n in self.calls.items() if not name.startswith(_SETUP_METHODS))
 
 
 class CountingTransport:

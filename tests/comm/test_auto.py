@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from npddp.comm import ALGORITHMS, create
-from npddp.comm.p2p.auto import CANDIDATES, FORMAT, MODEL, VERSION, check_table, model_table, predict
+from npddp.comm.p2p.auto import FORMAT, MODEL, VERSION, candidates, check_table, model_table, predict
 from npddp.tune import steps_from
 
 from tests.comm.conftest import one_rank_group
@@ -35,12 +35,12 @@ def tuning(tmp_path, **change):
 def test_the_model_table_picks_the_cheapest_candidate_at_every_size(size, transport):
     alpha, beta, gamma = MODEL[transport]
     steps = model_table(transport, size)
-    assert steps[-1][0] is None and all(a in CANDIDATES for _, a in steps)
+    assert steps[-1][0] is None and all(a in candidates() for _, a in steps)  # registered ones with a cost too
     bounds = [m for m, _ in steps[:-1]]
     assert bounds == sorted(bounds) and len(set(a for _, a in steps)) == len(steps)  # merged runs
     for nbytes in (8, 1000, 70_000, 3 << 20, 100 << 20):
         pick = next(a for m, a in steps if m is None or nbytes <= m)
-        costs = {a: predict(a, 1 << (nbytes - 1).bit_length(), size, alpha, beta, gamma) for a in CANDIDATES}
+        costs = {a: predict(a, 1 << (nbytes - 1).bit_length(), size, alpha, beta, gamma) for a in candidates()}
         assert costs[pick] == min(costs.values()), (nbytes, pick, costs)
 
 
@@ -126,3 +126,14 @@ def test_the_tuner_writes_a_table_auto_loads(tmp_path):
     assert data["transport"] == "tcp" and data["world_size"] == 2 and data["sizes"] == [1024, 4096, 16384]
     assert check_table(data, "tcp", 2, node=True) == data["table"] and "best" in done.stdout
     assert "shm" in done.stdout.splitlines()[1]  # both ranks on this machine: shared memory competes too
+
+
+@pytest.mark.parametrize("size", [2, 3, 4, 8])
+def test_across_nodes_the_model_takes_few_steps_small_and_the_pipelined_ring_beyond_one_chunk(size):
+    from npddp.comm.p2p.auto import network_time
+    steps = model_table("mpi", size, 1 << 20, across_nodes=True)
+    assert steps[0][1] == "rd" and steps[-1] == [None, "ring"] and steps[-2][0] <= 1 << 20
+    assert model_table("tcp", size, 1 << 20, across_nodes=True) == steps    # the network, not the transport, prices
+    for nbytes in (1 << 10, 1 << 16, 1 << 22, 1 << 26):
+        pick = next(a for limit, a in steps if limit is None or nbytes <= limit)
+        assert network_time(pick, nbytes, size) == min(network_time(a, nbytes, size) for a in CANDIDATES)

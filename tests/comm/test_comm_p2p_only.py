@@ -96,6 +96,7 @@ def test_steady_state_allocates_nothing(backend, group, assert_all_ranks):
         for _ in range(10):
             one_at_a_time()
         single = tracemalloc.get_traced_memory()
+        held_single = (world.held_bytes() - held) if world is not None else 0  # early frames of a late rank
         for _ in range(10):
             two_outstanding()
         double = tracemalloc.get_traced_memory()
@@ -104,7 +105,7 @@ def test_steady_state_allocates_nothing(backend, group, assert_all_ranks):
     grown = comm.scratch.nbytes - warm[1]  # a second handle may need a second scratch buffer, never a third
     grown += (world.held_bytes() - held) if world is not None else 0  # ... and TCP a bounded set of early buffers
     bounded = comm.scratch.nbuffers <= 2 * pool[0] and comm.scratch.nbytes <= 2 * pool[1]
-    ok = (bounded and single[0] - base < 16_384 and single[1] - base < 65_536
+    ok = (bounded and single[0] - base < held_single + 16_384 and single[1] - base < held_single + 65_536
           and double[0] - base < grown + 16_384 and double[1] - base < grown + 65_536)
     assert_all_ranks(ok, f"pool {pool} -> {warm} -> {(comm.scratch.nbuffers, comm.scratch.nbytes)}; traced memory "
                          f"above start (current, peak): one at a time {single[0] - base}, {single[1] - base} B; "

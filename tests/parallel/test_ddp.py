@@ -1,14 +1,18 @@
 """DistributedDataParallel: equivalence with one large-batch process, sync strategies, no_sync,
-compression, local SGD, model checks, statistics.
+comm hooks (compression), local SGD through the averager, model checks, statistics.
 
 Run under ``mpirun -n K python -m pytest --with-mpi``; every test also runs on one rank.
 """
+
+import contextlib
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 from npddp.comm import create
+from npddp.parallel import builtin, hooks
+from npddp.parallel.averaging import PeriodicModelAverager
 from npddp.parallel.ddp import SYNCS, DistributedDataParallel
 from npddp.nn import CrossEntropyLoss, mlp
 from npddp.optim import SGD, AdamW
@@ -64,18 +68,26 @@ def train_reference(opt_name, steps=STEPS):
     return flat_params(model.parameters())
 
 
-def train_ddp(comm, opt_name, sync, steps=STEPS, check_every_step=True, **ddp_kwargs):
+def train_ddp(comm, opt_name, sync, steps=STEPS, check_every_step=True, hook=None, local_sgd=0, **ddp_kwargs):
+    """``hook``: (name, options) of a built-in comm hook; ``local_sgd``: the averager's period (0: none)."""
     X, y = make_data()
     model, loss = make_model(), CrossEntropyLoss()
     ddp = DistributedDataParallel(model, comm, sync=sync, bucket_cap_mb=ddp_kwargs.pop("bucket_cap_mb", 2e-4),
                                   **ddp_kwargs)
+    if hook is not None:
+        ddp.register_comm_hook(*builtin.build(hook[0], comm, **hook[1]))
+    averager = PeriodicModelAverager(comm, local_sgd) if local_sgd else None
     opt = make_optimizer(opt_name, ddp.parameters())
     part = local_slice(comm)
     for t in range(steps):
         ddp.zero_grad()
         loss.forward(ddp(X[t, part]), y[t, part])
-        ddp.backward(loss.backward())
+        with ddp.no_sync() if averager is not None else contextlib.nullcontext():
+            ddp.backward(loss.backward())
         ddp.step(opt)
+        if averager is not None:
+            averager.average_parameters(ddp.parameters())
+            ddp.averager = averager
         if check_every_step:
             assert_same_on_all_ranks(comm, flat_params(ddp.parameters()))
     return ddp, flat_params(ddp.parameters())
@@ -178,11 +190,11 @@ def test_compression_and_local_sgd(backend):
     comm = create(backend, MPI.COMM_WORLD)
     _, exact = train_ddp(comm, "sgd", "bucketed", steps=5)
     # fp16 stays close to the exact run; top-k with ratio 1 sends everything and is exact
-    _, half = train_ddp(comm, "sgd", "overlap", steps=5, compression="fp16")
+    _, half = train_ddp(comm, "sgd", "overlap", steps=5, hook=("fp16", {}))
     assert np.max(np.abs(half - exact)) < 5e-3
-    _, dense_topk = train_ddp(comm, "sgd", "bucketed", steps=5, compression="topk", topk_ratio=1.0)
+    _, dense_topk = train_ddp(comm, "sgd", "bucketed", steps=5, hook=("topk", {"topk_ratio": 1.0}))
     assert np.max(np.abs(dense_topk - exact)) <= 1e-12
-    _, sparse = train_ddp(comm, "sgd", "bucketed", steps=5, compression="topk", topk_ratio=0.1)
+    _, sparse = train_ddp(comm, "sgd", "bucketed", steps=5, hook=("topk", {"topk_ratio": 0.1}))
     assert_same_on_all_ranks(comm, sparse)
     start = flat_params(make_model().parameters())
     moved, wanted = sparse - start, exact - start
@@ -193,7 +205,7 @@ def test_compression_and_local_sgd(backend):
     # local SGD every K steps: identical after a multiple of K
     ddp, local = train_ddp(comm, "adamw", "flat", steps=6, check_every_step=False, local_sgd=3)
     assert_same_on_all_ranks(comm, local)
-    assert ddp.stats.comm_calls == len(ddp.parameters()) * (comm.size > 1)
+    assert ddp.stats.comm_calls == 0 and ddp.averager.calls == len(ddp.parameters()) * (comm.size > 1)
 
 
 @pytest.mark.mpi
@@ -201,7 +213,9 @@ def test_topk_error_feedback_keeps_what_it_did_not_send():
     """Over steps, what was applied plus the residual equals the sum of the true averaged gradients."""
     comm = create("mpi", MPI.COMM_WORLD)
     model = make_model()
-    ddp = DistributedDataParallel(model, comm, sync="flat", compression="topk", topk_ratio=0.2)
+    ddp = DistributedDataParallel(model, comm, sync="flat")
+    state = hooks.TopKState(comm, 0.2)
+    ddp.register_comm_hook(state, hooks.topk_hook)
     rng = np.random.default_rng(comm.rank)
     applied = np.zeros(ddp.buckets[0].buffer.size)
     true_sum = np.zeros_like(applied)
@@ -213,7 +227,7 @@ def test_topk_error_feedback_keeps_what_it_did_not_send():
         ddp._start(ddp.buckets[0])
         ddp._finish(ddp.buckets[0])
         applied += ddp.buckets[0].buffer
-    residual = comm.allreduce(ddp.buckets[0].residual.copy())
+    residual = comm.allreduce(state.errors[0].copy())
     assert np.allclose(applied * comm.size + residual, true_sum, atol=1e-12)
 
 
@@ -225,13 +239,17 @@ def test_local_sgd_every_step_equals_gradient_averaging_for_plain_sgd():
     finals = []
     for local_sgd in (0, 1):
         model, loss = make_model(), CrossEntropyLoss()
-        ddp = DistributedDataParallel(model, comm, sync="flat", local_sgd=local_sgd)
+        ddp = DistributedDataParallel(model, comm, sync="flat")
+        averager = PeriodicModelAverager(comm, period=1) if local_sgd else None
         opt = SGD(ddp.parameters(), lr=0.1)
         for t in range(4):
             ddp.zero_grad()
             loss.forward(ddp(X[t, part]), y[t, part])
-            ddp.backward(loss.backward())
+            with ddp.no_sync() if averager is not None else contextlib.nullcontext():
+                ddp.backward(loss.backward())
             ddp.step(opt)
+            if averager is not None:
+                averager.average_parameters(ddp.parameters())
         finals.append(flat_params(ddp.parameters()))
     assert np.max(np.abs(finals[0] - finals[1])) <= 1e-12
 
@@ -263,12 +281,16 @@ def test_bad_arguments_name_the_value_and_valid_range():
     cases = [
         (dict(sync="ring"), "per_param, flat, bucketed, overlap"),
         (dict(bucket_cap_mb=0), "bucket_cap_mb"),
-        (dict(compression="int8"), "none, fp16, topk"),
-        (dict(topk_ratio=0.0), "(0, 1]"),
-        (dict(local_sgd=-1), "local_sgd"),
-        (dict(local_sgd=2, compression="fp16"), "local_sgd"),
     ]
     for kwargs, text in cases:
         with pytest.raises(ValueError) as info:
             DistributedDataParallel(make_model(), comm, **kwargs)
         assert text in str(info.value), (kwargs, str(info.value))
+    for make, text in [(lambda: builtin.build("int8", comm), "allreduce, fp16, topk, powersgd"),
+                       (lambda: hooks.TopKState(comm, 0.0), "(0, 1]"),
+                       (lambda: PeriodicModelAverager(comm, period=0), "period must be an int >= 1"),
+                       (lambda: PeriodicModelAverager(comm, 2, warmup_steps=-1), "warmup_steps")]:
+        with pytest.raises(ValueError, match=text.replace("(", r"\(").replace("]", r"\]")):
+            make()
+    with pytest.raises(TypeError, match="hook must be a function"):
+        DistributedDataParallel(make_model(), comm).register_comm_hook(comm, "fp16")

@@ -18,7 +18,11 @@ from npddp.comm import BACKENDS, create, debug_from_env, timeout_from_env
 from npddp.train.config import ConfigError, parse_config
 from npddp.train.validate import check_config
 from npddp.data import BatchLoader, DistributedSampler, iterate_batches
+from npddp.parallel.averaging import PeriodicModelAverager
+from npddp.parallel.builtin import build as build_hook
 from npddp.parallel.ddp import DistributedDataParallel
+from npddp.parallel.hooks import TopKState
+from npddp.parallel.powersgd import PowerSGDState
 from npddp.nn import mlp
 
 
@@ -79,9 +83,12 @@ CASES = [
     # --- DistributedDataParallel
     ("ddp sync", lambda d: _ddp(sync="async"), ValueError, ["'async'", "per_param", "overlap"]),
     ("ddp bucket", lambda d: _ddp(bucket_cap_mb=0), ValueError, ["bucket_cap_mb must be a positive number", "0"]),
-    ("ddp compression", lambda d: _ddp(compression="zip"), ValueError, ["'zip'", "fp16", "topk"]),
-    ("ddp topk", lambda d: _ddp(topk_ratio=1.5), ValueError, ["topk_ratio must be in (0, 1]", "1.5"]),
-    ("ddp local sgd", lambda d: _ddp(local_sgd=-2), ValueError, ["local_sgd must be an int >= 0", "-2"]),
+    ("ddp comm hook name", lambda d: build_hook("zip", None), ValueError, ["'zip'", "fp16", "topk", "powersgd"]),
+    ("ddp topk ratio", lambda d: TopKState(None, 1.5), ValueError, ["ratio must be in (0, 1]", "1.5"]),
+    ("ddp powersgd rank", lambda d: PowerSGDState(None, rank=0), ValueError, ["rank must be an int >= 1", "0"]),
+    ("ddp powersgd start", lambda d: PowerSGDState(None, start_iter=1), ValueError, ["start_iter must be > 1", "1"]),
+    ("ddp averager period", lambda d: PeriodicModelAverager(None, period=-2), ValueError, ["period must be an int >= 1",
+                                                                                        "-2"]),
     # --- checkpoint loader
     ("checkpoint missing", lambda d: checkpoint.read(d / "nope.h5"), checkpoint.CheckpointError,
      ["nope.h5", "does not exist"]),

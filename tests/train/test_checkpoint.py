@@ -5,6 +5,7 @@ SIGKILL mid-write (and removal of the temporary file it leaves), a full disk, lo
 Serial tests run with plain pytest; the MPI tests run under ``mpirun -n K python -m pytest --with-mpi``.
 """
 
+import contextlib
 import errno
 import os
 import re
@@ -22,6 +23,7 @@ import pytest
 from npddp.util import atomicfile
 from npddp.train import checkpoint
 from npddp.train import state
+from npddp.parallel.hooks import HookState
 from npddp.train.checkpoint import Checkpoint, CheckpointError
 from npddp.nn import mlp
 from npddp.optim import SGD, AdamW
@@ -46,7 +48,8 @@ def record(world=2, per_rank=True, seed=0) -> Checkpoint:
                    "momentum_buffer.1": rng.standard_normal(lead + (5,)).astype(np.float32)},
         optimizer_name="sgd", per_rank=per_rank,
         dropout_rng=rng.integers(0, 2**63, size=(world, 2, 6), dtype=np.uint64) | np.uint64(2**63),
-        residuals=[rng.standard_normal((world, 9)), rng.standard_normal((world, 3))],
+        hook_state={"error.0": rng.standard_normal((world, 9)), "error.1": rng.standard_normal((world, 3)),
+                    "iter": rng.integers(0, 9, (world, 1))},
         totals=rng.standard_normal(10), totals_columns=tuple(f"c{i}" for i in range(10)),
         attrs={"host": "h", "mpi_library": "X"})
 
@@ -63,8 +66,8 @@ def assert_same(a: Checkpoint, b: Checkpoint):
         assert np.array_equal(a.optimizer[k], b.optimizer[k]), k
         assert type(a.optimizer[k]) is type(b.optimizer[k]) or isinstance(a.optimizer[k], np.ndarray), k
     assert b.dropout_rng.dtype == np.uint64 and np.array_equal(a.dropout_rng, b.dropout_rng)
-    assert len(a.residuals) == len(b.residuals)
-    assert all(np.array_equal(x, y) for x, y in zip(a.residuals, b.residuals))
+    assert sorted(a.hook_state) == sorted(b.hook_state)
+    assert all(np.array_equal(a.hook_state[k], b.hook_state[k]) for k in a.hook_state)
     assert np.array_equal(a.totals, b.totals)
 
 
@@ -82,10 +85,10 @@ def test_write_then_read_gives_back_every_bit(tmp_path, world, per_rank):
 
 def test_a_record_without_dropout_or_residuals_round_trips(tmp_path):
     ckpt = record(1, False)
-    ckpt.dropout_rng, ckpt.residuals = None, []
+    ckpt.dropout_rng, ckpt.hook_state = None, {}
     checkpoint.write(tmp_path / "c.h5", ckpt)
     back = checkpoint.read(tmp_path / "c.h5")
-    assert back.dropout_rng is None and back.residuals == []
+    assert back.dropout_rng is None and back.hook_state == {}
 
 
 def _damage(path, how):
@@ -407,13 +410,16 @@ def _state(model, opt, dropouts, ddp):
     parts = [p.data.ravel() for p in model.parameters()]
     parts += [v.ravel() for k, v in sorted(opt.state_dict().items()) if isinstance(v, np.ndarray) and v.ndim]
     parts += [d.get_rng_state().view(np.int64).astype(np.float64) for d in dropouts]
-    parts += [b.residual for b in ddp.buckets if b.residual is not None]
+    hook = ddp.comm_hook_state
+    parts += [v.ravel().astype(np.float64) for k, v in sorted(hook.state_dict().items())] if isinstance(hook, HookState) else []
     return np.concatenate(parts).astype(np.float64), int(opt.step_count), int(ddp.steps)
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("local_sgd, compression", [(2, "none"), (0, "topk")])
-def test_collect_then_restore_brings_back_every_ranks_state(comm_world, assert_all_ranks, local_sgd, compression):
+@pytest.mark.parametrize("local_sgd, hook", [(2, "allreduce"), (0, "topk"), (0, "powersgd")])
+def test_collect_then_restore_brings_back_every_ranks_state(comm_world, assert_all_ranks, local_sgd, hook):
+    from npddp.parallel.averaging import PeriodicModelAverager
+    from npddp.parallel.builtin import build
     from npddp.comm import create
     from npddp.parallel.ddp import DistributedDataParallel
     from npddp.nn import CrossEntropyLoss, Dropout, Sequential
@@ -422,20 +428,24 @@ def test_collect_then_restore_brings_back_every_ranks_state(comm_world, assert_a
     model = mlp(6, [8], 3, seed=1)
     dropouts = [Dropout(0.3, seed=100 + comm.rank)]
     model = Sequential(*model.layers[:2], dropouts[0], *model.layers[2:])
-    ddp = DistributedDataParallel(model, comm, sync="bucketed", bucket_cap_mb=1e-4,
-                                  compression=compression, topk_ratio=0.2, local_sgd=local_sgd)
+    ddp = DistributedDataParallel(model, comm, sync="bucketed", bucket_cap_mb=1e-4)
+    ddp.register_comm_hook(*build(hook, comm, topk_ratio=0.2, powersgd_start_iter=2, powersgd_rank=2))
+    averager = PeriodicModelAverager(comm, local_sgd) if local_sgd else None
     opt = SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     rng, loss = np.random.default_rng(comm.rank), CrossEntropyLoss()
     for _ in range(3):                            # local SGD: replicas differ after 3 steps
         ddp.zero_grad()
         loss.forward(ddp(rng.standard_normal((4, 6)).astype(np.float32)), rng.integers(0, 3, 4))
-        ddp.backward(loss.backward())
+        with ddp.no_sync() if averager is not None else contextlib.nullcontext():
+            ddp.backward(loss.backward())
         ddp.step(opt)
+        if averager is not None:
+            averager.average_parameters(ddp.parameters())
     before = _state(model, opt, dropouts, ddp)
     ckpt = state.collect(comm, named_params=model.named_parameters(), optimizer=opt, ddp=ddp,
                               dropouts=dropouts, position=(1, 2, 3), totals=np.arange(4.0),
                               totals_columns=("a", "b", "c", "d"), config=dict(CONFIG), backend="mpi",
-                              optimizer_name="sgd", attrs={})
+                              optimizer_name="sgd", attrs={}, local_sgd=bool(local_sgd))
     ok = (ckpt is not None) == (comm.rank == 0)
     if comm.rank == 0:
         with tempfile.TemporaryDirectory() as tmp:    # only rank 0 ever touches the file
@@ -446,9 +456,8 @@ def test_collect_then_restore_brings_back_every_ranks_state(comm_world, assert_a
         p.data[...] = 7
     opt.step_count, ddp.steps = 99, 99
     dropouts[0].set_rng_state(np.arange(6, dtype=np.uint64))
-    for b in ddp.buckets:
-        if b.residual is not None:
-            b.residual[...] = 5
+    if hook != "allreduce":                      # a fresh hook state: restore must fill it
+        ddp.register_comm_hook(*build(hook, comm, topk_ratio=0.2, powersgd_start_iter=2, powersgd_rank=2))
     got = state.restore(comm, ckpt, named_params=model.named_parameters(), optimizer=opt,
                                ddp=ddp, dropouts=dropouts)
     after = _state(model, opt, dropouts, ddp)
@@ -465,7 +474,7 @@ def test_restore_from_another_world_size_takes_rank_0s_row(comm_world, assert_al
 
     comm = create("mpi", comm_world)
     model = mlp(4, [5], 3, seed=0)
-    ddp = DistributedDataParallel(model, comm, sync="flat", local_sgd=2)
+    ddp = DistributedDataParallel(model, comm, sync="flat")
     opt = SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     rows = comm.size + 1                        # saved by one rank more than there are now
 

@@ -7,12 +7,13 @@ import re
 
 import pytest
 
-from npddp.comm import BACKENDS, TRANSPORTS
+from npddp.comm import BACKENDS, TRANSPORTS, backend_names
 from npddp.train.config import (Config, ConfigError, build_parser, fixed_on_resume, flag, inherited_on_resume, parse_args,
                                  parse_config)
 from npddp.train.validate import check_config
 from npddp.data import DATASET_NAMES, NORMALIZE_MODES
-from npddp.parallel.ddp import COMPRESSIONS, SYNCS
+from npddp.parallel.builtin import HOOKS
+from npddp.parallel.ddp import SYNCS
 from npddp.train.models import MODELS, REGISTRY
 from npddp.nn.gpt import PRESETS
 from npddp.optim import OPTIMIZERS
@@ -22,7 +23,7 @@ from npddp.train.console import PROGRESS_MODES
 def test_no_flags_gives_the_dataclass_defaults_and_they_are_valid_on_1_to_8_ranks():
     cfg = parse_config([])
     assert cfg == Config()
-    assert (cfg.backend, cfg.model, cfg.sync, cfg.compression) == ("mpi", "mlp", "overlap", "none")
+    assert (cfg.backend, cfg.model, cfg.sync, cfg.comm_hook) == ("mpi", "mlp", "overlap", "allreduce")
     assert cfg.dataset_name() == "synthetic"
     assert Config(model="cnn").dataset_name() == "synthetic-image"
     assert Config(model="gpt").dataset_name() == "synthetic-tokens"
@@ -38,7 +39,10 @@ FLAGS = [
     ("--transport", ["tcp"], "transport", "tcp"),
     ("--sync", ["bucketed"], "sync", "bucketed"),
     ("--bucket-mb", ["0.5"], "bucket_mb", 0.5),
-    ("--compression", ["topk"], "compression", "topk"),
+    ("--comm-hook", ["topk"], "comm_hook", "topk"),
+    ("--powersgd-rank", ["4"], "powersgd_rank", 4),
+    ("--powersgd-start-iter", ["5"], "powersgd_start_iter", 5),
+    ("--plugin", ["examples.custom_allreduce"], "plugin", "examples.custom_allreduce"),
     ("--topk-ratio", ["0.1"], "topk_ratio", 0.1),
     ("--local-sgd", ["4"], "local_sgd", 4),
     ("--timeout", ["30"], "timeout", 30.0),
@@ -97,15 +101,15 @@ def test_choices_come_from_the_implementations():
     """Each flag's choices are exactly the tuple its implementing module exports (so they cannot drift)."""
     parser = build_parser()
     choices = {a.dest: tuple(a.choices) for a in parser._actions if a.choices}
-    assert choices == {"backend": BACKENDS, "sync": SYNCS, "compression": COMPRESSIONS, "model": MODELS,
+    assert choices == {"backend": backend_names(), "sync": SYNCS, "comm_hook": HOOKS, "model": MODELS,
                        "dtype": ("float32", "float64"), "optimizer": OPTIMIZERS, "normalize": NORMALIZE_MODES,
                        "progress": PROGRESS_MODES, "model_size": tuple(PRESETS),
                        "transport": ("auto", *TRANSPORTS)}
     assert MODELS == tuple(REGISTRY) and set(MODELS) >= {"mlp", "cnn", "gpt"}
-    for option, valid in (("--backend", BACKENDS), ("--sync", SYNCS), ("--compression", COMPRESSIONS),
+    for option, valid in (("--backend", BACKENDS), ("--sync", SYNCS), ("--comm-hook", HOOKS),
                           ("--model", MODELS), ("--optimizer", OPTIMIZERS), ("--normalize", NORMALIZE_MODES)):
         for value in valid:
-            assert getattr(parse_config([option, value]), option[2:]) == value
+            assert getattr(parse_config([option, value]), option[2:].replace("-", "_")) == value
     for name in DATASET_NAMES:
         if name != "regression":                 # the one set with float targets: not a classifier's
             model = ["--model", "gpt"] if name == "synthetic-tokens" else []
@@ -145,7 +149,12 @@ BAD = [
     (["--inject-fault", "1"], 2, "--inject-fault '1' must be RANK:STEP or RANK:STEP:KIND"),
     (["--hidden", "8", "0"], 1, "--hidden takes positive integers, got 0"),
     (["--channels", "-4"], 1, "--channels takes positive integers, got -4"),
-    (["--local-sgd", "2", "--compression", "fp16"], 1, "--local-sgd 2 averages parameters, so it cannot be combined with --compression fp16"),
+    (["--local-sgd", "2", "--comm-hook", "fp16"], 1, "--local-sgd 2 averages parameters, so it cannot be combined with --comm-hook fp16"),
+    (["--compression", "fp16"], 1, "--compression is gone; use --comm-hook {allreduce,fp16,topk,powersgd}"),
+    (["--compression=none"], 1, "--compression is gone; use --comm-hook"),
+    (["--powersgd-rank", "0"], 1, "--powersgd-rank must be an integer >= 1, got 0"),
+    (["--powersgd-start-iter", "1"], 1, "--powersgd-start-iter must be an integer >= 2"),
+    (["--plugin", "no_such_module_x"], 1, "--plugin 'no_such_module_x' cannot be imported"),
     (["--backend", "nccl"], 1, "argument --backend: invalid choice: 'nccl'"),
     (["--model", "resnet"], 1, "argument --model: invalid choice: 'resnet'"),
     (["--sync", "async"], 1, "argument --sync: invalid choice: 'async'"),
@@ -172,7 +181,7 @@ BAD = [
     (["--zero", "4"], 1, "--zero must be one of 0, 1, 2, 3, got 4"),
     (["--zero", "two"], 1, "argument --zero: invalid int value: 'two'"),
     (["--zero", "1", "--local-sgd", "2"], 1, "--local-sgd 2 keeps a different replica on every rank, which --zero 1"),
-    (["--zero", "2", "--compression", "fp16"], 1, "--compression fp16 compresses whole buckets for an all-reduce; --zero 2"),
+    (["--zero", "2", "--comm-hook", "fp16"], 1, "--comm-hook fp16 works on whole buckets for an all-reduce; --zero 2"),
     (["--zero", "3", "--sync", "bucketed"], 1, "--sync bucketed is a DDP strategy; --zero 3 always reduce-scatters"),
 ]
 

@@ -95,7 +95,7 @@ def _saved(model, opt, world=2):
 
 def _why(ckpt, model, opt, ddp=None, steps=None):
     return resume.incompatibility(ckpt, "c.h5", named_params=model.named_parameters(), optimizer=opt,
-                                  ddp=ddp or SimpleNamespace(compression="none", buckets=[],
+                                  ddp=ddp or SimpleNamespace(buckets=[],
                                                              comm=SimpleNamespace(size=2)),
                                   optimizer_name="sgd" if isinstance(opt, SGD) else "adamw", steps=steps)
 
@@ -114,10 +114,10 @@ def test_incompatibilities_name_both_values():
     assert "holds sgd state, this run uses adamw" in _why(ckpt, adam_model, adam)
     plain = SGD(model.parameters(), lr=0.1)      # no momentum: no momentum buffers
     assert "optimizer state" in _why(ckpt, model, plain) and "momentum_buffer.0" in _why(ckpt, model, plain)
-    ckpt.residuals = [np.zeros((2, 9))]
-    ddp = SimpleNamespace(compression="topk", comm=SimpleNamespace(size=2),
+    ckpt.hook_state = {"error.0": np.zeros((2, 9)), "error.1": np.zeros((2, 5))}
+    ddp = SimpleNamespace(comm=SimpleNamespace(size=2),
                           buckets=[SimpleNamespace(buffer=np.zeros(4)), SimpleNamespace(buffer=np.zeros(5))])
-    assert "buckets of [9] elements, this run's buckets have [4, 5]" in _why(ckpt, model, opt, ddp=ddp)
+    assert "buckets of [9, 5] elements, this run's buckets have [4, 5]" in _why(ckpt, model, opt, ddp=ddp)
 
 
 @pytest.mark.parametrize("batches_done", [12, 10**6])

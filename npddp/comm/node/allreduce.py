@@ -37,6 +37,7 @@ from npddp.comm.node.memory import LINE, NodeSync, create_segment
 
 _ALIGN = 4096
 INPUT, RESULT = (1, 2), (3, 4)  # control-line words: (segment index, byte offset) of a rank's input, result
+SIZE_WORDS = (5, 6)             # control-line words: the byte count of a rank's call (alternating calls)
 
 
 def _aligned(nbytes: int) -> int:
@@ -68,6 +69,7 @@ class NodeGroup:
         self.seq = 0             # node barriers reserved so far: the same count on every rank of the node
         self.waiting = 0         # the node barrier a blocking call waits for
         self.small_calls = 0
+        self.sized_calls = 0   # all-reduces so far: which of the two size words the next one uses
 
     def _make_staging(self, call, big: int) -> None:
         """Make a staging area: per rank two small slots and ``big`` bytes for one large vector.
@@ -90,6 +92,29 @@ class NodeGroup:
             for work in tuple(call.owner._active):
                 work.wait()
             self._make_staging(call, max(nbytes, 2 * self.big))
+
+    def size_word(self) -> int:
+        """The control-line word the next all-reduce publishes its byte count in (two, alternating:
+        a rank may start the next call while a slower one still checks this one's)."""
+        word = SIZE_WORDS[self.sized_calls % 2]
+        self.sized_calls += 1
+        return word
+
+    def publish_size(self, word: int, nbytes: int) -> None:
+        """Announce this call's byte count (before arriving at its first barrier)."""
+        self.sync.words[self.sync.me * LINE + word] = nbytes
+
+    def check_sizes(self, call, word: int, nbytes: int) -> None:
+        """After the first barrier: ValueError on every rank when the node's ranks passed different sizes."""
+        sync = self.sync
+        theirs = {sync.ranks[i]: sync.words[i * LINE + word] for i in sync.others}
+        if any(v != nbytes for v in theirs.values()):
+            error = ValueError(f"[rank {sync.ranks[sync.me]}] {call.describe()}: the ranks passed different sizes "
+                               f"(this rank {nbytes} bytes; "
+                               + ", ".join(f"rank {r} {v} bytes" for r, v in sorted(theirs.items()))
+                               + "); every rank must pass the same shape and dtype; this communicator is now unusable")
+            self.comm._abandon_all(str(error), [], None)
+            raise error
 
     def reserve(self, barriers: int) -> int:
         """Number the next ``barriers`` node barriers; return the first."""
@@ -190,10 +215,12 @@ class NodeGroup:
 
     def small_allreduce(self, call, src, dst, ufunc) -> None:
         """The one-barrier path, run to completion (a blocking call's short path)."""
-        parity, seq = self.next_parity(), self.reserve(1)
+        parity, seq, word = self.next_parity(), self.reserve(1), self.size_word()
         self.stage_small(self.staging_index, parity, src)
+        self.publish_size(word, src.nbytes)
         self.sync.arrive(seq)
         self.wait(call, seq)
+        self.check_sizes(call, word, src.nbytes)
         self.reduce_small(self.staging_index, parity, dst, ufunc)
 
     # --- the large path ---------------------------------------------------------------
@@ -255,10 +282,12 @@ class NodeGroup:
     def large_allreduce(self, call, src, dst, ufunc) -> None:
         """The two-barrier path, run to completion (a blocking call's path for large vectors)."""
         at_src, at_dst = self.places(call, src, dst)
-        seq, bounds = self.reserve(2), self.bounds(src.size)
+        seq, bounds, word = self.reserve(2), self.bounds(src.size), self.size_word()
         self.publish(src, at_src, at_dst, self.staging_index, bounds)
+        self.publish_size(word, src.nbytes)
         self.sync.arrive(seq)
         self.wait(call, seq)
+        self.check_sizes(call, word, src.nbytes)
         self.reduce_block(src, ufunc, bounds, push=True)
         self.sync.arrive(seq + 1)
         self.wait(call, seq + 1)

@@ -24,7 +24,7 @@ class ShmWork(P2PWork):
     """One shared-memory all-reduce in progress; ``inter`` (hier) all-reduces each node's block across nodes."""
 
     __slots__ = ("_node", "_src", "_dst", "_ufunc", "_inter", "_inner", "_seq", "_state", "_small", "_parity",
-                 "_bounds", "_staging", "_at_src", "_at_dst", "_block")
+                 "_bounds", "_staging", "_at_src", "_at_dst", "_block", "_word")
 
     def __init__(self, call, node: NodeGroup, src, dst, ufunc, result, inter=None):
         self._small = inter is None and src.nbytes <= node.small_bytes
@@ -37,6 +37,7 @@ class ShmWork(P2PWork):
         self._seq = node.reserve(1 if self._small else 2)
         self._parity = node.next_parity() if self._small else -1
         self._bounds = node.bounds(src.size)
+        self._word = node.size_word()
         self._state = 0
         self._start()
 
@@ -49,11 +50,13 @@ class ShmWork(P2PWork):
                 node.stage_small(self._staging, self._parity, self._src)
             else:
                 node.publish(self._src, self._at_src, self._at_dst, self._staging, self._bounds)
+            node.publish_size(self._word, self._src.nbytes)
             sync.arrive(self._seq)
             self._state = 1
         if self._state == 1:
             if not self._arrived(self._seq, block):
                 return False
+            node.check_sizes(self._call, self._word, self._src.nbytes)
             if self._small:
                 node.reduce_small(self._staging, self._parity, self._dst, self._ufunc)
                 return True
@@ -80,7 +83,7 @@ class ShmWork(P2PWork):
         if block:
             self._node.sync.wait(seq, self._call)
             return True
-        return self._node.sync.arrived(seq)
+        return self._node.sync.poll(seq)   # a dead peer is named even when only tested (progress thread)
 
     def _requests(self):
         return [], []

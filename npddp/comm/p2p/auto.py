@@ -29,7 +29,7 @@ import numpy as np
 
 from npddp.comm import checks as c
 from npddp.comm.p2p.communicator import P2PCommunicator
-from npddp.comm.registry import ALGORITHMS, NODE_ALGORITHMS, algorithm, node_group
+from npddp.comm.registry import ALGORITHMS, NODE_ALGORITHMS, algorithm, costed, node_group
 
 FORMAT = "npddp-allreduce-tuning"
 VERSION = 1
@@ -41,6 +41,21 @@ MODEL = {
     "mpi": (12e-6, 1 / 6.0e9, 1 / 4.0e9),
     "tcp": (40e-6, 1 / 2.5e9, 1 / 4.0e9),
 }
+#: Across nodes (ranks on different hosts, joined by a network): alpha and beta of a 1 Gbit/s TCP link, gamma
+#: as on a node. Measured on emulated nodes (docs/cluster.md): there an exchange of a whole block larger than a
+#: chunk does not overlap its send with its receive (2.0x the ring at 16 MiB over MPICH's TCP path, 1.2x over
+#: npddp's sockets), while the ring's pipelined chunks keep the link busy both ways; so beyond one chunk
+#: the model charges the others' bytes twice (:func:`network_time`).
+NETWORK = (50e-6, 8e-9, 1 / 4.0e9)
+#: Algorithms whose large messages go out as pipelined chunks, sending and receiving at once.
+PIPELINED = ("ring",)
+
+
+def candidates() -> tuple:
+    """:data:`CANDIDATES` and the registered algorithms that declare a cost."""
+    return (*CANDIDATES, *costed())
+
+
 _SIZES = [1 << k for k in range(41)]  # sizes the model is evaluated at to cut its table
 _CACHE_SIZE = 256
 
@@ -53,12 +68,31 @@ def predict(name: str, nbytes: float, size: int, alpha: float, beta: float, gamm
     return algorithm(name).cost(nbytes, size, chunk_bytes).time(alpha, beta, gamma)
 
 
-def model_table(transport: str, size: int, chunk_bytes: int = 1 << 20) -> list:
-    """``[[max_bytes, algorithm], ...]`` from the cost model: the cheapest candidate at each size."""
+def network_time(name: str, nbytes: float, size: int, chunk_bytes: int = 1 << 20) -> float:
+    """Seconds across nodes by :data:`NETWORK`: a non-pipelined algorithm's bytes count twice beyond one chunk."""
+    if size == 1:
+        return 0.0
+    alpha, beta, gamma = NETWORK
+    cost = algorithm(name).cost(nbytes, size, chunk_bytes)
+    duplex = 1 if name in PIPELINED or nbytes <= chunk_bytes else 2
+    return cost.steps * alpha + duplex * cost.sent * beta + cost.reduced * gamma
+
+
+def model_table(transport: str, size: int, chunk_bytes: int = 1 << 20, across_nodes: bool = False) -> list:
+    """``[[max_bytes, algorithm], ...]`` from the cost model: the cheapest candidate at each size.
+
+    ``across_nodes``: the ranks span nodes, so :func:`network_time` prices every candidate, whatever the transport.
+    """
     alpha, beta, gamma = MODEL.get(transport, MODEL["mpi"])
+
+    def price(a: str, nbytes: int) -> float:
+        if across_nodes:
+            return network_time(a, nbytes, size, chunk_bytes)
+        return predict(a, nbytes, size, alpha, beta, gamma, chunk_bytes)
+
     steps: list = []
     for nbytes in _SIZES:
-        best = min(CANDIDATES, key=lambda a: predict(a, nbytes, size, alpha, beta, gamma, chunk_bytes))
+        best = min(candidates(), key=lambda a: price(a, nbytes))
         if steps and steps[-1][1] == best:
             steps[-1][0] = nbytes
         else:
@@ -88,7 +122,7 @@ def check_table(data, transport: str, size: int, node: bool = False) -> dict:
         bounds = [s[0] for s in steps[:-1]]
         if any(not isinstance(b, int) or b < 0 for b in bounds) or bounds != sorted(bounds):
             raise ValueError(f"steps for {dtype!r}: max_bytes must be increasing integers")
-        valid = [*ALGORITHMS, *NODE_ALGORITHMS] if node else list(ALGORITHMS)
+        valid = [*ALGORITHMS, *costed(), *NODE_ALGORITHMS] if node else [*ALGORITHMS, *costed()]
         unknown = [s[1] for s in steps if s[1] not in valid]
         if unknown:
             raise ValueError(f"steps for {dtype!r} name algorithms {unknown} this job cannot run; valid: "
@@ -101,8 +135,10 @@ class AutoCommunicator(P2PCommunicator):
 
     def __init__(self, transport, timeout: float = c.DEFAULT_TIMEOUT, tuning=None, shared_memory: bool = True):
         super().__init__(transport, None, "auto", timeout)
-        self.algorithms = {name: algorithm(name)(self.context) for name in ALGORITHMS}
-        shared_memory = shared_memory and os.environ.get("NPDDP_AUTO_SHM", "1") != "0"
+        self.algorithms = {name: algorithm(name)(self.context) for name in (*ALGORITHMS, *costed())}
+        #: True when the ranks span nodes (hier's group across nodes always does): the network model applies.
+        self.across_nodes = not shared_memory or _spans_nodes(self)
+        shared_memory = shared_memory and os.environ.get("NPDDP_AUTO_SHM", "1") != "0" and not self.across_nodes
         self.node = self.context.node = node_group(self, self._begin("setup")) if shared_memory else None
         if self.node is not None:  # one node: shared memory joins the candidates, and empty() gives shared memory
             self.algorithms["shm"] = algorithm("shm")(self.context)
@@ -124,7 +160,8 @@ class AutoCommunicator(P2PCommunicator):
     def _load(self, path) -> tuple[str, dict]:
         """``(where the table came from, table)``: the tuning file's, or the model's with one warning."""
         kind = self.transport.name
-        steps = [[None, "shm"]] if self.node is not None else model_table(kind, self._size, self.chunk_bytes)
+        steps = [[None, "shm"]] if self.node is not None else model_table(kind, self._size, self.chunk_bytes,
+                                                                          self.across_nodes)
         model = ("model", {"*": steps})
         if not path:
             return model
@@ -180,3 +217,9 @@ class AutoCommunicator(P2PCommunicator):
     def _blocking_path(self, src):
         """The chosen algorithm's blocking path, if it has one."""
         return getattr(self.algorithms[self.algorithm_for(src.nbytes, src.dtype)], "run", None)
+
+
+def _spans_nodes(comm) -> bool:
+    """True when ``comm``'s ranks lie on more than one node (an all-gather of node ids)."""
+    from npddp.comm.node.memory import node_ids
+    return comm.size > 1 and len(set(node_ids(comm))) > 1

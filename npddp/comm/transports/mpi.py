@@ -8,18 +8,32 @@ transport is a hand-written schedule, not MPI's. The one exception is :meth:`MPI
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
+
+
+def free_comm(comm, abandoned: list) -> None:
+    """Free a communicator this package duplicated, unless MPI is finalized or a request on it was abandoned.
+
+    A message sent for an abandoned request may still arrive; once its context is freed MPI may
+    give the context to a new communicator, which would then match it. So those are kept.
+    """
+    from mpi4py import MPI
+    if not abandoned[0] and isinstance(comm, MPI.Comm) and comm != MPI.COMM_NULL and not MPI.Is_finalized():
+        comm.Free()
 
 
 class MPIRequest:
     """A transport request over an mpi4py request."""
 
-    __slots__ = ("_request", "_done", "_is_recv")
+    __slots__ = ("_request", "_done", "_is_recv", "_abandoned")
 
-    def __init__(self, request, is_recv: bool):
+    def __init__(self, request, is_recv: bool, abandoned: list):
         self._request = request
         self._done = False
         self._is_recv = is_recv
+        self._abandoned = abandoned
 
     def test(self) -> bool:
         """MPI_Test."""
@@ -31,6 +45,7 @@ class MPIRequest:
         """Cancel (receives only: cancelling sends is not portable) and free; MPI may still touch the buffer."""
         if not self._done:
             self._done = True
+            self._abandoned[0] = True
             request = self._request
             if not request.Test():
                 if self._is_recv:
@@ -43,21 +58,25 @@ class MPITransport:
 
     name = "mpi"
 
-    def __init__(self, mpi_comm=None):
+    def __init__(self, mpi_comm=None, dup: bool = False):
         if mpi_comm is None:
             from mpi4py import MPI
             mpi_comm = MPI.COMM_WORLD
+        self._abandoned = [False]
+        if dup:  # a context of its own (collective): no other communicator ever matches its messages
+            mpi_comm = mpi_comm.Dup()
+            weakref.finalize(self, free_comm, mpi_comm, self._abandoned)
         self.comm = mpi_comm
         self.rank = mpi_comm.Get_rank()
         self.size = mpi_comm.Get_size()
 
     def isend(self, buf: np.ndarray, dest: int, tag: int) -> MPIRequest:
         """MPI_Isend of ``buf``."""
-        return MPIRequest(self.comm.Isend(buf, dest, tag), False)
+        return MPIRequest(self.comm.Isend(buf, dest, tag), False, self._abandoned)
 
     def irecv(self, buf: np.ndarray, source: int, tag: int) -> MPIRequest:
         """MPI_Irecv into ``buf``."""
-        return MPIRequest(self.comm.Irecv(buf, source, tag), True)
+        return MPIRequest(self.comm.Irecv(buf, source, tag), True, self._abandoned)
 
     def split(self, colors) -> "MPITransport":
         """The transport among the ranks whose color matches this rank's (collective: every rank, same list)."""

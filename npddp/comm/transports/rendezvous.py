@@ -14,6 +14,12 @@ Every rank reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` (
    connection), so this order cannot deadlock. Each connection starts with a handshake naming
    the rank and the job token, so a stray connection is refused.
 
+Every connection, at ``MASTER_PORT`` and between ranks, first proves it holds the job's secret
+(``NPDDP_JOB_SECRET``) with the challenge-response of :mod:`~npddp.comm.transports.handshake`;
+one that does not is dropped with one line and the rendezvous goes on. Rank 0 listens on
+``MASTER_ADDR`` only (``NPDDP_LISTEN_ADDR=0.0.0.0`` to listen on every interface). Without a
+secret the world forms only on a loopback ``MASTER_ADDR``: across machines it is refused.
+
 The result is one connected, non-blocking, ``TCP_NODELAY`` socket per peer, wrapped in a
 :class:`~npddp.comm.transports.tcp.TCPWorld` once per process (:func:`world_from_env`). Every message
 here is fixed-size binary (``struct``); nothing is pickled.
@@ -26,11 +32,13 @@ import os
 import secrets
 import socket
 import struct
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from npddp.comm.transports import handshake
 from npddp.comm.transports.tcp import TCPTransport, TCPWorld
 from npddp.util import env as process_env
 
@@ -42,6 +50,8 @@ TABLE_HEAD = struct.Struct("<4sIQI")                          # magic, status (0
 ENTRY = struct.Struct(f"<{_NAME}sH{_NAME}s")                  # ip, port, host
 HELLO = struct.Struct("<4sIQ")                                # magic, rank, token
 _RETRY_S = 0.1
+_ERROR_MAX = 1024                                             # bytes of an error message from rank 0
+LISTEN_VARIABLE = "NPDDP_LISTEN_ADDR"
 
 
 class RendezvousError(ConnectionError):
@@ -58,6 +68,7 @@ class LaunchEnv:
     master_port: int
     local_rank: int
     local_world_size: int
+    secret: bytes = field(default=b"", repr=False)   # NPDDP_JOB_SECRET: the key of the handshake
 
 
 def _int_var(environ, name: str, low: int, high: int | None = None, default=None) -> int:
@@ -86,7 +97,7 @@ def launch_env(environ=None) -> LaunchEnv:
     addr = environ.get("MASTER_ADDR", "").strip() or "127.0.0.1"
     local_size = _int_var(environ, "LOCAL_WORLD_SIZE", 1, size, default=size)
     local_rank = _int_var(environ, "LOCAL_RANK", 0, local_size - 1, default=rank % local_size)
-    return LaunchEnv(rank, size, addr, port, local_rank, local_size)
+    return LaunchEnv(rank, size, addr, port, local_rank, local_size, handshake.secret_from_env(environ))
 
 
 def env_from_mpi(mpi_comm=None) -> LaunchEnv:
@@ -112,7 +123,9 @@ def env_from_mpi(mpi_comm=None) -> LaunchEnv:
     comm.Bcast(table, root=0)
     addr = table[1:].view(np.uint8).tobytes().rstrip(b"\0").decode()
     local = int((names == mine).all(axis=1).sum())
-    return LaunchEnv(rank, size, addr, int(table[0]), rank % local, local)
+    key = np.frombuffer(handshake.new_secret().encode(), np.uint8).copy()   # MPI carries rank 0's key
+    comm.Bcast(key, root=0)
+    return LaunchEnv(rank, size, addr, int(table[0]), rank % local, local, key.tobytes())
 
 
 def _pad(text: str) -> bytes:
@@ -123,7 +136,7 @@ def _pad(text: str) -> bytes:
 
 
 def _text(raw: bytes) -> str:
-    return raw.rstrip(b"\0").decode()
+    return raw.rstrip(b"\0").decode(errors="replace")
 
 
 def _recv_exact(sock: socket.socket, n: int, deadline: float, what: str) -> bytes:
@@ -164,24 +177,23 @@ def _connect(addr: str, port: int, deadline: float, who: str) -> socket.socket:
 
 
 def _serve_table(server: socket.socket, env: LaunchEnv, me: tuple, deadline: float) -> tuple[int, list]:
-    """Rank 0: collect every rank's registration, then send everyone the table."""
+    """Rank 0: collect every rank's registration (each proven by the handshake), then send everyone the table."""
     size = env.world_size
     entries: list = [None] * size
     entries[0] = me
     clients: list = []
     error = ""
+    gate = handshake.Gate(server, env.secret, REGISTER.size, f"rank 0 at {env.master_addr}:{env.master_port}")
     try:
         while any(e is None for e in entries) and not error:
-            server.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                conn, _ = server.accept()
-            except socket.timeout:
+            got = gate.accept(deadline)
+            if got is None:
                 missing = [r for r, e in enumerate(entries) if e is None]
                 raise RendezvousError(f"rank 0 waited for ranks {missing} to register at "
-                                      f"{env.master_addr}:{env.master_port} until the timeout") from None
+                                      f"{env.master_addr}:{env.master_port} until the timeout")
+            conn, raw, _ = got
             clients.append(conn)
-            magic, version, rank, wsize, ip, port, host = REGISTER.unpack(
-                _recv_exact(conn, REGISTER.size, deadline, "a registration"))
+            magic, version, rank, wsize, ip, port, host = REGISTER.unpack(raw)
             if magic != MAGIC or version != VERSION:
                 error = f"a process that is not an npddp rank of this version connected to port {env.master_port}"
             elif wsize != size:
@@ -191,13 +203,17 @@ def _serve_table(server: socket.socket, env: LaunchEnv, me: tuple, deadline: flo
             else:
                 entries[rank] = (_text(ip), port, _text(host))
         token = secrets.randbits(63)
-        message = error.encode()
+        message = error.encode()[:_ERROR_MAX]
         reply = TABLE_HEAD.pack(MAGIC, 1 if error else 0, token, len(message)) + message
         if not error:
             reply += b"".join(ENTRY.pack(_pad(ip), port, _pad(host)) for ip, port, host in entries)
         for conn in clients:
-            conn.sendall(reply)
+            try:
+                conn.sendall(reply)
+            except OSError as exc:
+                error = error or f"a registered rank closed its connection to rank 0 ({exc.strerror or exc})"
     finally:
+        gate.close()
         for conn in clients:
             conn.close()
     if error:
@@ -206,31 +222,54 @@ def _serve_table(server: socket.socket, env: LaunchEnv, me: tuple, deadline: flo
 
 
 def _fetch_table(env: LaunchEnv, me_host: str, listener: socket.socket, deadline: float):
-    """Ranks > 0: register with rank 0 and receive the table."""
+    """Ranks > 0: register with rank 0 (after proving the job secret) and receive the table."""
+    where = f"{env.master_addr}:{env.master_port}"
     sock = _connect(env.master_addr, env.master_port, deadline, "rank 0")
     with sock:
         ip = sock.getsockname()[0]
         listener.bind((ip, 0))
         listener.listen(env.world_size)
         port = listener.getsockname()[1]
-        sock.sendall(REGISTER.pack(MAGIC, VERSION, env.rank, env.world_size, _pad(ip), port, _pad(me_host)))
-        magic, status, token, nerr = TABLE_HEAD.unpack(_recv_exact(sock, TABLE_HEAD.size, deadline, "the rank table"))
-        if magic != MAGIC:
-            raise RendezvousError(f"{env.master_addr}:{env.master_port} is not an npddp rank 0")
-        if status:
-            raise RendezvousError(_recv_exact(sock, nerr, deadline, "the error").decode())
-        raw = _recv_exact(sock, ENTRY.size * env.world_size, deadline, "the rank table")
+        try:
+            handshake.knock(sock, env.secret, REGISTER.pack(MAGIC, VERSION, env.rank, env.world_size, _pad(ip),
+                                                            port, _pad(me_host)), f"rank 0 at {where}", deadline)
+            magic, status, token, nerr = TABLE_HEAD.unpack(
+                _recv_exact(sock, TABLE_HEAD.size, deadline, "the rank table"))
+            if magic != MAGIC or nerr > _ERROR_MAX:
+                raise RendezvousError(f"{where} is not an npddp rank 0 (malformed rank table)")
+            if status:
+                raise RendezvousError(_recv_exact(sock, nerr, deadline, "the error").decode(errors="replace"))
+            raw = _recv_exact(sock, ENTRY.size * env.world_size, deadline, "the rank table")
+        except handshake.HandshakeError as exc:
+            raise RendezvousError(str(exc)) from None
     entries = [ENTRY.unpack_from(raw, r * ENTRY.size) for r in range(env.world_size)]
     return token, [(_text(ip), port, _text(host)) for ip, port, host in entries]
 
 
-def _bind_address(addr: str) -> str:
-    """Where rank 0 listens: the loopback address itself, else every interface."""
+def _resolve(addr: str) -> str:
+    """``addr`` as an IP address; RendezvousError in one line when it does not resolve."""
+    if ":" in addr:
+        return addr
     try:
-        loopback = ipaddress.ip_address(socket.gethostbyname(addr)).is_loopback
+        return socket.gethostbyname(addr)
+    except OSError as exc:
+        raise RendezvousError(f"MASTER_ADDR={addr!r} does not resolve ({exc.strerror or exc})") from None
+
+
+def is_loopback(addr: str) -> bool:
+    """True when ``addr`` names this machine's loopback interface."""
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(addr) if ":" not in addr else addr).is_loopback
     except (OSError, ValueError):
-        loopback = False
-    return addr if loopback else ""
+        return False
+
+
+def _bind_address(addr: str, environ=None) -> str:
+    """Where rank 0 listens: ``MASTER_ADDR`` itself, unless ``NPDDP_LISTEN_ADDR`` says otherwise."""
+    chosen = (os.environ if environ is None else environ).get(LISTEN_VARIABLE, "").strip()
+    if chosen:
+        return "" if chosen in ("0.0.0.0", "::", "*") else chosen
+    return _resolve(addr)
 
 
 def connect(env: LaunchEnv, timeout: float) -> tuple[list, list[str]]:
@@ -239,20 +278,25 @@ def connect(env: LaunchEnv, timeout: float) -> tuple[list, list[str]]:
     host = socket.gethostname()[:_NAME]
     if env.world_size == 1:
         return [None], [host]
-    listener = _listener(env.master_addr)
+    listener = None
     try:
+        if not env.secret and not is_loopback(env.master_addr):
+            raise RendezvousError(f"no job secret: across machines (MASTER_ADDR={env.master_addr}) every rank "
+                                  f"needs the same {handshake.SECRET_VARIABLE} (python -m npddp.run --secret-file "
+                                  "FILE on every machine)")
+        listener = _listener(env.master_addr)
         if env.rank == 0:
             server = _listener(env.master_addr)
             with server:
                 try:
                     server.bind((_bind_address(env.master_addr), env.master_port))
                 except OSError as exc:
-                    raise RendezvousError(f"rank 0 cannot listen on port {env.master_port} ({exc.strerror}): "
-                                          "choose another MASTER_PORT") from None
-                server.listen(env.world_size)
-                listener.bind((socket.gethostbyname(env.master_addr) if ":" not in env.master_addr
-                               else env.master_addr, 0))
-                listener.listen(env.world_size)
+                    raise RendezvousError(f"rank 0 cannot listen on {env.master_addr}:{env.master_port} "
+                                          f"({exc.strerror or exc}): choose another MASTER_PORT, or set "
+                                          f"{LISTEN_VARIABLE} to an address of this machine") from None
+                server.listen(max(env.world_size, 16))
+                listener.bind((_resolve(env.master_addr), 0))
+                listener.listen(max(env.world_size, 16))
                 me = (listener.getsockname()[0], listener.getsockname()[1], host)
                 token, table = _serve_table(server, env, me, deadline)
         else:
@@ -260,34 +304,42 @@ def connect(env: LaunchEnv, timeout: float) -> tuple[list, list[str]]:
         socks = _mesh(env, table, token, listener, deadline)
     except RendezvousError as exc:
         raise RendezvousError(f"[rank {env.rank}] tcp rendezvous: {exc}") from None
+    except OSError as exc:  # anything the network throws that no step above expected: still one line
+        raise RendezvousError(f"[rank {env.rank}] tcp rendezvous: {type(exc).__name__}: {exc}") from None
     finally:
-        listener.close()
+        if listener is not None:
+            listener.close()
     return socks, [h for _, _, h in table]
 
 
 def _mesh(env: LaunchEnv, table: list, token: int, listener: socket.socket, deadline: float) -> list:
-    """Connect to every lower rank, accept every higher one; return the sockets by rank."""
+    """Connect to every lower rank, accept every higher one (each link proven); return the sockets by rank."""
     socks: list = [None] * env.world_size
+    gate = None
     try:
         for peer in range(env.rank):
             ip, port, _ = table[peer]
             sock = _connect(ip, port, deadline, f"rank {peer}")
-            sock.sendall(HELLO.pack(MAGIC, env.rank, token))
             socks[peer] = sock
+            try:
+                handshake.knock(sock, env.secret, HELLO.pack(MAGIC, env.rank, token), f"rank {peer} at {ip}:{port}",
+                                deadline)
+            except handshake.HandshakeError as exc:
+                raise RendezvousError(str(exc)) from None
         waiting = env.world_size - env.rank - 1
+        if waiting:
+            gate = handshake.Gate(listener, env.secret, HELLO.size, f"rank {env.rank}'s listener")
         while waiting:
-            listener.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                sock, _ = listener.accept()
-            except socket.timeout:
+            got = gate.accept(deadline)
+            if got is None:
                 missing = [r for r in range(env.rank + 1, env.world_size) if socks[r] is None]
-                raise RendezvousError(f"ranks {missing} never connected") from None
-            try:
-                magic, peer, their_token = HELLO.unpack(_recv_exact(sock, HELLO.size, deadline, "a handshake"))
-            except RendezvousError:
-                magic = None
+                raise RendezvousError(f"ranks {missing} never connected")
+            sock, raw, addr = got
+            magic, peer, their_token = HELLO.unpack(raw)
             if magic != MAGIC or their_token != token or not env.rank < peer < env.world_size or socks[peer]:
-                sock.close()  # not one of this job's ranks: ignore it
+                sock.close()  # a rank of this job, but of another rendezvous (e.g. before a restart)
+                sys.stderr.write(f"npddp: rank {env.rank}'s listener: dropped {addr[0]}:{addr[1]}: it holds the "
+                                 f"job secret but not this rendezvous's token (claims rank {peer})\n")
                 continue
             socks[peer] = sock
             waiting -= 1
@@ -296,6 +348,9 @@ def _mesh(env: LaunchEnv, table: list, token: int, listener: socket.socket, dead
             if sock is not None:
                 sock.close()
         raise
+    finally:
+        if gate is not None:
+            gate.close()
     for sock in socks:
         if sock is not None:
             sock.setblocking(False)
@@ -313,6 +368,14 @@ def world_over_mpi(mpi_comm, timeout: float) -> TCPWorld:
 
 
 _WORLDS: dict = {}  # LaunchEnv -> TCPWorld: this process's connections, made once (like MPI_COMM_WORLD)
+
+
+def transport_from_env(timeout: float, environ=None) -> TCPTransport:
+    """A new transport over the launcher's world, in a message context of its own agreed by every rank.
+
+    Collective: what ``create()`` calls on every rank for each communicator it builds.
+    """
+    return world_from_env(timeout, environ).world.agreed_transport(timeout)
 
 
 def world_from_env(timeout: float, environ=None) -> TCPTransport:

@@ -12,6 +12,10 @@ MPI's rendezvous protocol makes a large send wait for its receive. Only when a r
 *different* tag is posted for that peer is the early frame read into a buffer of its own, so
 that frames behind it can be reached; the receive that matches it later copies it out.
 
+Each transport has a context of its own (:meth:`TCPWorld.transport`); once it is garbage
+collected its context is retired and frames that still arrive for it are read and dropped, so
+a communicator abandoned after a TimeoutError never feeds a later one.
+
 Progress happens inside ``test()``: every call tries each peer with work pending, without
 blocking. A peer whose connection breaks (it exited or was killed) fails every request that
 involves it with ConnectionError, at once.
@@ -21,6 +25,8 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
+import weakref
 from collections import deque
 
 import numpy as np
@@ -28,6 +34,7 @@ import numpy as np
 HEADER = struct.Struct("<IIQ")  # context, tag, payload bytes
 _SPARE_BUFFERS = 8               # early-frame buffers kept per peer for reuse
 _EMPTY = memoryview(b"")
+CONTROL = 0xFFFFFFFF             # the context of the world's own agreement messages
 
 
 class TCPRequest:
@@ -161,6 +168,11 @@ class Peer:
 
     def _match(self, key, nbytes) -> bool:
         """Start reading the payload of frame ``(key, nbytes)``; False to leave it in the socket for now."""
+        if key[0] in self.world.retired:  # a dropped communicator's leftover: read it into a sink, deliver nothing
+            if nbytes:
+                self.target, self.target_req, self.target_key = memoryview(bytearray(nbytes)), None, None
+                self.target_got = 0
+            return True
         queue = self.posted.get(key)
         if queue:
             req = queue.popleft()
@@ -326,6 +338,7 @@ class TCPWorld:
         self.peers = [SelfPeer(self, r) if r == rank else Peer(self, r, socks[r]) for r in range(size)]
         self._remote = [p for p in self.peers if isinstance(p, Peer)]
         self._contexts = 0
+        self.retired: set[int] = set()   # contexts of transports that were garbage collected
 
     def held_bytes(self) -> int:
         """Bytes of the buffers kept for frames that arrive before their receive (in use and spare)."""
@@ -353,7 +366,49 @@ class TCPWorld:
             raise ValueError(f"rank {self.rank} is not in the group {ranks}")
         context = self._contexts
         self._contexts += 1
-        return TCPTransport(self, context, ranks)
+        transport = TCPTransport(self, context, ranks)
+        weakref.finalize(transport, self.retire, context)
+        return transport
+
+    def retire(self, context: int) -> None:
+        """Forget ``context``: frames kept for it are freed, frames still arriving for it are dropped."""
+        self.retired.add(context)
+        for peer in self.peers:
+            for key in [k for k in peer.early if k[0] == context]:
+                del peer.early[key]
+            for key in [k for k in peer.posted if k[0] == context]:
+                if isinstance(peer, Peer):
+                    peer.nposted -= len(peer.posted[key])
+                del peer.posted[key]
+
+    def agreed_transport(self, timeout: float) -> TCPTransport:
+        """A transport over every rank whose context all ranks agree on (the largest any proposes).
+
+        Collective: every rank calls it. A rank that made more transports than another (e.g.
+        one created after a failure elsewhere) still lands on the same, fresh context.
+        """
+        if self.size > 1:
+            mine = np.array([self._contexts], dtype=np.uint64)
+            if self.rank == 0:
+                theirs = np.zeros((self.size, 1), dtype=np.uint64)
+                self._wait([self.peers[r].irecv(_bytes(theirs[r]), (CONTROL, 0)) for r in range(1, self.size)],
+                           timeout)
+                mine[0] = max(int(mine[0]), int(theirs.max()))
+                self._wait([self.peers[r].isend(_bytes(mine), (CONTROL, 1)) for r in range(1, self.size)], timeout)
+            else:
+                self._wait([self.peers[0].isend(_bytes(mine), (CONTROL, 0)),
+                            self.peers[0].irecv(_bytes(mine), (CONTROL, 1))], timeout)
+            self._contexts = int(mine[0])
+        return self.transport()
+
+    def _wait(self, requests: list, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not all(r.test() for r in requests):
+            if time.monotonic() > deadline:
+                for r in requests:
+                    r.cancel()
+                raise TimeoutError(f"rank {self.rank} waited {timeout:g} s for every rank to agree on a "
+                                   "communicator's context")
 
     def close(self) -> None:
         """Close every connection."""

@@ -40,9 +40,8 @@ STAGES = (2, 3)
 class ZeroDataParallel:
     """Data parallelism with sharded gradients and optimizer state (stage 2) and parameters (stage 3)."""
 
-    local_sgd = 0            # what the training loop asks of DDP
-    compression = "none"
     sync = "overlap"
+    comm_hook_state = None   # no comm hook: buckets are reduce-scattered, not all-reduced
 
     def __init__(self, model: Module, comm, stage: int = 2, bucket_cap_mb: float = BUCKET_CAP_MB, tracer=None):
         if stage not in STAGES:

@@ -1,0 +1,188 @@
+"""The harness ``python -m npddp.cluster``: bad input, privileges, nodes and links, and nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from npddp.cluster import shaping
+from tests.cluster.conftest import JOB, ROOT, needs_namespaces
+
+#: Seconds from a rank's death (or Ctrl-C) to the harness's exit that count as "promptly".
+PROMPTLY = 30.0
+# Ids must not be the bare word "mpi": pytest-mpi skips any test with that keyword unless --with-mpi.
+LAUNCHERS = ("tcp", "mpi")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--rate", "1gbt"], "rate '1gbt' is not valid"),
+    (["--rate=-3mbit"], "valid: a positive number"),
+    (["--nodes", "0"], "--nodes 0 is out of range"),
+    (["--mtu", "100"], "--mtu 100 is out of range"),
+    (["--delay", "5"], "delay '5' is not valid"),
+    (["--ranks-per-node", "0"], "--ranks-per-node 0 is out of range"),
+    (["--launcher", "tcp", "--", "python", "-c", "pass"], "not valid for --launcher tcp"),
+    ([], "no command given"),
+])
+def test_bad_flags_exit_2_with_one_error_line_before_anything_is_made(cluster, own_namespaces, args, words):
+    done = cluster(*args, *([] if "--" in args else ["--", "python", JOB, "nodes"]) if args else [])
+    assert done.returncode == 2, done.stderr
+    assert words in done.stderr.splitlines()[-1], done.stderr
+    assert not own_namespaces()
+
+
+@pytest.mark.parametrize("text, bits", [("1gbit", 1e9), ("100mbit", 1e8), ("125mbps", 1e9), ("2.5gbit", 2.5e9),
+                                        ("none", None)])
+def test_rates_use_tc_units(text, bits):
+    assert shaping.parse_rate(text) == bits
+
+
+def test_without_cap_net_admin_one_line_and_exit_2(cluster_env):
+    if subprocess.run(["setpriv", "--version"], capture_output=True).returncode:
+        pytest.skip("setpriv is missing: cannot drop CAP_NET_ADMIN")
+    done = subprocess.run(["setpriv", "--inh-caps=-net_admin", "--bounding-set=-net_admin", sys.executable, "-m",
+                           "npddp.cluster", "--", "python", JOB, "nodes"], capture_output=True, text=True,
+                          env=cluster_env, cwd=ROOT, timeout=60)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "CAP_NET_ADMIN" in done.stderr
+
+
+@needs_namespaces
+def test_delay_needs_netem_and_is_never_ignored(cluster, own_namespaces):
+    done = cluster("--delay", "1ms", "--", "python", JOB, "shaped", "4000")
+    if done.returncode == 2:  # this kernel has no netem: one line naming it, nothing left
+        assert "netem" in done.stderr.splitlines()[-1] and len(done.stderr.splitlines()) == 1, done.stderr
+    else:                     # netem exists: the job ran with the delay
+        assert done.returncode == 0 and "SECONDS" in done.stdout, done.stderr
+    assert not own_namespaces()
+
+
+@needs_namespaces
+@pytest.mark.parametrize("launcher", LAUNCHERS, ids=lambda name: f"{name}-launcher")
+def test_each_node_has_its_host_name_and_npddp_sees_two_nodes_for_hier_and_auto(cluster, own_namespaces, launcher):
+    done = cluster("--nodes", 2, "--ranks-per-node", 2, "--rate", "none", "--launcher", launcher, "--",
+                   "python", JOB, "nodes")
+    assert done.returncode == 0, done.stderr
+    rows = sorted(line.split()[1:] for line in done.stdout.splitlines() if line.startswith("RESULT"))
+    assert rows == [[str(r), f"node{r // 2}", "0,0,1,1", "1", "True", "ring"] for r in range(4)], done.stdout
+    assert not own_namespaces()
+
+
+@needs_namespaces
+@pytest.mark.parametrize("launcher", LAUNCHERS, ids=lambda name: f"{name}-launcher")
+def test_traffic_between_nodes_takes_what_the_rate_allows(cluster, launcher):
+    nbytes, rate = 2_000_000, 100e6
+    done = cluster("--nodes", 2, "--rate", "100mbit", "--launcher", launcher, "--", "python", JOB, "shaped", nbytes)
+    assert done.returncode == 0, done.stderr
+    seconds = float(next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("SECONDS")))
+    allowed = 2 * (2 - 1) / 2 * nbytes * 8 / rate             # a ring's bytes on each link / the rate
+    assert seconds >= 0.9 * allowed, f"{seconds:.3f} s is faster than the link allows ({allowed:.3f} s)"
+
+
+@needs_namespaces
+def test_mpi_start_up_check_names_a_bypass_of_the_links(cluster, own_namespaces):
+    done = cluster("--nodes", 2, "--launcher", "mpi", "--", "python", JOB, "shaped", 4000, env={"UCX_TLS": "all"})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "did not cross the emulated link" in done.stderr and "SECONDS" not in done.stdout
+    assert not own_namespaces()
+
+
+@needs_namespaces
+@pytest.mark.parametrize("launcher", LAUNCHERS, ids=lambda name: f"{name}-launcher")
+def test_a_rank_killed_on_one_node_ends_the_job_promptly(cluster, own_namespaces, launcher):
+    t = time.monotonic()
+    done = cluster("--nodes", 2, "--ranks-per-node", 2, "--rate", "none", "--launcher", launcher, "--",
+                   "python", JOB, "kill", 3)
+    assert done.returncode != 0 and time.monotonic() - t < PROMPTLY, done.stderr
+    if launcher == "tcp":
+        assert done.returncode == 128 + signal.SIGKILL, done.stderr
+    assert not own_namespaces()
+
+
+def _start_sleeping_job(cluster_env, pid_dir, launcher="tcp"):
+    os.makedirs(pid_dir)
+    proc = subprocess.Popen([sys.executable, "-m", "npddp.cluster", "--nodes", "2", "--rate", "none",
+                             "--launcher", launcher, "--", "python", JOB, "sleep", str(pid_dir)],
+                            env=cluster_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len([f for f in os.listdir(pid_dir) if f.endswith(".pid")]) < 2 and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    pids = [int(open(os.path.join(pid_dir, f)).read()) for f in os.listdir(pid_dir) if f.endswith(".pid")]
+    assert len(pids) == 2
+    return proc, pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@needs_namespaces
+@pytest.mark.parametrize("launcher", LAUNCHERS, ids=lambda name: f"{name}-launcher")
+def test_ctrl_c_stops_every_rank_and_removes_the_cluster(cluster_env, own_namespaces, tmp_path, launcher):
+    proc, pids = _start_sleeping_job(cluster_env, tmp_path / "pids", launcher)
+    assert len(own_namespaces()) == 3
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=PROMPTLY)
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert not own_namespaces() and not any(_alive(p) for p in pids), err
+    assert not os.listdir(cluster_env["NPDDP_CLUSTER_STATE"])
+
+
+@needs_namespaces
+def test_after_a_sigkilled_harness_the_next_run_removes_what_it_left(cluster, cluster_env, own_namespaces, tmp_path):
+    proc, pids = _start_sleeping_job(cluster_env, tmp_path / "pids")
+    left = own_namespaces()
+    proc.kill()
+    proc.communicate()
+    assert own_namespaces() == left and len(left) == 3      # the namespaces outlive a SIGKILLed harness
+    done = cluster("--nodes", 2, "--rate", "none", "--", "python", JOB, "nodes")
+    assert done.returncode == 0, done.stderr
+    line = next(x for x in done.stderr.splitlines() if "removed leftovers" in x)
+    assert all(ns in line for ns in left), line
+    assert not own_namespaces() and not any(_alive(p) for p in pids)
+    assert not os.listdir(cluster_env["NPDDP_CLUSTER_STATE"])
+
+
+@needs_namespaces
+def test_up_exec_status_down(cluster, own_namespaces):
+    made = cluster("up", "--nodes", 2, "--rate", "10gbit")
+    assert made.returncode == 0 and made.stdout.startswith("cluster "), made.stderr
+    cid = made.stdout.split()[1]
+    try:
+        assert f"{cid}: 2 nodes" in cluster("status").stdout
+        ran = cluster("exec", "--node", 1, "--", "hostname")
+        assert ran.returncode == 0 and ran.stdout.strip() == "node1", ran.stderr
+        assert cluster("exec", "--node", 5, "--", "hostname").returncode == 2
+    finally:
+        gone = cluster("down")
+    assert gone.returncode == 0 and cid in gone.stdout and not own_namespaces()
+
+
+@needs_namespaces
+def test_training_across_nodes_gives_the_parameters_of_one_process(cluster, cluster_env, tmp_path):
+    from npddp.train import checkpoint
+    flags = ["-m", "npddp.train", "--backend", "ring", "--dtype", "float64", "--hidden", "16", "--train-samples",
+             "256", "--val-samples", "64", "--batch-size", "32", "--epochs", "1", "--quiet", "--checkpoint"]
+    one = subprocess.run([sys.executable, *flags, str(tmp_path / "one.h5")], env=cluster_env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert one.returncode == 0, one.stderr
+    reference = checkpoint.read(tmp_path / "one.h5").params
+    for launcher in ("tcp", "mpi"):
+        path = tmp_path / f"{launcher}.h5"
+        done = cluster("--nodes", 2, "--rate", "none", "--launcher", launcher, "--", "python", *flags, path)
+        assert done.returncode == 0, done.stderr
+        params = checkpoint.read(path).params
+        assert list(params) == list(reference)
+        for name, value in params.items():
+            np.testing.assert_allclose(value, reference[name], rtol=0, atol=1e-12, err_msg=f"{launcher}: {name}")
