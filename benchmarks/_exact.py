@@ -61,18 +61,22 @@ def _mismatches(got: np.ndarray, expected: np.ndarray) -> int:
     return int(np.count_nonzero(got != expected))
 
 
-def _buffer(comm, data: np.ndarray) -> np.ndarray:
-    """``data`` in an all-reduce buffer: from ``comm.empty`` (shared memory) when the backend offers it, as DDP does."""
+def _buffer(comm, data: np.ndarray, shared: bool = True) -> np.ndarray:
+    """``data`` in an all-reduce buffer: from ``comm.empty`` (shared memory) when the backend offers it, as DDP
+    does, and ``shared``; else an ordinary array."""
     empty = getattr(comm, "empty", None)
-    if empty is None:
+    if empty is None or not shared:
         return data
     buf = empty(data.shape, data.dtype)
     buf[...] = data
     return buf
 
 
-def kernel(comm, collective: str, place: str, count: int, dtype: str, op: str):
-    """(run, check): ``run()`` does one call on reused buffers; ``check()`` one on fresh data -> #wrong."""
+def kernel(comm, collective: str, place: str, count: int, dtype: str, op: str, shared: bool = True):
+    """(run, check): ``run()`` does one call on reused buffers; ``check()`` one on fresh data -> #wrong.
+
+    ``shared``: all-reduce buffers from ``comm.empty``; else ordinary NumPy arrays.
+    """
     n, rank = comm.size, comm.rank
     f = data_table(op, dtype, n)
 
@@ -100,14 +104,14 @@ def kernel(comm, collective: str, place: str, count: int, dtype: str, op: str):
         lo, hi = block(count, n, rank)
         return (lambda: comm.reduce_scatter(src, op),
                 lambda: _mismatches(comm.reduce_scatter(own(count), op), periodic(total, lo, hi - lo, dtype)))
-    buf = _buffer(comm, own(count))
+    buf = _buffer(comm, own(count), shared)
     if place == "inplace":
         def check():
             buf[...] = own(count)
             comm.allreduce(buf, op)
             return _mismatches(buf, periodic(total, 0, count, dtype))
         return (lambda: comm.allreduce(buf, op)), check
-    out = _buffer(comm, np.empty_like(buf))
+    out = _buffer(comm, np.empty_like(buf), shared)
 
     def check():
         buf[...] = own(count)

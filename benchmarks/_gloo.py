@@ -63,5 +63,7 @@ class GlooComm:
         if out is not None and out is not buf:
             np.copyto(out, buf)
             target = out
-        self._dist.all_reduce(self._torch.from_numpy(target.reshape(-1)), op=self._ops[op])
+        self._dist.all_reduce(self._torch.from_numpy(target.reshape(-1)), op=self._ops.get(op, self._ops["sum"]))
+        if op == "avg":  # gloo has no average: sum, then scale
+            np.multiply(target, 1.0 / self.size, out=target)
         return target

@@ -99,6 +99,7 @@ def _style(label: str, colours: dict) -> dict:
 def _sweep_keys(df) -> list:
     """Series keys of a sweep: backend, transport where it varies, place."""
     keys = ["backend"] + (["transport"] if df["transport"].nunique() > 1 else [])
+    keys += ["buffers"] if df["buffers"].nunique() > 1 else []
     return keys + (["place"] if df["place"].nunique() > 1 else [])
 
 
@@ -148,11 +149,12 @@ def sweep_ratio(df, meta: dict, baseline: str):
         return None
     fig = _figure(9, 5, f"{meta['collective']} time relative to {baseline}, {meta['dtype']}", meta)
     ax = fig.add_subplot()
-    ref = base.groupby(["place", "bytes"])["time_median_s"].median()
+    ref = base.groupby(["place", "buffers", "bytes"])["time_median_s"].median()
     colours = _colours(others, _sweep_keys(others))
     for label, part in _sweep_series(others):
         part = part.sort_values("bytes")
-        ratio = part["time_median_s"].to_numpy() / ref.reindex(list(zip(part["place"], part["bytes"]))).to_numpy()
+        ratio = part["time_median_s"].to_numpy() / ref.reindex(
+            list(zip(part["place"], part["buffers"], part["bytes"]))).to_numpy()
         ax.plot(part["bytes"], ratio, ms=3, label=label, **_style(label, colours))
     ax.axhline(1.0, color="black", lw=1, label=f"{baseline} (1.0)")
     _size_axis(ax)

@@ -7,6 +7,7 @@ Run it with MPI (the defaults sweep all-reduce from 8 B to 256 MiB on every back
     mpirun -n 4 python benchmarks/allreduce.py --collective allgather --dtype float64
     mpirun -n 2 python benchmarks/allreduce.py --backends mpi,ring --transports mpi,tcp   # ring over both
     mpirun -n 2 python benchmarks/allreduce.py --backends gloo,ring --transports tcp      # beside PyTorch's gloo
+    mpirun -n 2 python benchmarks/allreduce.py --backends mpi,auto --buffers both -b 256K -e 64M -f 4  # NumPy arrays too
 
 Method. For each size, then each backend, then each place (out of place, in place):
 warm-up iterations, then timed iterations, each started by a barrier and timed on every
@@ -28,6 +29,11 @@ N elements). ``algbw = size / median time``, ``busbw = algbw * factor`` with fac
 2(N-1)/N for allreduce, (N-1)/N for allgather and reduce_scatter, 1 for broadcast; GB = 1e9 B.
 Places: allreduce is timed with ``out=`` and in place; broadcast in place only; allgather
 and reduce_scatter in their natural form, which returns a new array ("outofplace").
+
+Buffers. ``--buffers shared`` (the default) times all-reduce buffers from ``comm.empty``, which
+the shared-memory backends place in node shared memory as DDP's buckets are; ``private`` times
+ordinary NumPy arrays, as a user's ``comm.allreduce(np.zeros(n))`` passes them; ``both`` times
+each, one after the other, and the rows say which in their ``buffers`` column.
 
 Output. A text table as nccl-tests prints it, one row per size and backend as each size
 completes (time in us, bandwidths in GB/s, ``#wrong``, the algorithm that ran), then the
@@ -58,6 +64,7 @@ from benchmarks import results
 from npddp.process.job import abort_on_exception
 
 from benchmarks import _common as bc
+from benchmarks.columns import BUFFERS
 from benchmarks._exact import kernel
 from benchmarks._gloo import EXIT_NO_TORCH, GlooComm, import_torch
 
@@ -69,6 +76,7 @@ MIN_ITERS = 3
 PLACES = {"allreduce": ("outofplace", "inplace"), "broadcast": ("inplace",),
           "allgather": ("outofplace",), "reduce_scatter": ("outofplace",)}
 REDUCING = ("allreduce", "reduce_scatter")
+BUFFER_CHOICES = (*BUFFERS, "both")
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,7 @@ class SweepConfig:
     out: str
     csv: str = ""
     transports: tuple = (bc.DEFAULT_TRANSPORT,)
+    buffers: tuple = ("shared",)
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -131,6 +140,9 @@ def build_parser(verbose: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--transports", default=bc.DEFAULT_TRANSPORT,
                    help="comma-separated transports of the hand-written backends: mpi, tcp (default: "
                         "%(default)s); backend mpi (MPI's own collectives) runs over mpi only")
+    p.add_argument("--buffers", default="shared", choices=BUFFER_CHOICES,
+                   help="all-reduce buffers from comm.empty (shared), ordinary NumPy arrays (private), or each "
+                        "(both); default %(default)s")
     p.add_argument("--out", default="", help="write the HDF5 dump here (rank 0)")
     p.add_argument("--csv", default="", help="write the dump's rows as CSV here (rank 0)")
     return p
@@ -166,8 +178,11 @@ def parse_config(argv, verbose: bool = True) -> SweepConfig:
     bad = [t for t in transports if t not in npcomm.TRANSPORTS]
     if bad or len(set(transports)) != len(transports):
         parser.error(f"--transports {a.transports!r}: valid transports are {', '.join(npcomm.TRANSPORTS)}, each once")
+    buffers = BUFFERS if a.buffers == "both" else (a.buffers,)
+    if a.buffers != "shared" and a.collective != "allreduce":
+        parser.error(f"--buffers {a.buffers} applies to allreduce only, not {a.collective}")
     return SweepConfig(backends, a.collective, a.dtype, op, a.minbytes, a.maxbytes, a.factor,
-                       a.iters, a.warmup, float(a.budget), a.out, a.csv, transports)
+                       a.iters, a.warmup, float(a.budget), a.out, a.csv, transports, buffers)
 
 
 def sizes(cfg: SweepConfig, n: int) -> np.ndarray:
@@ -210,16 +225,18 @@ def measure(run, check, harness, iters: int, warmup: int, budget: float) -> tupl
 
 @dataclass(frozen=True)
 class Group:
-    """One measured series: a backend over a transport, in one place."""
+    """One measured series: a backend over a transport, in one place, on shared or private buffers."""
 
     backend: str
     transport: str
     place: str
+    buffers: str = "shared"
 
 
 def groups(cfg: SweepConfig) -> list[Group]:
     """Every backend x transport x place, in measuring order."""
-    return [Group(b, t, p) for b in cfg.backends for t in ((GLOO_TRANSPORT,) if b == GLOO else cfg.transports)
+    return [Group(b, t, p, k) for k in cfg.buffers for b in cfg.backends
+            for t in ((GLOO_TRANSPORT,) if b == GLOO else cfg.transports)
             for p in PLACES[cfg.collective] if not (b == "mpi" and t != "mpi")]  # MPI's collectives: over MPI
 
 
@@ -229,7 +246,7 @@ def row(cfg: SweepConfig, g: Group, algorithm: str, n: int, count: int, times: n
     t_min, p10, median, p90, t_max = np.percentile(times, [0, 10, 50, 90, 100])
     algbw = nbytes / median / bc.GB
     return {"collective": cfg.collective, "backend": g.backend, "transport": g.transport, "algorithm": algorithm,
-            "place": g.place, "world_size": n, "dtype": cfg.dtype, "op": cfg.op, "bytes": int(nbytes),
+            "place": g.place, "buffers": g.buffers, "world_size": n, "dtype": cfg.dtype, "op": cfg.op, "bytes": int(nbytes),
             "count": int(count), "iters": int(times.size), "time_min_s": float(t_min), "time_p10_s": float(p10),
             "time_median_s": float(median), "time_p90_s": float(p90), "time_max_s": float(t_max),
             "algbw_GBps": float(algbw), "busbw_GBps": float(algbw * bc.busbw_factor(cfg.collective, n)),
@@ -257,7 +274,7 @@ def run_sweep(cfg: SweepConfig, harness, on_size=None) -> tuple[list[dict], np.n
             wrong = np.zeros(len(todo), dtype=np.int64)       # (groups,)
             for i, g in enumerate(todo):
                 run, check = kernel(comms[g.backend, g.transport], cfg.collective, g.place, int(count),
-                                    cfg.dtype, cfg.op)
+                                    cfg.dtype, cfg.op, g.buffers == "shared")
                 t, wrong[i] = measure(run, check, harness, cfg.iters, cfg.warmup, cfg.budget_s)
                 times[i, :t.size] = t
                 del run, check
@@ -310,11 +327,12 @@ def header(cfg: SweepConfig, n: int) -> str:
 def format_rows(rows: list[dict], places) -> list[str]:
     """One line per size, backend and transport, its places side by side (rows of one size in)."""
     lines = []
-    for key in dict.fromkeys((r["bytes"], r["backend"], r["transport"]) for r in rows):
-        mine = {r["place"]: r for r in rows if (r["bytes"], r["backend"], r["transport"]) == key}
+    for key in dict.fromkeys((r["bytes"], r["backend"], r["transport"], r["buffers"]) for r in rows):
+        mine = {r["place"]: r for r in rows if (r["bytes"], r["backend"], r["transport"], r["buffers"]) == key}
         first = next(iter(mine.values()))
         backend = first["backend"] if first["transport"] == bc.DEFAULT_TRANSPORT else \
             f"{first['backend']}/{first['transport']}"
+        backend += "" if first["buffers"] == "shared" else "/priv"
         values = (first["bytes"], first["count"], first["dtype"], first["op"], backend, first["algorithm"])
         cells = [f"{v:>{w}}" for v, (_, _, w) in zip(values, _LEAD)]
         for p in places:
@@ -329,9 +347,10 @@ def footer(rows: list[dict]) -> str:
     """Total #wrong and one '# Avg bus bandwidth : X backend' line per backend (and transport)."""
     wrong = sum(r["wrong"] for r in rows)
     lines = [f"# Wrong values       : {wrong} {'OK' if wrong == 0 else 'FAILED'}"]
-    for key in dict.fromkeys((r["backend"], r["transport"]) for r in rows):
-        busbw = [r["busbw_GBps"] for r in rows if (r["backend"], r["transport"]) == key]
+    for key in dict.fromkeys((r["backend"], r["transport"], r["buffers"]) for r in rows):
+        busbw = [r["busbw_GBps"] for r in rows if (r["backend"], r["transport"], r["buffers"]) == key]
         label = key[0] if key[1] == bc.DEFAULT_TRANSPORT else f"{key[0]}/{key[1]}"
+        label += "" if key[2] == "shared" else " (private buffers)"
         lines.append(f"# Avg bus bandwidth  : {np.mean(busbw):.4f} {label}")
     return "\n".join(lines)
 

@@ -20,8 +20,13 @@ STR, INT, FLOAT = "str", "int", "float"
 COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce_scatter")
 #: Where a collective leaves its result: over its input, or in another buffer.
 PLACES = ("inplace", "outofplace")
+#: Where the timed buffers live: from ``comm.empty`` (node shared memory where the backend offers
+#: it, as DDP's buckets are), or ordinary NumPy arrays.
+BUFFERS = ("shared", "private")
 #: The ``backend`` of rows measured with every all-reduce skipped (the DDP no-comm ceiling).
 NO_COMM = "none"
+#: The ``backend`` of rows measured on the same MLP step written in bare NumPy (no DDP, no communication).
+BARE = "bare"
 
 
 @dataclass(frozen=True)
@@ -133,6 +138,10 @@ SAMPLES = _time("samples_per_s", "samples/s", "global throughput: world_size x b
 DDP_EFFICIENCY = Column("ddp_efficiency", FLOAT, "1", "step_ms of the no-comm row with the same model, sync and "
                         "bucket cap (and world size and repeat) / step_ms: 1 = communication costs nothing; NaN "
                         "when the run had no --no-comm rows", positive=True, nan_ok=True)
+BARE_EFFICIENCY = Column("bare_efficiency", FLOAT, "1", "step_ms of the bare-NumPy row (the same MLP step in plain "
+                         "NumPy: no modules, hooks, buckets or communication) with the same model, sync, bucket "
+                         "cap and world size / step_ms; NaN when the run had no --bare rows", positive=True,
+                         nan_ok=True)
 KIND_ATTRS = (
     Column("kind", STR, "", "which kind of dump this is"),
     Column("schema_version", INT, "index", "version of the dump layout", low=1),
@@ -165,6 +174,8 @@ ALLREDUCE_SWEEP = Kind(
                                             "reduce-scatter), 1 (broadcast); 0 on one rank", low=0.0),
         _count("wrong", "elements", "elements that differ from the exact result in the checked iteration, summed "
                                     "over ranks (nccl-tests' #wrong)"),
+        _label("buffers", "shared: the all-reduce buffers come from comm.empty (node shared memory where the "
+                          "backend offers it); private: ordinary NumPy arrays", BUFFERS),
     ),
     attrs=KIND_ATTRS + (_label("collective", "collective timed", COLLECTIVES), _label("dtype", "element type"),
                         _label("op", "reduction ('none' for broadcast and allgather)")),
@@ -196,6 +207,7 @@ DDP_BREAKDOWN = Kind(
         _count("comm_bytes", "B", "bytes all-reduced per rank per step"),
         SAMPLES,
         DDP_EFFICIENCY,
+        BARE_EFFICIENCY,
     ),
     attrs=KIND_ATTRS,
     ordered=(("step_ms_min", "step_ms_p10", "step_ms", "step_ms_p90", "step_ms_max"),),

@@ -17,7 +17,9 @@ Breakdown (default): every model x sync x backend, and for ``bucketed`` and ``ov
 ``--bucket-mb`` (``per_param`` and ``flat`` run once, ``bucket_mb`` 0). ``--no-comm`` adds
 backend ``none`` to each: the same DDP step (buckets, hooks, averaging) with every all-reduce
 skipped, the no-comm ceiling; every row's ``ddp_efficiency`` is then step(none) / step(its
-backend). Each combination trains its own copy of the model from the same weights: ``--warmup``
+backend). ``--bare`` adds backend ``bare``: the same MLP step written in bare NumPy
+(benchmarks/_bare.py: no modules, hooks, buckets, averaging or communication), the true
+ceiling; every row's ``bare_efficiency`` is then step(bare) / step(its backend). Each combination trains its own copy of the model from the same weights: ``--warmup``
 untimed steps, then ``--steps`` timed ones, each a barrier (not timed), ``zero_grad``, forward,
 loss, ``ddp.backward``, ``ddp.step``. The backends of one model, sync and cap take turns: the
 timed steps come in ``--rounds`` rounds (default 5), each running a share of every backend's
@@ -56,7 +58,8 @@ from mpi4py import MPI  # noqa: E402
 
 from npddp import comm as npcomm  # noqa: E402
 from benchmarks import results  # noqa: E402
-from benchmarks.columns import NO_COMM  # noqa: E402
+from benchmarks.columns import BARE, NO_COMM  # noqa: E402
+from benchmarks._bare import BareMLP  # noqa: E402
 from npddp.parallel.ddp import BUCKET_CAP_MB, SYNCS, DistributedDataParallel  # noqa: E402
 from npddp.process.job import abort_on_exception  # noqa: E402
 from npddp.process.threads import set_threads  # noqa: E402
@@ -102,6 +105,7 @@ class Config:
     rounds: int = 1
     trace: str = ""
     trace_steps: str = tracing.DEFAULT_STEPS
+    bare: bool = False
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,9 @@ def build_parser(verbose: bool = True):
                         "(default) or a background thread per communicator (create(..., progress='thread'))")
     p.add_argument("--no-comm", action="store_true",
                    help="also run every combination with all-reduces skipped (backend 'none': the ceiling)")
+    p.add_argument("--bare", action="store_true",
+                   help="also run the same MLP step written in bare NumPy (backend 'bare': the ceiling with no "
+                        "DDP at all); bare_efficiency = step(bare) / step")
     p.add_argument("--bucket-mb", type=bc.positive_floats, default=None,
                    help="bucket caps in MiB for bucketed/overlap (default: 1,25; weak scaling: 25)")
     p.add_argument("--batch", type=bc.int_at_least(1), default=64, help="samples per rank per step (default 64)")
@@ -177,9 +184,11 @@ def parse_config(argv, verbose: bool = True) -> Config:
     if a.rounds is not None and a.rounds > a.steps:
         parser.error(f"--rounds {a.rounds} exceeds --steps {a.steps}; valid: 1 to {a.steps}")
     rounds = a.rounds or min(DEFAULT_ROUNDS, a.steps)
+    if a.bare and a.weak_scaling:
+        parser.error("--bare applies to the breakdown only, not --weak-scaling")
     return Config(models, syncs, backends, bucket_mb, a.batch, a.steps, a.warmup, a.dtype,
                   bool(a.weak_scaling), a.out, bool(a.no_comm), repeats, a.csv, a.transports, a.progress, rounds,
-                  a.trace, a.trace_steps)
+                  a.trace, a.trace_steps, bool(a.bare))
 
 
 def combos(cfg: Config) -> list[Combo]:
@@ -190,6 +199,7 @@ def combos(cfg: Config) -> list[Combo]:
     pairs = [(b, t) for b in cfg.backends for t in cfg.transports if b != "mpi" or t == "mpi"]
     pairs += [("mpi", "mpi")] if "mpi" in cfg.backends and "mpi" not in cfg.transports else []
     pairs += [(NO_COMM, NO_COMM)] if cfg.no_comm else []
+    pairs += [(BARE, NO_COMM)] if cfg.bare else []
     out = []
     for model in cfg.models:
         for sync in cfg.syncs:
@@ -250,6 +260,19 @@ def train_steps(ddp, opt, x, y, harness, steps: int, warmup: int) -> np.ndarray:
     return record
 
 
+def bare_steps(bare: BareMLP, x, y, harness, steps: int, warmup: int) -> np.ndarray:
+    """:func:`train_steps` for the bare-NumPy step: the same record, communication fields 0."""
+    record = np.zeros((steps, len(FIELDS)))  # (steps, fields)
+    for i in range(warmup + steps):
+        harness.Barrier()
+        t0 = time.perf_counter()
+        forward, backward, optimizer = bare.step(x, y)
+        total = time.perf_counter() - t0
+        if i >= warmup:
+            record[i - warmup, :len(FIELDS) - 2] = (total, forward, backward, 0.0, 0.0, optimizer)
+    return record
+
+
 def communicators(subs: dict, world=None, progress: str = "caller") -> dict:
     """(backend, transport) -> communicator over its own duplicate ``subs[pair]``; 'none' skips all-reduces.
 
@@ -262,7 +285,7 @@ def communicators(subs: dict, world=None, progress: str = "caller") -> dict:
 
 def run_combos(cfg: Config, todo: list[Combo], mpi_comm, announce: bool = False) -> np.ndarray:
     """Measure ``todo`` on ``mpi_comm``: this rank's records, (len(todo), steps, len(FIELDS))."""
-    subs = {pair: mpi_comm.Dup() for pair in dict.fromkeys((c.backend, c.transport) for c in todo)}
+    subs = {pair: mpi_comm.Dup() for pair in dict.fromkeys((c.backend, c.transport) for c in todo if c.backend != BARE)}
     harness = mpi_comm.Dup()
     records = np.zeros((len(todo), cfg.steps, len(FIELDS)))  # (combos, steps, fields)
     world = None
@@ -282,13 +305,17 @@ def run_combos(cfg: Config, todo: list[Combo], mpi_comm, announce: bool = False)
                 if announce:
                     print(f"# {model}: {work.params:,} parameters in {work.tensors} tensors", flush=True)
             turns = [i for i, c in enumerate(todo) if (c.model, c.sync, c.bucket_mb) == (model, sync, mb)]
-            runs = {i: work.wrap(comms[todo[i].backend, todo[i].transport], sync, mb,
-                                 tracer if i == 0 else tracing.NULL) for i in turns}
+            runs = {i: BareMLP(work.build(), cfg.batch, bc.LR, bc.MOMENTUM) if todo[i].backend == BARE else
+                    work.wrap(comms[todo[i].backend, todo[i].transport], sync, mb, tracer if i == 0 else tracing.NULL)
+                    for i in turns}
             for r, (first, count) in enumerate(round_steps(cfg.steps, cfg.rounds)):
                 for i in turns:
+                    warm = cfg.warmup if r == 0 else 0
+                    if todo[i].backend == BARE:
+                        records[i, first:first + count] = bare_steps(runs[i], work.x, work.y, harness, count, warm)
+                        continue
                     ddp, opt = runs[i]
-                    records[i, first:first + count] = train_steps(ddp, opt, work.x, work.y, harness, count,
-                                                                  cfg.warmup if r == 0 else 0)
+                    records[i, first:first + count] = train_steps(ddp, opt, work.x, work.y, harness, count, warm)
             del runs
         tracer.close()
     finally:
@@ -322,7 +349,7 @@ def breakdown_rows(todo: list[Combo], worst: np.ndarray, mean: np.ndarray, n: in
         backward = mu[:, f["backward_s"]] - mu[:, f["comm_issue_s"]]         # (steps,)
         compute = mu[:, f["forward_s"]] + backward + mu[:, f["optimizer_s"]]  # (steps,)
         step_min, p10, step, p90, step_max = np.percentile(total, [0, 10, 50, 90, 100]) * 1e3
-        silent = c.backend == NO_COMM  # its calls were skipped: it moves nothing
+        silent = c.backend in (NO_COMM, BARE)  # its calls were skipped (or there are none): it moves nothing
         rows.append({
             **_labels(c, n, batch, total.size),
             "step_ms": float(step), "step_ms_min": float(step_min), "step_ms_p10": float(p10),
@@ -334,17 +361,20 @@ def breakdown_rows(todo: list[Combo], worst: np.ndarray, mean: np.ndarray, n: in
             "num_comm_ops": 0 if silent else int(mx[:, f["comm_calls"]].max()),
             "comm_bytes": 0 if silent else int(mx[:, f["comm_bytes"]].max()),
             "samples_per_s": n * batch / (float(step) / 1e3), "ddp_efficiency": float("nan"),
+            "bare_efficiency": float("nan"),
         })
+    add_ddp_efficiency(rows, ceiling_backend=BARE, column="bare_efficiency")
     return add_ddp_efficiency(rows)
 
 
-def add_ddp_efficiency(rows: list[dict], keys=("model", "sync", "bucket_mb", "world_size")) -> list[dict]:
-    """Set each row's ddp_efficiency = step_ms of the 'none' row with the same ``keys`` (+ repeat) / step_ms."""
+def add_ddp_efficiency(rows: list[dict], keys=("model", "sync", "bucket_mb", "world_size"),
+                       ceiling_backend: str = NO_COMM, column: str = "ddp_efficiency") -> list[dict]:
+    """Set each row's ``column`` = step_ms of the ``ceiling_backend`` row with the same ``keys`` (+ repeat) / step_ms."""
     keys = keys + (("repeat",) if rows and "repeat" in rows[0] else ())
-    ceiling = {tuple(r[k] for k in keys): r["step_ms"] for r in rows if r["backend"] == NO_COMM}
+    ceiling = {tuple(r[k] for k in keys): r["step_ms"] for r in rows if r["backend"] == ceiling_backend}
     for r in rows:
         base = ceiling.get(tuple(r[k] for k in keys))
-        r["ddp_efficiency"] = base / r["step_ms"] if base is not None else float("nan")
+        r[column] = base / r["step_ms"] if base is not None else float("nan")
     return rows
 
 
@@ -435,6 +465,7 @@ BREAKDOWN_TABLE = (  # (column, header, width, format spec)
     ("comm_exposed_ms", "exposed", 7, ".1f"), ("optimizer_ms", "opt", 5, ".1f"),
     ("comm_fraction", "comm%", 6, ".1%"), ("num_comm_ops", "ops", 4, "d"),
     ("samples_per_s", "samples/s", 9, ".0f"), ("ddp_efficiency", "ddp_eff", 7, ".3f"),
+    ("bare_efficiency", "bare_eff", 8, ".3f"),
 )
 SCALING_TABLE = (
     ("model", "model", 6, ""), ("sync", "sync", 9, ""), ("backend", "backend", 8, ""),
@@ -464,7 +495,7 @@ def main(argv=None, mpi_comm=None) -> int:
                 "samples/s); ddp_eff: step(none) / step" if cfg.weak_scaling else
                 "step_ms: median over steps of the max over ranks (p10, p90 over steps); parts: medians of the "
                 "mean over ranks; issued: comm calls inside backward; exposed: waiting after it; "
-                "ddp_eff: step(none) / step")
+                "ddp_eff: step(none) / step; bare_eff: step(bare NumPy) / step")
         print(f"# {note}")
         shown = [{**r, "backend": f"{r['backend']}/tcp"} if r["transport"] == "tcp" else r for r in rows]
         print(bc.format_table(shown, SCALING_TABLE if cfg.weak_scaling else BREAKDOWN_TABLE))

@@ -69,7 +69,7 @@ EXIT_BAD = 2
 def _label(row) -> str:
     """A sweep series name: backend[/transport] place."""
     name = row["backend"] + ("" if row["transport"] == bc.DEFAULT_TRANSPORT else "/" + row["transport"])
-    return f"{name} {row['place']}"
+    return f"{name} {row['place']}" + ("" if row["buffers"] == "shared" else " private")
 
 
 def _with_series(df):
@@ -93,11 +93,11 @@ def sweep_tables(df, meta: dict, baseline: str) -> str:
              f"{meta.get('mpi_library', '?')} on {meta.get('host', '?')}, {meta.get('time_utc', '?')}",
              "bus bandwidth (GB/s):", pivot("busbw_GBps").to_string(float_format="{:.3f}".format),
              "median time (us):", (pivot("time_median_s") * 1e6).to_string(float_format="{:.1f}".format)]
-    base = df[df["backend"] == baseline].set_index(["place", "bytes"])["time_median_s"]
+    base = df[df["backend"] == baseline].set_index(["place", "buffers", "bytes"])["time_median_s"]
     others = df[df["backend"] != baseline]
     if len(base) and len(others):
         others = others.assign(ratio=others["time_median_s"].to_numpy() / base.reindex(
-            list(zip(others["place"], others["bytes"]))).to_numpy())
+            list(zip(others["place"], others["buffers"], others["bytes"]))).to_numpy())
         table = others.pivot_table(index="size", columns="series", values="ratio", sort=False)
         parts += [f"median time / {baseline}'s (> 1: slower):",
                   table.reindex(index=sizes, columns=list(dict.fromkeys(others["series"]))).to_string(

@@ -6,10 +6,19 @@
 
 For each size (``-b`` to ``-e``, times ``-f``) every candidate algorithm runs ``--iters`` timed
 all-reduces (after warm-up), the candidates interleaved, each iteration's time the slowest
-rank's; the fastest median wins the size. Neighbouring sizes won by the same algorithm merge
-into one step, and a step ends halfway (geometrically) between the last size it won and the
-next size. The file is valid for this transport and world size only (``auto`` checks both);
-rank 0 writes it. See :mod:`npddp.comm.p2p.auto` for the format.
+rank's; that is one round, summed up by each candidate's median. Rounds repeat until the
+fastest candidate's and the default's medians each vary by at most ``--tolerance`` from round to
+round, or ``--max-rounds`` have run (at least ``MIN_ROUNDS``). The noise of a candidate is that
+variation (max - min of its round medians, over their median).
+
+A size goes to the fastest candidate only when it beat the default (what ``auto`` picks without
+a table) in every round: its slowest round faster than the default's fastest. Otherwise the
+default keeps the size, and the tuner says so (``kept: within noise``), so a table is never
+slower than the default by more than the noise it measured. Neighbouring sizes won by the same
+algorithm merge into one step, and a step ends halfway (geometrically) between the last size it
+won and the next size. The file is valid for this transport and world size only (``auto``
+checks both); rank 0 writes it. See :mod:`npddp.comm.p2p.auto` for the format. Buffers are
+ordinary NumPy arrays (the shared-memory candidate stages or single-copies them).
 """
 
 from __future__ import annotations
@@ -24,12 +33,14 @@ import time
 import numpy as np
 
 from npddp.comm import DTYPES, create
-from npddp.comm.p2p.auto import FORMAT, VERSION, candidates, check_table
+from npddp.comm.p2p.auto import FORMAT, VERSION, candidates, check_table, model_table
 from npddp.comm.registry import node_group
 from npddp.comm.transports.base import resolve_transport
 from npddp.process.job import abort_on_exception
 
 PROG = "python -m npddp.tune"
+#: Rounds every size runs at least, so that a round-to-round spread exists.
+MIN_ROUNDS = 3
 
 
 def parse_size(text: str) -> int:
@@ -59,6 +70,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=20, metavar="N", help="timed iterations per size (default: 20)")
     p.add_argument("--budget", type=float, default=0.3, metavar="SECONDS",
                    help="time per size and algorithm; fewer iterations when it runs out (default: 0.3)")
+    p.add_argument("--max-rounds", type=int, default=6, metavar="R",
+                   help=f"most rounds per size while the measurements are not stable (default: 6, >= {MIN_ROUNDS})")
+    p.add_argument("--tolerance", type=float, default=0.05, metavar="FRACTION",
+                   help="stable: the best's and the default's round medians vary by at most this (default: 0.05)")
     args = p.parse_args(argv)
     if args.max_bytes < args.min_bytes:
         p.error(f"-e {args.max_bytes} is smaller than -b {args.min_bytes}")
@@ -66,6 +81,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"-f {args.factor} is out of range; valid: 2 or more")
     if args.iters < 1 or not args.budget > 0:
         p.error("--iters must be >= 1 and --budget > 0")
+    if args.max_rounds < MIN_ROUNDS:
+        p.error(f"--max-rounds {args.max_rounds} is out of range; valid: {MIN_ROUNDS} or more")
+    if not 0 < args.tolerance < 1:
+        p.error(f"--tolerance {args.tolerance} is out of range; valid: 0 < fraction < 1")
     return args
 
 
@@ -108,6 +127,41 @@ def measure(comms: dict, timer, nbytes: int, dtype, iters: int, budget: float) -
     return result
 
 
+def noise(times: list[float]) -> float:
+    """Round-to-round variation of one candidate: (max - min) / median of its round medians."""
+    return (max(times) - min(times)) / float(np.median(times))
+
+
+def decide(rounds: dict, default: str) -> tuple[str, str]:
+    """``(algorithm, why)`` for one size from each candidate's round medians (seconds).
+
+    The fastest (by the median over rounds) wins only if it beat ``default`` in every round;
+    otherwise ``default`` keeps the size.
+    """
+    medians = {name: float(np.median(ts)) for name, ts in rounds.items()}
+    best = min(medians, key=medians.get)
+    if best == default:
+        return default, "default fastest"
+    gain = 1 - medians[best] / medians[default]
+    spread = max(noise(rounds[best]), noise(rounds[default]))
+    if max(rounds[best]) < min(rounds[default]):
+        return best, f"{gain:.0%} faster than default {default} in every round (noise {spread:.0%})"
+    return default, f"kept: within noise ({best} {gain:.0%} faster by median, noise {spread:.0%})"
+
+
+def stable(rounds: dict, default: str, tolerance: float) -> bool:
+    """Whether the fastest candidate's and the default's round medians each vary by at most ``tolerance``."""
+    medians = {name: float(np.median(ts)) for name, ts in rounds.items()}
+    best = min(medians, key=medians.get)
+    return len(rounds[default]) >= MIN_ROUNDS and max(noise(rounds[best]), noise(rounds[default])) <= tolerance
+
+
+def defaults(comms: dict, transport: str, size: int):
+    """``default(nbytes)``: what ``auto`` picks with no tuning table (the cost model; on one node, shm)."""
+    steps = [[None, "shm"]] if "shm" in comms else model_table(transport, size)
+    return lambda nbytes: next(a for limit, a in steps if limit is None or nbytes <= limit)
+
+
 def main(argv=None) -> int:
     """Tune, print the table, write the file; the exit code."""
     abort_on_exception()
@@ -118,22 +172,33 @@ def main(argv=None) -> int:
     if node_group(timer, timer._begin("setup")) is not None:  # one node: shared memory competes too
         comms["shm"] = create("shm", transport=transport)
     rank, size = timer.rank, timer.size
-    sizes, winners = [], []
+    default_for = defaults(comms, transport, size)
+    sizes, winners, notes = [], [], []
     nbytes = args.min_bytes
     if rank == 0:
-        print(f"# {PROG}: {size} ranks over {transport}, {args.dtype}, median of the slowest rank (us)")
-        print(f"{'bytes':>12} " + " ".join(f"{n:>13}" for n in comms) + "  best")
+        print(f"# {PROG}: {size} ranks over {transport}, {args.dtype}, median over rounds of each round's median "
+              "of the slowest rank (us) +- noise")
+        print(f"{'bytes':>12} " + " ".join(f"{n:>15}" for n in comms) + "  rounds  choice (the best unless within noise of the default)")
     while nbytes <= args.max_bytes:
-        result = measure(comms, timer, nbytes, args.dtype, args.iters, args.budget)
-        best = min(result, key=result.get)
+        default = default_for(nbytes)
+        rounds: dict = {name: [] for name in comms}
+        while True:
+            for name, t in measure(comms, timer, nbytes, args.dtype, args.iters, args.budget).items():
+                rounds[name].append(t)
+            count = len(rounds[default])
+            if count >= args.max_rounds or (count >= MIN_ROUNDS and stable(rounds, default, args.tolerance)):
+                break
+        choice, why = decide(rounds, default)
         sizes.append(nbytes)
-        winners.append(best)
+        winners.append(choice)
+        notes.append(why)
         if rank == 0:
-            print(f"{nbytes:>12} " + " ".join(f"{result[n] * 1e6:>13.1f}" for n in comms) + f"  {best}", flush=True)
+            cells = " ".join(f"{np.median(rounds[n]) * 1e6:>9.1f} {noise(rounds[n]):>4.0%}" for n in comms)
+            print(f"{nbytes:>12} {cells}  {len(rounds[default]):>6}  {choice}: {why}", flush=True)
         nbytes *= args.factor
     table = {"*": steps_from(sizes, winners)}
     data = {"format": FORMAT, "version": VERSION, "transport": transport, "world_size": size,
-            "dtype_measured": args.dtype, "sizes": sizes, "winners": winners, "table": table}
+            "dtype_measured": args.dtype, "sizes": sizes, "winners": winners, "notes": notes, "table": table}
     check_table(data, transport, size, "shm" in comms)
     if rank == 0:
         tmp = f"{args.out}.tmp{os.getpid()}"

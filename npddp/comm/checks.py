@@ -14,6 +14,12 @@ _DTYPE_SET = frozenset(np.dtype(d) for d in DTYPES)
 
 #: Reduction name -> NumPy ufunc applied elementwise (``ufunc(a, b, out=a)``).
 OPS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+#: The average: a sum scaled by 1/N where each reduced block is complete (floating dtypes only).
+AVG = "avg"
+#: Every reduction name the reducing collectives accept.
+REDUCTIONS = (*OPS, AVG)
+#: Dtypes ``avg`` accepts (an integer mean is not an integer; sum and divide as you need).
+AVG_DTYPES = ("float16", "float32", "float64")
 
 #: Tags below this bound are the user's (``send``/``recv``); collectives use the ones above.
 USER_TAG_LIMIT = 1 << 14
@@ -34,11 +40,23 @@ def check_timeout(value, what: str = "timeout") -> float:
 
 
 def check_op(op: str):
-    """Return the ufunc for reduction ``op``; ValueError naming the valid ops otherwise."""
+    """Return the ufunc for reduction ``op`` (``avg``: the sum's); ValueError naming the valid ops otherwise."""
+    if op == AVG:
+        return np.add
     try:
         return OPS[op]
     except (KeyError, TypeError):
-        raise ValueError(f"unsupported op {op!r}; valid ops: {', '.join(OPS)}") from None
+        raise ValueError(f"unsupported op {op!r}; valid ops: {', '.join(REDUCTIONS)}") from None
+
+
+def average_scale(op: str, buf: np.ndarray, size: int) -> float:
+    """The factor ``avg`` applies after summing (1/size), 0.0 for the other ops; TypeError for an integer ``avg``."""
+    if op != AVG:
+        return 0.0
+    if buf.dtype.name not in AVG_DTYPES:
+        raise TypeError(f"op='avg' needs a floating dtype, got {buf.dtype}; valid dtypes for avg: "
+                        f"{', '.join(AVG_DTYPES)} (for integers use op='sum' and divide as you need)")
+    return 1.0 / size if size > 1 else 0.0
 
 
 def check_buffer(buf, what: str = "buf", writable: bool = True) -> np.ndarray:

@@ -5,6 +5,8 @@ With a finite timeout (the default), each collective is MPI's non-blocking varia
 arrives raises TimeoutError here as it does in the hand-written backends; the communicator is
 unusable afterwards (the pending MPI request cannot be cancelled). With ``timeout=inf`` every
 call is the blocking one (``Allreduce``, ``Bcast``, ...), which waits forever.
+
+``op="avg"``: MPI sums, then the sum is scaled by 1/N in place (MPI has no average op).
 """
 
 from __future__ import annotations
@@ -28,17 +30,19 @@ _CLOCK_EVERY = 64
 class MPIWork:
     """Work handle over an MPI request, waited on against the communicator's deadline."""
 
-    __slots__ = ("_owner", "_request", "_result", "_what", "_done")
+    __slots__ = ("_owner", "_request", "_result", "_what", "_done", "_scale")
 
-    def __init__(self, owner, request, result: np.ndarray, what: str):
+    def __init__(self, owner, request, result: np.ndarray, what: str, scale: float = 0.0):
         self._owner, self._request, self._result, self._what = owner, request, result, what
         self._done = False
+        self._scale = scale  # op avg: 1/N, applied in place once the sum is complete
 
     def test(self) -> bool:
         """True once the MPI request has completed."""
         if not self._done:
             self._owner._check_usable()
-            self._done = self._request.Test()
+            if self._request.Test():
+                self._finish()
         return self._done
 
     def wait(self) -> np.ndarray:
@@ -46,8 +50,13 @@ class MPIWork:
         if not self._done:
             self._owner._check_usable()
             self._owner._wait(self._request, self._what)
-            self._done = True
+            self._finish()
         return self._result
+
+    def _finish(self) -> None:
+        self._done = True
+        if self._scale:
+            np.multiply(self._result, self._scale, out=self._result)
 
 
 class MPICommunicator(c.Backend):
@@ -117,36 +126,45 @@ class MPICommunicator(c.Backend):
     def allreduce(self, buf, op="sum", out=None):
         """MPI_Allreduce, with MPI_IN_PLACE when ``out`` is None (or ``buf`` itself)."""
         c.check_op(op)
-        mpi_op, comm = _MPI_OPS[op], self.comm
+        mpi_op, comm = _MPI_OPS.get(op, MPI.SUM), self.comm
         if out is None or out is buf:
             c.check_buffer(buf)
+            scale = c.average_scale(op, buf, self._size)
             self._check_usable()
             if buf.size and self._size > 1:
                 self._run("allreduce", lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=mpi_op),
                           lambda: comm.Iallreduce(MPI.IN_PLACE, buf, op=mpi_op))
+                if scale:  # op avg: MPI sums, then the sum is scaled in place
+                    np.multiply(buf, scale, out=buf)
             return buf
         c.check_buffer(buf, writable=False)
         c.check_out(buf, out)
+        scale = c.average_scale(op, buf, self._size)
         self._check_usable()
         if self._size == 1 or buf.size == 0:
             np.copyto(out, buf)
         else:
             self._run("allreduce", lambda: comm.Allreduce(buf, out, op=mpi_op),
                       lambda: comm.Iallreduce(buf, out, op=mpi_op))
+            if scale:
+                np.multiply(out, scale, out=out)
         return out
 
     def iallreduce(self, buf, op="sum"):
         """MPI_Iallreduce in place."""
         c.check_op(op)
         c.check_buffer(buf)
+        scale = c.average_scale(op, buf, self._size)
         self._check_usable()
         self._calls += 1
-        return MPIWork(self, self.comm.Iallreduce(MPI.IN_PLACE, buf, op=_MPI_OPS[op]), buf, "iallreduce")
+        request = self.comm.Iallreduce(MPI.IN_PLACE, buf, op=_MPI_OPS.get(op, MPI.SUM))
+        return MPIWork(self, request, buf, "iallreduce", scale)
 
     def reduce_scatter(self, buf, op="sum"):
         """MPI_Reduce_scatter with ``np.array_split`` block counts."""
         c.check_op(op)
         c.check_buffer(buf, writable=False)
+        scale = c.average_scale(op, buf, self._size)
         flat = buf.reshape(-1)
         counts = np.diff(c.block_bounds(flat.size, self._size)).tolist()
         out = np.empty(counts[self._rank], dtype=buf.dtype)
@@ -154,9 +172,11 @@ class MPICommunicator(c.Backend):
         if self._size == 1:
             np.copyto(out, flat)
         elif flat.size:
-            comm, mpi_op = self.comm, _MPI_OPS[op]
+            comm, mpi_op = self.comm, _MPI_OPS.get(op, MPI.SUM)
             self._run("reduce_scatter", lambda: comm.Reduce_scatter(flat, out, recvcounts=counts, op=mpi_op),
                       lambda: comm.Ireduce_scatter(flat, out, recvcounts=counts, op=mpi_op))
+            if scale:
+                np.multiply(out, scale, out=out)
         return out
 
     def allgather(self, buf):

@@ -16,8 +16,9 @@ it, so gradients are born in memory the other ranks of the node read directly. S
   final during backward; outstanding work is polled between layers and waited for at the end.
 
 How a bucket becomes the averaged gradient is a comm hook (:mod:`npddp.parallel.hooks`):
-``register_comm_hook(state, hook)``, PyTorch's API; the default sums over ranks and divides by
-the world size once. Compression (fp16, top-k, PowerSGD) is a hook; local SGD is an averager
+``register_comm_hook(state, hook)``, PyTorch's API; the default all-reduces with ``op="avg"``
+(the backend scales the sum by 1/N while each reduced block is in cache), so no separate pass over
+a bucket remains. Compression (fp16, top-k, PowerSGD) is a hook; local SGD is an averager
 called after the optimizer step (:mod:`npddp.parallel.averaging`); DDP itself holds neither.
 
 Tracing (``tracer=``, or ``NPDDP_TRACE=FILE.json``: :mod:`npddp.util.tracing`): every layer's

@@ -7,7 +7,7 @@ bucket's averaged gradient (DDP copies it into the bucket if it is another array
 with ``ddp.register_comm_hook(state, hook)``; without one DDP runs :func:`allreduce_hook`.
 The built-in hooks follow PyTorch's ``default_hooks.py`` and ``powerSGD_hook.py``:
 
-* :func:`allreduce_hook` (state: the communicator): sum over ranks, then divide by the size.
+* :func:`allreduce_hook` (state: the communicator): the average over ranks (``op="avg"``).
 * :func:`fp16_compress_hook` (state: the communicator): cast to float16, divide by the size,
   sum in float16, cast back; :func:`fp16_compress_wrapper` does the same around any hook.
 * :func:`topk_hook` (state: :class:`TopKState`): each rank sends the ``ratio`` largest entries
@@ -76,10 +76,9 @@ class Handle:
 
 
 def allreduce_hook(comm, bucket: GradBucket) -> Handle:
-    """Sum the bucket over ranks, then divide it by the world size (DDP's default)."""
+    """Average the bucket over ranks (DDP's default): ``op="avg"`` scales the sum inside the reduction."""
     buf = bucket.buffer
-    return Handle([comm.iallreduce(buf)],
-                  lambda: np.divide(buf, comm.size, out=buf, casting="same_kind"), buf.nbytes)
+    return Handle([comm.iallreduce(buf, "avg")], lambda: buf, buf.nbytes)
 
 
 def fp16_compress_hook(comm, bucket: GradBucket) -> Handle:

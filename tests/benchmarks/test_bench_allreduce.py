@@ -335,3 +335,28 @@ def test_every_backend_is_exact_and_ranks_agree_on_the_results(assert_all_ranks,
                                     f"wrong {r['wrong']}")
             assert_ranks_agree(np.nan_to_num(raw, nan=-1.0))  # max over ranks, so identical everywhere
     assert_all_ranks(not failures, "; ".join(failures))
+
+
+def test_buffers_both_times_shared_and_private_buffers_side_by_side(tmp_path, capsys):
+    path = tmp_path / "ar.h5"
+    argv = TINY + ["--backends", "mpi,auto", "--buffers", "both", "--out", str(path)]
+    assert ar.main(argv, mpi_comm=MPI.COMM_SELF) == 0
+    df = results.read_table(path)
+    keys = list(zip(df["count"], df["backend"], df["place"], df["buffers"]))
+    assert len(set(keys)) == len(keys) and set(df["buffers"]) == {"shared", "private"}
+    for kind in ("shared", "private"):  # every size, backend and place once per kind of buffer
+        assert sorted(k[:3] for k in keys if k[3] == kind) == sorted({k[:3] for k in keys})
+    assert not df["wrong"].any()
+    out = capsys.readouterr().out
+    assert "auto/priv" in out and "# Avg bus bandwidth  : " in out and "auto (private buffers)" in out
+    assert ar.parse_config(TINY, verbose=False).buffers == ("shared",)
+    assert ar.parse_config(TINY + ["--buffers", "private"], verbose=False).buffers == ("private",)
+
+
+@pytest.mark.parametrize("argv, message", [(["--buffers", "pinned"], "invalid choice: 'pinned'"),
+                                           (["--buffers", "private", "--collective", "allgather"],
+                                            "applies to allreduce only")])
+def test_bad_buffers_option_is_refused(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        ar.parse_config(TINY + argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err

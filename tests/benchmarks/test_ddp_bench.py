@@ -112,6 +112,7 @@ def test_defaults_differ_between_breakdown_and_weak_scaling():
     (["--weak-scaling", "--repeats", "0"], "must be >= 1, got 0"),
     (["--rounds", "0"], "must be >= 1, got 0"),
     (["--steps", "3", "--rounds", "4"], "--rounds 4 exceeds --steps 3; valid: 1 to 3"),
+    (["--weak-scaling", "--bare"], "--bare applies to the breakdown only"),
 ])
 def test_bad_arguments_exit_2_with_a_clear_message(capsys, argv, message):
     with pytest.raises(SystemExit) as e:
@@ -252,19 +253,25 @@ def check_breakdown(path, argv, n):
     expect(got == [(c.model, c.sync, c.backend, c.bucket_mb, c.transport) for c in todo], f"combinations {got}")
     tensors = len(mlp(bc.IN_FEATURES, bc.MODELS["tiny"], bc.OUT_FEATURES).parameters())
     for i, c in enumerate(todo):
-        moves = n > 1 and c.backend != "none"
+        moves = n > 1 and c.backend not in ("none", "bare")
         ops = expected_ops(c.sync, c.bucket_mb, tensors) if moves else 0
         expect(rows["num_comm_ops"][i] == ops, f"{c}: {rows['num_comm_ops'][i]} ops, expected {ops}")
         expect(rows["comm_bytes"][i] == (bc.param_count("tiny") * 4 if moves else 0), f"{c}: comm_bytes")
         expect(0 <= rows["comm_fraction"][i] <= 1, f"{c}: comm_fraction {rows['comm_fraction'][i]}")
         expect(rows["samples_per_s"][i] == pytest.approx(n * cfg.batch / rows["step_ms"][i] * 1e3), "samples/s")
         expect(cfg.no_comm == np.isfinite(rows["ddp_efficiency"][i]), f"{c}: ddp_efficiency")
+        expect(cfg.bare == np.isfinite(rows["bare_efficiency"][i]), f"{c}: bare_efficiency")
+        if cfg.bare:  # step(bare) of the same model, sync and cap over this row's step
+            bare = rows[(rows["backend"] == "bare") & (rows["model"] == c.model) & (rows["sync"] == c.sync)
+                        & (rows["bucket_mb"] == c.bucket_mb)]["step_ms"]
+            expect(len(bare) == 1 and rows["bare_efficiency"][i] == pytest.approx(float(bare.iloc[0]) /
+                                                                                  rows["step_ms"][i]), f"{c}: bare")
     return problems
 
 
 def test_one_rank_sweep_prints_the_table_and_writes_the_layout(tmp_path, capsys):
     path = tmp_path / "ddp.h5"
-    argv = TINY + BUCKETS + ["--backends", "mpi", "--no-comm", "--out", str(path)]
+    argv = TINY + BUCKETS + ["--backends", "mpi", "--no-comm", "--bare", "--out", str(path)]
     assert bd.main(argv, mpi_comm=MPI.COMM_SELF) == 0
     assert check_breakdown(path, argv, 1) == []
     out = capsys.readouterr().out
@@ -273,7 +280,7 @@ def test_one_rank_sweep_prints_the_table_and_writes_the_layout(tmp_path, capsys)
     assert len(at) == 1, out
     header = lines[at[0]].split()
     for head in ("step_ms", "p10", "p90", "fwd", "bwd", "issued", "exposed", "opt", "comm%", "ops", "samples/s",
-                 "ddp_eff"):
+                 "ddp_eff", "bare_eff"):
         assert head in header, head
     table = [line.split() for line in lines[at[0] + 1:at[0] + 1 + len(bd.combos(bd.parse_config(argv)))]]
     assert [(r[0], r[1], r[2], float(r[3])) for r in table] == [
@@ -319,7 +326,7 @@ def test_records_reduce_to_the_max_and_the_mean_over_ranks(assert_ranks_agree):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.needs_mpi  # the benchmarks time over mpi4py communicators
-@pytest.mark.parametrize("extra", [[], ["--transports", "mpi,tcp", "--progress", "thread"]])
+@pytest.mark.parametrize("extra", [["--bare"], ["--transports", "mpi,tcp", "--progress", "thread"]])
 def test_breakdown_sweep_dump_matches_the_combinations(assert_all_ranks, agreed_tmpdir, extra):
     comm = MPI.COMM_WORLD
     directory = agreed_tmpdir

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from npddp.comm import ALGORITHMS, create
-from npddp.comm.p2p.auto import FORMAT, MODEL, VERSION, candidates, check_table, model_table, predict
-from npddp.tune import steps_from
+from npddp.comm.p2p.auto import CANDIDATES, FORMAT, MODEL, VERSION, candidates, check_table, model_table, predict
+from npddp.tune import decide, stable, steps_from
 
 from tests.comm.conftest import one_rank_group
 
@@ -107,6 +107,24 @@ def test_the_tuner_merges_winners_into_steps_that_end_between_sizes():
     assert set(a for _, a in table["*"]) <= set(ALGORITHMS)
 
 
+def test_the_tuner_keeps_the_default_unless_another_wins_every_round():
+    clear = {"ring": [1.0, 1.1, 1.05], "shm": [1.3, 1.4, 1.35]}
+    assert decide(clear, "shm")[0] == "ring" and "faster than default shm in every round" in decide(clear, "shm")[1]
+    overlap = {"ring": [1.0, 1.5, 1.05], "shm": [1.3, 1.4, 1.35]}  # faster by median, not in every round
+    choice, why = decide(overlap, "shm")
+    assert choice == "shm" and why.startswith("kept: within noise (ring")
+    assert decide({"ring": [2.0, 2.0, 2.0], "shm": [1.0, 3.0, 1.1]}, "shm") == ("shm", "default fastest")
+    for rounds in (clear, overlap):  # never a choice slower than the default by its median
+        choice, _ = decide(rounds, "shm")
+        assert sorted(rounds[choice])[1] <= sorted(rounds["shm"])[1]
+
+
+def test_the_tuner_is_stable_once_best_and_default_vary_little():
+    assert stable({"ring": [1.0, 1.01, 1.02], "shm": [2.0, 2.02, 2.01]}, "shm", 0.05)
+    assert not stable({"ring": [1.0, 1.3, 1.02], "shm": [2.0, 2.02, 2.01]}, "shm", 0.05)  # the best is noisy
+    assert not stable({"ring": [1.0, 1.0], "shm": [2.0, 2.0]}, "shm", 0.05)  # too few rounds
+
+
 @pytest.mark.mpi(min_size=2)
 def test_every_rank_makes_the_same_choice(world, tmp_path, assert_ranks_agree, assert_all_ranks):
     comm = create("auto", world.raw)
@@ -119,13 +137,25 @@ def test_every_rank_makes_the_same_choice(world, tmp_path, assert_ranks_agree, a
 def test_the_tuner_writes_a_table_auto_loads(tmp_path):
     out = tmp_path / "tuned.json"
     done = subprocess.run([sys.executable, "-m", "npddp.run", "--nproc", "2", "-m", "npddp.tune", "-b", "1K", "-e",
-                           "16K", "--iters", "2", "--budget", "0.01", "--out", str(out)],
+                           "16K", "--iters", "2", "--budget", "0.01", "--max-rounds", "3", "--out", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     data = json.loads(out.read_text())
     assert data["transport"] == "tcp" and data["world_size"] == 2 and data["sizes"] == [1024, 4096, 16384]
     assert check_table(data, "tcp", 2, node=True) == data["table"] and "best" in done.stdout
     assert "shm" in done.stdout.splitlines()[1]  # both ranks on this machine: shared memory competes too
+    assert len(data["notes"]) == 3 and all(line.split()[-len(n.split()):] == n.split()
+                                            for line, n in zip(done.stdout.splitlines()[2:5], data["notes"]))
+    assert all(w == "shm" or "faster than default shm in every round" in n for w, n in zip(data["winners"], data["notes"]))
+
+
+@pytest.mark.parametrize("argv, message", [(["--max-rounds", "2"], "--max-rounds 2 is out of range"),
+                                           (["--tolerance", "0"], "--tolerance 0.0 is out of range")])
+def test_the_tuner_refuses_bad_round_options(argv, message, capsys):
+    from npddp.tune import parse_args
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("size", [2, 3, 4, 8])

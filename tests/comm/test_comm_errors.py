@@ -27,7 +27,7 @@ def bad_calls(comm):
         ("allreduce out overlaps", lambda: comm.allreduce(wide[:6], out=wide[3:9]), ValueError, "overlaps"),
         ("iallreduce read-only", lambda: comm.iallreduce(ro), ValueError, "read-only"),
         ("iallreduce strided", lambda: comm.iallreduce(strided), ValueError, "C-contiguous"),
-        ("iallreduce op", lambda: comm.iallreduce(x, "avg"), ValueError, "'avg'"),
+        ("iallreduce op", lambda: comm.iallreduce(x, "average"), ValueError, "'average'"),
         ("broadcast root too big", lambda: comm.broadcast(x, root=k), ValueError, f"root={k}"),
         ("broadcast root negative", lambda: comm.broadcast(x, root=-1), ValueError, "root=-1"),
         ("broadcast root float", lambda: comm.broadcast(x, root=0.0), TypeError, "float"),

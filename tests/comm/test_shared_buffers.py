@@ -1,8 +1,9 @@
 """All-reduce on buffers from ``comm.empty`` (shared memory): every placement of input and output.
 
 The shared-memory backends read a shared input in place and push reduced blocks straight into a
-shared output, and stage whatever is private; these tests mix the two every way, at sizes on both
-sides of the one-barrier path's limit, with the large path cut into many pieces.
+shared output, and stage whatever is private or move it by single-copy transfers between the
+processes; these tests mix the placements every way, at sizes on both sides of the one-barrier
+path's limit, with the large path cut into many pieces, over both ways of moving private buffers.
 """
 
 import os
@@ -19,21 +20,38 @@ PLACEMENTS = (("shared", None), ("shared", "shared"), ("shared", "private"), ("p
               ("private", None))
 
 
-@pytest.fixture(params=SHARED, ids=lambda name: f"{name}-backend")
+#: How the large path moves private buffers: through staging, or by single-copy transfers
+#: between the processes (cross-memory attach) at every size the large path takes.
+PATHS = ("staged", "single-copy")
+
+
+@pytest.fixture(params=[(name, path) for name in SHARED for path in PATHS], ids=lambda p: f"{p[0]}-backend-{p[1]}")
 def shared_comm(request, world, assert_all_ranks):
     """A backend over the world with shared buffers, its large path pushing in 4 KiB pieces.
 
     None where pretended nodes rule shared memory out (shm: checked to refuse; auto: checked to offer none).
     """
+    name, path = request.param
+    comm = _shared_comm(name, world, assert_all_ranks)
+    if comm is not None:
+        if path == "staged":
+            comm.node.single_copy_bytes = None
+        else:  # this machine must allow it (same user); a kernel that forbids it says why
+            assert_all_ranks(comm.node.single_copy, f"single copy is off: {comm.node.single_copy_off}", world)
+            comm.node.single_copy_bytes, comm.node.single_copy_piece_bytes = 1, 4096
+    return comm
+
+
+def _shared_comm(name, world, assert_all_ranks):
     per_node = os.environ.get("NPDDP_RANKS_PER_NODE", "")
-    if request.param == "shm" and per_node and int(per_node) < world.size:  # pretended nodes: shm must refuse
+    if name == "shm" and per_node and int(per_node) < world.size:  # pretended nodes: shm must refuse
         with pytest.raises(ValueError, match="use backend 'hier'"):
             create("shm", world.fresh())
         return None
-    comm = create(request.param, world.fresh())
+    comm = create(name, world.fresh())
     if not hasattr(comm, "empty"):
         why_not = os.environ.get("NPDDP_AUTO_SHM") == "0" or bool(os.environ.get("NPDDP_RANKS_PER_NODE"))
-        assert_all_ranks(request.param == "auto" and why_not, f"{request.param} on one node offers no empty()", world)
+        assert_all_ranks(name == "auto" and why_not, f"{name} on one node offers no empty()", world)
         return None
     comm.node.push_bytes = 4096
     return comm

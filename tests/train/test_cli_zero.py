@@ -45,7 +45,7 @@ def test_a_zero3_checkpoint_resumes_as_zero2_on_three_ranks_and_ends_at_ddps_par
 
 
 def test_a_combination_that_makes_no_sense_is_one_line_exit_2(tmp_path):
-    proc = train(tmp_path, *GPT, "--zero", "2", "--compression", "fp16")
+    proc = train(tmp_path, *GPT, "--zero", "2", "--comm-hook", "fp16")
     assert proc.returncode == 2
     errors = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "--zero 2" in errors[0], proc.stderr

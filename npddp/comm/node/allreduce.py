@@ -14,8 +14,8 @@ Large vectors, two node barriers:
    too (in pieces of ``push_bytes``, so what it copies is still in its cache). No one else reads
    or writes block i of anything, so nothing races. It arrives at the second barrier;
 2. once all have arrived, every result is complete and no one touches anyone's memory any more:
-   a rank whose result is not its output (a staging area) copies it over, and the call is
-   complete. Pushing needs no third barrier (a pull all-gather needs one before the buffers may be
+   a rank whose result is not its output (a staging area) copies the peers' blocks over (its own
+   block was reduced straight into its output), and the call is complete. Pushing needs no third barrier (a pull all-gather needs one before the buffers may be
    written again), and measured faster as well (1 MiB at N = 2: 52-59 us against 130 us).
 
 Each element is reduced once, at one place, and copied everywhere else: every rank holds the
@@ -31,13 +31,24 @@ from __future__ import annotations
 
 import numpy as np
 
+import os
+import sys
+
 from npddp.comm import checks as c
 from npddp.comm.p2p.engine import Overdue
-from npddp.comm.node.memory import LINE, NodeSync, create_segment
+from npddp.comm.node import cma
+from npddp.comm.node.memory import LINE, PID, NodeSync, create_segment
 
 _ALIGN = 4096
 INPUT, RESULT = (1, 2), (3, 4)  # control-line words: (segment index, byte offset) of a rank's input, result
+#: Segment indices in those words that are no segment: the buffer is staged (placement only, never
+#: published), or private and reached by single-copy transfers (the second word: its address).
+STAGED, PRIVATE = -1, -2
 SIZE_WORDS = (5, 6)             # control-line words: the byte count of a rank's call (alternating calls)
+#: The setup probe of single-copy transfers borrows the size words: it ends with a node barrier, and no
+#: call writes them before every rank of the node has passed it.
+_PROBE, _VERDICT = SIZE_WORDS
+_PROBE_MAGIC = 0x6E70646470726F62
 
 
 def _aligned(nbytes: int) -> int:
@@ -53,6 +64,15 @@ class NodeGroup:
     #: The large path reduces and pushes in pieces of this many bytes (measured at N = 2: 256 KiB
     #: took 2.1 ms at 16 MiB against 2.6 ms for one piece, and 64 KiB pieces were slower).
     push_bytes = 256 << 10
+    #: Private (not :meth:`empty`) buffers of at least this many bytes are read and written in the
+    #: peers' own memory by single-copy transfers (:mod:`npddp.comm.node.cma`) instead of staged,
+    #: when the kernel allows it; smaller ones are staged, which measured as fast or faster up to
+    #: 1 MiB at N = 2 (copies that stay in cache beat the kernel's per-page cost). ``None``: never.
+    single_copy_bytes: int | None = 2 << 20
+    #: Pieces read from (and written to) a peer's private memory: each transfer is one system call,
+    #: so they are larger than ``push_bytes`` (measured at N = 2: 1 MiB pieces took 0.6-0.8 of the
+    #: time of 256 KiB ones from 4 MiB up).
+    single_copy_piece_bytes = 1 << 20
 
     def __init__(self, comm, local: list[int], call):
         self.comm, self.local = comm, local
@@ -70,6 +90,52 @@ class NodeGroup:
         self.waiting = 0         # the node barrier a blocking call waits for
         self.small_calls = 0
         self.sized_calls = 0   # all-reduces so far: which of the two size words the next one uses
+        self._pull = np.empty(0, dtype=np.uint8)  # where pieces read from private peer inputs land
+        #: Why single-copy transfers of private buffers are off ("" when they are on).
+        self.single_copy_off = self._probe_single_copy(call)
+
+    @property
+    def single_copy(self) -> bool:
+        """Whether private buffers of ``single_copy_bytes`` and more move by single-copy transfers."""
+        return not self.single_copy_off and self.single_copy_bytes is not None
+
+    def _probe_single_copy(self, call) -> str:
+        """Agree with the node's ranks whether every one can read every other's memory; "" if so, else why not.
+
+        Two node barriers: each rank publishes the address of a probe word and reads every
+        peer's; then each publishes its verdict, and single copy is on only if all say yes.
+        """
+        why = cma.why_not()
+        if not why:
+            cma.allow_peers()
+        probe = np.array([_PROBE_MAGIC, os.getpid()], dtype=np.int64)
+        words, me, line = self.sync.words, self.li, self.li * LINE
+        words[line + _PROBE] = probe.ctypes.data
+        seq = self.reserve(2)
+        self.sync.arrive(seq)
+        self.wait(call, seq)
+        got = np.zeros(2, dtype=np.int64)
+        for i in self.sync.others:
+            if why:
+                break
+            pid = self.sync.word(i, PID)
+            try:
+                cma.read(pid, self.sync.word(i, _PROBE), got)
+            except ConnectionError as exc:
+                why = f"reading a peer's memory failed ({exc})"
+            else:
+                if got[0] != _PROBE_MAGIC or got[1] != pid:
+                    why = "a peer's memory read back wrong (address spaces differ?)"
+        words[line + _VERDICT] = 0 if why else 1
+        self.sync.arrive(seq + 1)
+        self.wait(call, seq + 1)
+        del probe  # every peer has read it: they arrived after reading
+        if not why and any(self.sync.word(i, _VERDICT) != 1 for i in self.sync.others):
+            why = "a peer on this node cannot read the others' memory"
+        if why and me == 0 and not why.startswith("NPDDP_SINGLE_COPY"):
+            print(f"npddp: single-copy transfers of private buffers are off: {why}; staging them instead",
+                  file=sys.stderr, flush=True)
+        return why
 
     def _make_staging(self, call, big: int) -> None:
         """Make a staging area: per rank two small slots and ``big`` bytes for one large vector.
@@ -225,59 +291,112 @@ class NodeGroup:
 
     # --- the large path ---------------------------------------------------------------
     def places(self, call, src, dst) -> tuple[tuple[int, int], tuple[int, int]]:
-        """Where ``src`` and ``dst`` lie in shared arrays (``(-1, -1)``: not); grows staging if either needs it."""
-        at_src = self.locate(src)
-        at_dst = at_src if dst is src else self.locate(dst)
-        if at_src[0] < 0 or at_dst[0] < 0:
+        """Where ``src`` and ``dst`` lie: in shared arrays, ``(PRIVATE, address)``, or ``(STAGED, -1)``.
+
+        Private buffers of ``single_copy_bytes`` and more stay where they are when single copy is
+        on; any other private buffer is staged, and the staging area grows to hold it.
+        """
+        at_src = self._place(src)
+        at_dst = at_src if dst is src else self._place(dst)
+        if at_src[0] == STAGED or at_dst[0] == STAGED:
             self.ensure_staging(call, src.nbytes)
         return at_src, at_dst
+
+    def _place(self, buf) -> tuple[int, int]:
+        at = self.locate(buf)
+        if at[0] < 0 and self.single_copy and buf.nbytes >= self.single_copy_bytes:
+            return PRIVATE, buf.ctypes.data
+        return at
 
     def publish(self, src, at_src, at_dst, staging: int, bounds: list[int]) -> None:
         """Stage ``src`` if it is not shared; publish where input and result lie (the output itself, if shared)."""
         inp = at_src
-        if inp[0] < 0:  # stage what the peers read: every block but this rank's own, which it reads from src
+        if inp[0] == STAGED:  # stage what the peers read: every block but this rank's own, which it reads from src
             inp = (staging, self.big_slot(staging, self.li))
             view, lo, hi = self.view(*inp, src.dtype, src.size), bounds[self.li], bounds[self.li + 1]
             np.copyto(view[:lo], src[:lo])
             np.copyto(view[hi:], src[hi:])
         res = at_dst
-        if res[0] < 0:
+        if res[0] == STAGED:
             res = inp if inp[0] == staging else (staging, self.big_slot(staging, self.li))
         self.sync.publish(*inp, *res)
 
-    def reduce_block(self, src, ufunc, bounds: list[int], push: bool) -> np.ndarray:
-        """Reduce this rank's block from every input into its result, pushing each piece if ``push``; the block."""
+    def reduce_block(self, src, ufunc, bounds: list[int], push: bool, scale: float = 0.0, dst=None) -> np.ndarray:
+        """Reduce this rank's block from every input into its result, pushing each piece if ``push``; the block.
+
+        ``scale`` (op avg: 1/N) multiplies each reduced piece while it is in cache, before it is pushed.
+        A peer's private input is read piece by piece into a local buffer, and a piece is written
+        into a peer's private result, by single-copy transfers. ``dst``: this rank's output, which
+        receives its own block directly even when its result is staged (no copy of that block
+        after the call, see :meth:`finish`); None: the published result.
+        """
         n, dtype, li = src.size, src.dtype, self.li
         lo, hi = bounds[li], bounds[li + 1]
-        out = self.published(li, RESULT, dtype, n)
-        inputs = [src] + [self.published(i, INPUT, dtype, n) for i in self.sync.others]
+        out = dst if dst is not None else self.published(li, RESULT, dtype, n)
+        peers = [self.reachable(i, INPUT, dtype, n) for i in self.sync.others]
         theirs = self.results_of_peers(dtype, n) if push else []
-        step = max(1, self.push_bytes // dtype.itemsize) if push else max(hi - lo, 1)
+        pulled = any(isinstance(v, tuple) for v in peers)
+        piece = self.single_copy_piece_bytes if pulled else self.push_bytes
+        step = max(1, piece // dtype.itemsize) if push or pulled else max(hi - lo, 1)
+        pull = self._pull_buffers(len(peers), step, dtype) if pulled else None
+        size = dtype.itemsize
         for a in range(lo, hi, step):
             b = min(a + step, hi)
             piece = out[a:b]
+            inputs = [src[a:b]]
+            for k, v in enumerate(peers):
+                if isinstance(v, tuple):  # (pid, address): a private input, read into this rank's memory
+                    got = pull[k][:b - a]
+                    cma.read(v[0], v[1] + a * size, got)
+                    inputs.append(got)
+                else:
+                    inputs.append(v[a:b])
             if len(inputs) > 1:
-                ufunc(inputs[0][a:b], inputs[1][a:b], out=piece)
-            elif piece.ctypes.data != src[a:b].ctypes.data:
-                np.copyto(piece, src[a:b])
+                ufunc(inputs[0], inputs[1], out=piece)
+            elif piece.ctypes.data != inputs[0].ctypes.data:
+                np.copyto(piece, inputs[0])
             for v in inputs[2:]:
-                ufunc(piece, v[a:b], out=piece)
+                ufunc(piece, v, out=piece)
+            if scale:
+                np.multiply(piece, scale, out=piece)
             for t in theirs:
-                np.copyto(t[a:b], piece)
+                if isinstance(t, tuple):
+                    cma.write(t[0], t[1] + a * size, piece)
+                else:
+                    np.copyto(t[a:b], piece)
         return out[lo:hi]
 
-    def results_of_peers(self, dtype, count: int) -> list[np.ndarray]:
-        """Every peer's published result."""
-        return [self.published(i, RESULT, dtype, count) for i in self.sync.others]
+    def _pull_buffers(self, count: int, step: int, dtype) -> list[np.ndarray]:
+        """``count`` local buffers of ``step`` elements for pieces read from peers (grown, never shrunk)."""
+        each = _aligned(step * dtype.itemsize)
+        if self._pull.size < count * each:
+            self._pull = np.empty(count * each, dtype=np.uint8)
+        return [self._pull[k * each:k * each + step * dtype.itemsize].view(dtype) for k in range(count)]
+
+    def reachable(self, local: int, words: tuple[int, int], dtype, count: int):
+        """Local rank ``local``'s published input or result: a view of shared memory, or ``(pid, address)``."""
+        word = self.sync.word
+        if word(local, words[0]) == PRIVATE:
+            return word(local, PID), word(local, words[1])
+        return self.published(local, words, dtype, count)
+
+    def results_of_peers(self, dtype, count: int) -> list:
+        """Every peer's published result (a view, or ``(pid, address)`` of a private one)."""
+        return [self.reachable(i, RESULT, dtype, count) for i in self.sync.others]
 
     def push_block(self, block: np.ndarray, lo: int, count: int) -> None:
         """Copy this rank's reduced ``block`` (starting at element ``lo``) into every peer's result."""
         for t in self.results_of_peers(block.dtype, count):
-            np.copyto(t[lo:lo + block.size], block)
+            if isinstance(t, tuple):
+                cma.write(t[0], t[1] + lo * block.itemsize, block)
+            else:
+                np.copyto(t[lo:lo + block.size], block)
 
-    def finish(self, dst) -> None:
-        """Copy this rank's complete result into ``dst`` (when the result was a staging area)."""
-        np.copyto(dst, self.published(self.li, RESULT, dst.dtype, dst.size))
+    def finish(self, dst, bounds: list[int]) -> None:
+        """Copy the peers' blocks of this rank's staged result into ``dst`` (its own block is there already)."""
+        result, lo, hi = self.published(self.li, RESULT, dst.dtype, dst.size), bounds[self.li], bounds[self.li + 1]
+        np.copyto(dst[:lo], result[:lo])
+        np.copyto(dst[hi:], result[hi:])
 
     def large_allreduce(self, call, src, dst, ufunc) -> None:
         """The two-barrier path, run to completion (a blocking call's path for large vectors)."""
@@ -288,11 +407,14 @@ class NodeGroup:
         self.sync.arrive(seq)
         self.wait(call, seq)
         self.check_sizes(call, word, src.nbytes)
-        self.reduce_block(src, ufunc, bounds, push=True)
+        try:
+            self.reduce_block(src, ufunc, bounds, push=True, scale=call.take_scale(), dst=dst)
+        except ConnectionError as exc:  # a peer whose memory we read or write has died
+            raise self.comm.fail(call, exc) from None
         self.sync.arrive(seq + 1)
         self.wait(call, seq + 1)
-        if at_dst[0] < 0:  # the result was staged
-            self.finish(dst)
+        if at_dst[0] == STAGED:
+            self.finish(dst, bounds)
 
     def allreduce(self, call, src, dst, ufunc) -> None:
         """Blocking all-reduce on the node: the one-barrier path for small vectors, else the two-barrier one."""

@@ -13,7 +13,7 @@ import numpy as np
 
 from npddp.comm import checks as c
 from npddp.comm.p2p.engine import P2PWork
-from npddp.comm.node.allreduce import NodeGroup
+from npddp.comm.node.allreduce import STAGED, NodeGroup
 from npddp.comm.p2p.communicator import P2PCommunicator
 from npddp.comm.node.memory import node_ids
 
@@ -24,7 +24,7 @@ class ShmWork(P2PWork):
     """One shared-memory all-reduce in progress; ``inter`` (hier) all-reduces each node's block across nodes."""
 
     __slots__ = ("_node", "_src", "_dst", "_ufunc", "_inter", "_inner", "_seq", "_state", "_small", "_parity",
-                 "_bounds", "_staging", "_at_src", "_at_dst", "_block", "_word")
+                 "_bounds", "_staging", "_at_src", "_at_dst", "_block", "_word", "_scale")
 
     def __init__(self, call, node: NodeGroup, src, dst, ufunc, result, inter=None):
         self._small = inter is None and src.nbytes <= node.small_bytes
@@ -39,6 +39,9 @@ class ShmWork(P2PWork):
         self._bounds = node.bounds(src.size)
         self._word = node.size_word()
         self._state = 0
+        # op avg on the large path: each reduced piece is scaled before it is pushed (across nodes:
+        # the block, once the nodes have summed it); the small path scales its result at completion
+        self._scale = 0.0 if self._small else call.take_scale()
         self._start()
 
     def _advance(self, block):
@@ -60,7 +63,8 @@ class ShmWork(P2PWork):
             if self._small:
                 node.reduce_small(self._staging, self._parity, self._dst, self._ufunc)
                 return True
-            self._block = node.reduce_block(self._src, self._ufunc, self._bounds, push=self._inter is None)
+            self._block = node.reduce_block(self._src, self._ufunc, self._bounds, push=self._inter is None,
+                                            scale=self._scale if self._inter is None else 0.0, dst=self._dst)
             if self._inter is not None and self._block.size:
                 self._inner = self._inter(self._block)
             self._state = 2
@@ -70,13 +74,15 @@ class ShmWork(P2PWork):
                     self._inner.wait()
                 elif not self._inner.test():
                     return False
+                if self._scale:
+                    np.multiply(self._block, self._scale, out=self._block)
                 node.push_block(self._block, self._bounds[node.li], self._src.size)
             sync.arrive(self._seq + 1)
             self._state = 3
         if not self._arrived(self._seq + 1, block):
             return False
-        if self._at_dst[0] < 0:  # the result was staged
-            node.finish(self._dst)
+        if self._at_dst[0] == STAGED:  # the result was staged
+            node.finish(self._dst, self._bounds)
         return True
 
     def _arrived(self, seq: int, block: bool) -> bool:

@@ -130,6 +130,7 @@ class P2PCommunicator(c.Backend):
             run = self._blocking_path(src)
             if run is not None:
                 run(call, src, dst, ufunc)
+                call.apply_scale(dst)
                 return result
         return self._allreduce_work(call, src, dst, ufunc, result).wait()
 
@@ -148,7 +149,9 @@ class P2PCommunicator(c.Backend):
         else:
             c.check_buffer(buf, writable=False)
             dst = c.check_out(buf, out)
+        scale = c.average_scale(op, buf, self._size)
         call = self._begin(operation)
+        call.scale = scale
         if self._size == 1 or buf.size == 0:
             if dst is not buf:
                 np.copyto(dst, buf)
@@ -231,6 +234,7 @@ class P2PCommunicator(c.Backend):
         """The ring schedule's first half: rank r ends with block r of the reduction."""
         ufunc = c.check_op(op)
         c.check_buffer(buf, writable=False)
+        scale = c.average_scale(op, buf, self._size)
         call = self._begin("reduce_scatter")
         flat = buf.reshape(-1)
         bounds = c.block_bounds(flat.size, self._size)
@@ -243,6 +247,8 @@ class P2PCommunicator(c.Backend):
         try:
             self._ring.start(call, flat, partials, ufunc, out, phase="reduce_scatter").wait()
             np.copyto(out, partials[bounds[self._rank]:bounds[self._rank + 1]])
+            if scale:
+                np.multiply(out, scale, out=out)
         finally:
             del partials
             self.scratch.release(raw)

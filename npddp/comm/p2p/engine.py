@@ -97,12 +97,24 @@ class Call:
     to raise (``give_up``, ``fail``) and refuses later calls.
     """
 
-    __slots__ = ("owner", "transport", "operation", "number", "tag", "expires", "rounds")
+    __slots__ = ("owner", "transport", "operation", "number", "tag", "expires", "rounds", "scale")
 
     def __init__(self, owner, operation: str, number: int | None, tag: int):
         self.owner, self.transport, self.operation, self.number, self.tag = owner, owner.transport, operation, number, tag
         self.expires = 0.0  # set at the first clock read
         self.rounds = 0     # clock reads so far
+        self.scale = 0.0    # op avg: the factor (1/N) still to apply to the result; 0.0: none
+
+    def take_scale(self) -> float:
+        """The average's factor (0.0: none), which the caller now applies itself, fused into its reduction."""
+        scale, self.scale = self.scale, 0.0
+        return scale
+
+    def apply_scale(self, result: np.ndarray) -> None:
+        """Apply what is left of the average's factor to the whole ``result`` (algorithms that do not fuse it)."""
+        scale = self.take_scale()
+        if scale:
+            np.multiply(result, scale, out=result)
 
     def overdue(self) -> bool:
         """Read the clock (the first read starts the deadline); nap once the wait is long. True past the deadline."""
@@ -249,6 +261,7 @@ class P2PWork:
         self._done = True
         self._active.remove(self)
         self._release()
+        self._call.apply_scale(self._result)
 
     def _start(self) -> None:
         """Post what can be posted at once (subclasses call it last in ``__init__``)."""

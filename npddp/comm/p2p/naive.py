@@ -74,6 +74,7 @@ class NaiveCommunicator(P2PCommunicator):
         """Rank 0 receives and reduces every buffer in rank order, then sends each rank its block."""
         ufunc = c.check_op(op)
         c.check_buffer(buf, writable=False)
+        scale = c.average_scale(op, buf, self._size)
         call = self._begin("reduce_scatter")
         flat = buf.reshape(-1)
         bounds = c.block_bounds(flat.size, self._size).tolist()
@@ -92,6 +93,8 @@ class NaiveCommunicator(P2PCommunicator):
             ufunc(total, got, out=total)
         del got
         self.scratch.release(raw)
+        if scale:
+            np.multiply(total, scale, out=total)
         np.copyto(out, total[:bounds[1]])
         call.transfer(sends=[(total[bounds[d]:bounds[d + 1]], d) for d in range(1, self._size)])
         return out

@@ -7,7 +7,8 @@ rank starts owning all ``p`` blocks. In each halving step (distance ``p/2``, the
 upper rank the upper half, and each reduces the half it keeps, the lower rank's partial first.
 After ``log2 p`` steps active rank v owns block v, fully reduced at that one place. The
 all-gather runs the steps backwards (distance 1, 2, ..., ``p/2``), each rank copying the
-partner's reduced blocks beside its own, so every rank ends with the same bits.
+partner's reduced blocks beside its own, so every rank ends with the same bits. For
+``op="avg"`` the owned block is scaled by 1/N right after its last reduction, before the all-gather.
 
 Cost: ``2 log2 p`` steps, each rank sending ``2 (p-1)/p`` of the vector in all: the ring's
 bandwidth with the latency of recursive doubling. The choice for medium vectors.
@@ -89,7 +90,8 @@ class Rabenseifner:
     def start(self, call, src, dst, ufunc, result):
         """Rounds: fold in, halve, double, fold out."""
         fold = self.fold
-        if fold.vrank < 0:  # hand the vector to the partner, get the result back
+        if fold.vrank < 0:  # hand the vector to the partner, get the result back (averaged there)
+            call.take_scale()
             return RoundWork(call, [([(src, fold.partner)], (), None), ((), [(dst, fold.partner)], None)], result)
         plan, pool = self.plan(src.size), self.ctx.scratch
         nrecv = max(plan.scratch_elems, src.size if fold.partner >= 0 else 0)
@@ -99,13 +101,23 @@ class Rabenseifner:
         if fold.partner >= 0:  # the partner below hands its vector in: it goes first
             rounds.append(((), [(got[:src.size], fold.partner)], partial(ufunc, got[:src.size], src, out=dst)))
             cur = dst
-        for peer, keep, send, peer_first in plan.halving:
+        scale = call.take_scale()  # op avg: the owned block is scaled right after its last reduction
+        for i, (peer, keep, send, peer_first) in enumerate(plan.halving):
             theirs, mine = got[:keep.stop - keep.start], cur[keep]
             first, second = (theirs, mine) if peer_first else (mine, theirs)
-            rounds.append(([(cur[send], peer)], [(theirs, peer)], partial(ufunc, first, second, out=dst[keep])))
+            last = scale and i == len(plan.halving) - 1
+            action = partial(_reduce_scaled, ufunc, first, second, dst[keep], scale) if last else \
+                partial(ufunc, first, second, out=dst[keep])
+            rounds.append(([(cur[send], peer)], [(theirs, peer)], action))
             cur = dst
         for peer, mine, theirs in plan.doubling:
             rounds.append(([(dst[mine], peer)], [(dst[theirs], peer)], None))
         if fold.partner >= 0:
             rounds.append(([(dst, fold.partner)], (), None))
         return RoundWork(call, rounds, result, partial(pool.release, raw))
+
+
+def _reduce_scaled(ufunc, first, second, out, scale: float) -> None:
+    """``out = ufunc(first, second) * scale``, the scale applied while ``out`` is in cache."""
+    ufunc(first, second, out=out)
+    np.multiply(out, scale, out=out)

@@ -6,7 +6,8 @@ receives block ``r - s - 2`` from its left (:func:`ring_blocks`). In the first `
 (the reduce-scatter) it adds what it receives to its own partial of that block, so after them
 rank r holds block ``r`` fully reduced; in the last ``N - 1`` (the all-gather) it passes the
 reduced blocks on, copying what it receives. Every element is reduced at exactly one place and
-only copied afterwards, so every rank ends with the same bits. Bandwidth-optimal (each rank
+only copied afterwards, so every rank ends with the same bits. For ``op="avg"`` each chunk of
+the last reduce step (the rank's own block) is scaled by 1/N as soon as it is reduced. Bandwidth-optimal (each rank
 sends ``2 (N-1)/N`` of the vector) but ``2 (N-1)`` steps long. The blocking ``reduce_scatter``
 and ``allgather`` of every hand-written communicator run the first or the second half of the
 same schedule (:class:`RingPlan` with ``phase``).
@@ -119,7 +120,7 @@ class RingWork(P2PWork):
     """One ring pass in progress (see the module docstring for its four counters)."""
 
     __slots__ = ("_transport", "_tag", "_left", "_right", "_src", "_dst", "_ufunc", "_plan", "_pool", "_raw",
-                 "_scratch", "_nsent", "_nsent_done", "_nposted", "_ndone", "_sends", "_recvs")
+                 "_scratch", "_nsent", "_nsent_done", "_nposted", "_ndone", "_sends", "_recvs", "_scale")
 
     def __init__(self, call, ctx: Context, src, dst, ufunc, plan: RingPlan, result):
         super().__init__(call, result)
@@ -131,6 +132,9 @@ class RingWork(P2PWork):
         self._nsent = self._nsent_done = self._nposted = self._ndone = 0
         self._sends: deque = deque()
         self._recvs: deque = deque()
+        # op avg: the last reduce step's chunks (this rank's block) are scaled as they are reduced,
+        # before the all-gather forwards them, so no pass over the result remains
+        self._scale = call.take_scale() if plan.phase == "allreduce" else 0.0
         self._start()
 
     def _sends_complete(self, k: int, block: bool) -> bool:
@@ -182,6 +186,8 @@ class RingWork(P2PWork):
                 region = dst[plan.recv[ndone]]
                 self._ufunc(region if src is dst else src[plan.recv[ndone]],
                             self._scratch[plan.scratch[ndone]], out=region)
+                if self._scale and ndone >= reduce_units - nchunk:
+                    np.multiply(region, self._scale, out=region)
             ndone += 1
 
     def _requests(self):

@@ -33,7 +33,7 @@ OPERATIONS = ("barrier", "broadcast", "allreduce", "iallreduce", "reduce_scatter
 _REDUCING = frozenset({"allreduce", "iallreduce", "reduce_scatter", "ireduce_scatter"})
 _ROOTED = frozenset({"broadcast", "gather", "scatter"})
 _SHAPED = frozenset({"allgather", "gather", "scatter", "iallgather"})
-_OP_NAMES = tuple(c.OPS)
+_OP_NAMES = c.REDUCTIONS
 _OPERATION_CODE = {name: i for i, name in enumerate(OPERATIONS)}
 _OP_CODE = {name: i for i, name in enumerate(_OP_NAMES)}
 _DTYPE_CODE = {name: i for i, name in enumerate(c.DTYPES)}
@@ -208,19 +208,20 @@ class DebugCommunicator:
         self._check("iallreduce", buf, op=op)
         return self.inner.iallreduce(buf, op)
 
-    @staticmethod
-    def _check_reduction(buf, op, out) -> None:
+    def _check_reduction(self, buf, op, out) -> None:
         c.check_op(op)
         if out is None:
             c.check_buffer(buf)
         else:
             c.check_buffer(buf, writable=False)
             c.check_out(buf, out)
+        c.average_scale(op, buf, self.size)
 
     def reduce_scatter(self, buf, op="sum"):
         """Checked reduce_scatter."""
         c.check_op(op)
         c.check_buffer(buf, writable=False)
+        c.average_scale(op, buf, self.size)
         self._check("reduce_scatter", buf, op=op)
         return self.inner.reduce_scatter(buf, op)
 
