@@ -8,7 +8,7 @@ rank's :attr:`shard` is a Parameter whose ``data`` is its slice of the values an
 ``grad`` is a separate buffer of ``s`` elements: the optimizer steps it, elementwise, exactly
 as it would step the whole parameters.
 
-* reduce: ``ireduce_scatter(grads, out=shard.grad)``, then the sum becomes the average;
+* reduce: ``ireduce_scatter(grads, "avg", out=shard.grad)``: the average of the rank's shard;
 * gather: ``iallgather(shard.data, out=values)``, in place (the shard is the rank's own row);
 * ZeRO-3 frees the values between uses (:meth:`release`): every ``p.data`` then reads as a
   read-only array of zeros that occupies no memory, and :meth:`start_gather` brings them back;
@@ -121,14 +121,13 @@ class FlatGroup:
     def start_reduce(self) -> None:
         """Begin reducing the gradients into this rank's shard."""
         self.ensure_grads()
-        self.work = self.comm.ireduce_scatter(self.grads, out=self.shard.grad)
+        self.work = self.comm.ireduce_scatter(self.grads, "avg", out=self.shard.grad)   # summed, scaled by 1/N once
 
     def finish_reduce(self) -> None:
-        """Wait for the reduction; the shard's gradient becomes the average over ranks (ZeRO-3: full ones freed)."""
+        """Wait for the reduction: the shard's gradient is the average over ranks (ZeRO-3: full ones freed)."""
         self.work.wait()
         self.work = None
         self.reduced = True
-        np.divide(self.shard.grad, self.comm.size, out=self.shard.grad, casting="same_kind")
         if self._owned is not None:
             self.drop_grads()
 
