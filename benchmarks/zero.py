@@ -13,9 +13,10 @@ rows give the median. Columns: Psi parameters; the issue's formula for bytes of 
 gradients + optimizer state per rank (float32 AdamW: DDP 16 Psi, ZeRO-1 8 Psi + 8 Psi/N, ZeRO-2
 4 Psi + 12 Psi/N, ZeRO-3 16 Psi/N); what this implementation holds between steps (ZeRO-2 keeps
 the full gradients the Parameters contract allocates, so 8 Psi + 12 Psi/N); the peak RSS of the
-largest rank; step time and its ratio to stage 0 at the same N. The configurations run one
-after another, not interleaved: on a loaded machine repeat the sweep (``--repeats``) and read
-the spread.
+largest rank; step time and its ratio to stage 0 at the same N (separate jobs, one after
+another). ``--paired`` adds, per stage > 0, a job that trains the stage and DDP side by side on
+two copies of the model, steps interleaved, and reports the median of the per-step ratios: the
+figure to quote for speed on a loaded machine.
 """
 
 from __future__ import annotations
@@ -58,39 +59,51 @@ def worker(args) -> None:
     comm = create(args.backend)
     vocab = 256
     d_model, d_ff, layers, heads = _preset(args.size)
-    model = gpt(vocab, args.context, d_model=d_model, num_layers=layers, num_heads=heads, d_ff=d_ff,
-                dtype=np.float32, seed=0)
-    psi = model.num_parameters()
-    if args.stage >= 2:
-        engine = ZeroDataParallel(model, comm, stage=args.stage, bucket_cap_mb=args.bucket_mb)
-        opt = CheckpointedOptimizer(ShardedOptimizer(engine, AdamW, lr=1e-4), comm)
-    else:
+
+    def build(stage: int):
+        model = gpt(vocab, args.context, d_model=d_model, num_layers=layers, num_heads=heads, d_ff=d_ff,
+                    dtype=np.float32, seed=0)
+        if stage >= 2:
+            engine = ZeroDataParallel(model, comm, stage=stage, bucket_cap_mb=args.bucket_mb)
+            return model, engine, CheckpointedOptimizer(ShardedOptimizer(engine, AdamW, lr=1e-4), comm)
         engine = DistributedDataParallel(model, comm, bucket_cap_mb=args.bucket_mb)
-        opt = (CheckpointedOptimizer(ZeroRedundancyOptimizer(engine.parameters(), AdamW, comm, lr=1e-4), comm)
-               if args.stage == 1 else AdamW(engine.parameters(), lr=1e-4))
+        return model, engine, (CheckpointedOptimizer(ZeroRedundancyOptimizer(engine.parameters(), AdamW, comm,
+                                                                             lr=1e-4), comm)
+                               if stage == 1 else AdamW(engine.parameters(), lr=1e-4))
+
+    contenders = [build(args.stage)] + ([build(0)] if args.paired else [])   # paired: DDP beside it
+    psi = contenders[0][0].num_parameters()
     rng = np.random.default_rng(comm.rank)
     tokens = rng.integers(0, vocab, size=(args.batch, args.context + 1))
     x, y = tokens[:, :-1], tokens[:, 1:]
     loss = CrossEntropyLoss()
-    times = []
+    times = np.zeros((len(contenders), args.steps))
     for step in range(args.warmup + args.steps):
-        comm.barrier()
-        t0 = time.perf_counter()
-        engine.zero_grad()
-        loss.forward(engine(x), y)
-        engine.backward(loss.backward())
-        engine.step(opt)
-        if step >= args.warmup:
-            times.append(time.perf_counter() - t0)
+        order = range(len(contenders)) if step % 2 == 0 else reversed(range(len(contenders)))  # interleaved
+        for k in order:
+            _, engine, opt = contenders[k]
+            comm.barrier()
+            t0 = time.perf_counter()
+            engine.zero_grad()
+            loss.forward(engine(x), y)
+            engine.backward(loss.backward())
+            engine.step(opt)
+            if step >= args.warmup:
+                times[k, step - args.warmup] = time.perf_counter() - t0
+    _, engine, opt = contenders[0]
     held = bytes_per_rank(args.stage, engine, opt)
-    slowest = comm.allreduce(np.array(times), op="max")                         # (steps,)
+    slowest = comm.allreduce(times.reshape(-1), op="max").reshape(times.shape)  # (contenders, steps)
     peak = comm.allreduce(np.array([_peak_rss()], dtype=np.float64), op="max")[0]
     if comm.rank == 0:
-        print(MARK + json.dumps({"size": args.size, "ranks": comm.size, "stage": args.stage, "psi": psi,
-                                 "formula_bytes": formula_bytes(args.stage, psi, comm.size),
-                                 "held_bytes": int(sum(held.values())), "held": held, "peak_rss": peak,
-                                 "step_s": float(np.median(slowest)), "step_spread_s": float(np.ptp(slowest))}),
-              flush=True)
+        row = {"size": args.size, "ranks": comm.size, "stage": args.stage, "psi": psi,
+               "formula_bytes": formula_bytes(args.stage, psi, comm.size),
+               "held_bytes": int(sum(held.values())), "held": held, "peak_rss": peak,
+               "step_s": float(np.median(slowest[0])), "step_spread_s": float(np.ptp(slowest[0]))}
+        if args.paired:
+            ratios = slowest[0] / slowest[1]
+            row.update(paired=True, ddp_step_s=float(np.median(slowest[1])), ratio=float(np.median(ratios)),
+                       ratio_min=float(ratios.min()), ratio_max=float(ratios.max()))
+        print(MARK + json.dumps(row), flush=True)
 
 
 def _preset(size: str):
@@ -117,18 +130,24 @@ def sweep(args) -> None:
                                "--size", size, "--stage", str(stage), "--steps", str(args.steps), "--warmup",
                                str(args.warmup), "--batch", str(args.batch), "--context", str(args.context),
                                "--backend", args.backend, "--bucket-mb", str(args.bucket_mb)]
-                    proc = subprocess.run(command, capture_output=True, text=True, env=env)
-                    found = [line[len(MARK):] for line in proc.stdout.splitlines() if line.startswith(MARK)]
-                    if proc.returncode or not found:
-                        print(f"size {size} N={n} stage {stage}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
-                        continue
-                    rows.append(json.loads(found[0]))
-                    print(_line(rows[-1], rows), flush=True)
+                    for paired in ([False, True] if stage and args.paired else [False]):
+                        proc = subprocess.run(command + ["--paired"] * paired, capture_output=True, text=True,
+                                              env=env)
+                        found = [line[len(MARK):] for line in proc.stdout.splitlines() if line.startswith(MARK)]
+                        if proc.returncode or not found:
+                            print(f"size {size} N={n} stage {stage}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
+                            continue
+                        rows.append(json.loads(found[0]))
+                        print(_line(rows[-1], rows), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
 
 def _line(row: dict, rows: list) -> str:
+    if row.get("paired"):
+        return (f"{row['size']:6s} N={row['ranks']} zero {row['stage']} beside DDP, interleaved: step "
+                f"{row['step_s']:.3f} s vs {row['ddp_step_s']:.3f} s, ratio {row['ratio']:.2f}x (per-step "
+                f"{row['ratio_min']:.2f}..{row['ratio_max']:.2f})")
     base = [r for r in rows if r["size"] == row["size"] and r["ranks"] == row["ranks"] and r["stage"] == 0]
     ratio = (f"{row['step_s'] / base[-1]['step_s']:.2f}x step, {row['peak_rss'] / base[-1]['peak_rss']:.2f}x RSS "
              "vs DDP" if base else "")
@@ -155,6 +174,9 @@ def main(argv=None) -> None:
     p.add_argument("--backend", default="ring", help="communicator backend")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="bucket / group cap in MiB")
     p.add_argument("--json", default=None, help="sweep: also write the rows to this JSON file")
+    p.add_argument("--paired", action="store_true",
+                   help="time the stage against DDP in the same job, steps interleaved (memory columns then "
+                        "count both); the sweep adds one such run per stage > 0")
     args = p.parse_args(argv)
     if args.worker:
         worker(args)

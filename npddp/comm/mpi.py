@@ -231,8 +231,8 @@ class MPICommunicator(c.Backend):
         """MPI_Ireduce_scatter with ``np.array_split`` block counts into ``out`` (this rank's block)."""
         c.check_op(op)
         c.check_buffer(buf, writable=False)
+        scale = c.average_scale(op, buf, self._size)   # op avg: MPI sums, the block is scaled on completion
         out = c.check_block_out(buf, out, self._size, self._rank)
-        scale = c.average_scale(op, buf, self._size)
         self._check_usable()
         flat = buf.reshape(-1)
         if self._size == 1 or flat.size == 0:
@@ -240,7 +240,7 @@ class MPICommunicator(c.Backend):
             return DoneWork(out)
         counts = np.diff(c.block_bounds(flat.size, self._size)).tolist()
         self._calls += 1
-        request = self.comm.Ireduce_scatter(flat, out, recvcounts=counts, op=_MPI_OPS.get(op, MPI.SUM))
+        request = self.comm.Ireduce_scatter(flat, out, recvcounts=counts, op=_MPI_OPS["sum" if scale else op])
         return MPIWork(self, request, out, "ireduce_scatter", scale)
 
     def iallgather(self, buf, out=None):

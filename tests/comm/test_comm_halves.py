@@ -28,8 +28,14 @@ def test_ireduce_scatter_exact_and_as_blocking(comm, group, values, assert_all_r
                 if got is not out or not np.array_equal(got, want):
                     problems.append(f"n={n} {dtype} {op}: got {got[:4]}, expected {want[:4]}")
         y = rng.standard_normal(n).astype(np.float32)  # rounded sums: the order of addition shows in the bits
-        if comm.ireduce_scatter(y).wait().tobytes() != comm.reduce_scatter(y).tobytes():
-            problems.append(f"n={n}: non-blocking bits differ from the blocking call's")
+        for op in ("sum", "avg"):
+            if comm.ireduce_scatter(y, op).wait().tobytes() != comm.reduce_scatter(y, op).tobytes():
+                problems.append(f"n={n} {op}: non-blocking bits differ from the blocking call's")
+        for dtype in ("float16", "float32", "float64"):   # avg: the exact sum of small integers, divided once
+            x = values.rank(n, comm.rank, dtype, "sum")
+            want = (np.array_split(values.expected(n, k, "float64", "sum"), k)[comm.rank] / k).astype(dtype)
+            if not np.allclose(comm.ireduce_scatter(x, "avg").wait(), want, rtol=1e-3 if dtype == "float16" else 1e-6):
+                problems.append(f"n={n} {dtype} avg is not the sum / {k}")
         gathered.append(comm.iallgather(comm.ireduce_scatter(y).wait()[:1].copy() if n >= k else
                                         np.zeros(1, np.float32)).wait())
     assert_ranks_agree_on_all(gathered, group)
@@ -106,6 +112,7 @@ def test_bad_arguments_raise_before_any_message(comm, group, assert_all_ranks):
     k, problems = comm.size, []
     x = np.zeros(2 * k + 1, dtype=np.float32)
     bad = [(lambda: comm.ireduce_scatter(x, "mean"), ValueError, "valid ops"),
+           (lambda: comm.ireduce_scatter(x.astype(np.int32), "avg"), TypeError, "floating dtype"),
            (lambda: comm.ireduce_scatter(x.astype(np.int8)), TypeError, "valid dtypes"),
            (lambda: comm.ireduce_scatter(x, out=np.empty(99, np.float32)), ValueError, "expected shape"),
            (lambda: comm.ireduce_scatter(x, out=np.empty(3 if comm.rank == 0 else 2, np.float64)), ValueError,

@@ -316,15 +316,14 @@ class P2PCommunicator(c.Backend):
         """Start :meth:`reduce_scatter` (the same ring half, the same bits) into ``out`` (this rank's block)."""
         ufunc = c.check_op(op)
         c.check_buffer(buf, writable=False)
-        out = c.check_block_out(buf, out, self._size, self._rank)
         scale = c.average_scale(op, buf, self._size)
+        out = c.check_block_out(buf, out, self._size, self._rank)
         call = self._begin("ireduce_scatter")
         flat = buf.reshape(-1)
         if self._size == 1 or flat.size == 0:
             np.copyto(out, flat)
             return DoneWork(out)
-        call.scale = scale  # op avg: applied to this rank's block on completion, as the blocking call does
-        return ReduceScatterWork(call, self._ring, flat, ufunc, out)
+        return ReduceScatterWork(call, self._ring, flat, ufunc, out, scale)
 
     def iallgather(self, buf, out=None):
         """Start :meth:`allgather` into ``out`` of shape ``(size, *buf.shape)``; ``buf`` may be ``out[rank]``."""

@@ -120,8 +120,8 @@ class NaiveCommunicator(P2PCommunicator):
         """:meth:`reduce_scatter`'s rounds (the same bits), non-blocking: rank 0 reduces in rank order."""
         ufunc = c.check_op(op)
         c.check_buffer(buf, writable=False)
-        out = c.check_block_out(buf, out, self._size, self._rank)
         scale = c.average_scale(op, buf, self._size)
+        out = c.check_block_out(buf, out, self._size, self._rank)
         call = self._begin("ireduce_scatter")
         flat = buf.reshape(-1)
         if flat.size == 0 or self._size == 1:
@@ -134,7 +134,7 @@ class NaiveCommunicator(P2PCommunicator):
         total, got = np.frombuffer(raw, dtype=buf.dtype, count=2 * flat.size).reshape(2, -1)  # (n,) each
         np.copyto(total, flat)
         rounds = [((), [(got, source)], partial(ufunc, total, got, out=total)) for source in range(1, self._size)]
-        if scale:  # op avg: rank 0 scales the whole reduction before it sends the blocks, as the blocking call does
+        if scale:  # op avg: the sum scaled before the blocks go out, as the blocking call does
             rounds.append(((), (), partial(np.multiply, total, scale, out=total)))
         rounds.append(([(total[bounds[d]:bounds[d + 1]], d) for d in range(1, self._size)], (),
                        partial(np.copyto, out, total[:bounds[1]])))

@@ -202,18 +202,20 @@ class RingWork(P2PWork):
 class ReduceScatterWork(RingWork):
     """The ring's first half into a pooled partials vector; on completion this rank's block is copied to ``out``."""
 
-    __slots__ = ("_block", "_own", "_partials_raw")
+    __slots__ = ("_block", "_own", "_partials_raw", "_block_scale")
 
-    def __init__(self, call, ring: Ring, flat, ufunc, out):
+    def __init__(self, call, ring: Ring, flat, ufunc, out, scale: float = 0.0):
         ctx = ring.ctx
         plan = ring.plan(flat.size, flat.itemsize, "reduce_scatter")
-        self._block, self._own = out, plan.own
+        self._block, self._own, self._block_scale = out, plan.own, scale   # scale: op avg's 1/N, else 0
         self._partials_raw = ctx.scratch.acquire(flat.nbytes)
         partials = np.frombuffer(self._partials_raw, dtype=flat.dtype, count=flat.size)  # (n,)
         super().__init__(call, ctx, flat, partials, ufunc, plan, out)
 
     def _release(self):
         np.copyto(self._block, self._dst[self._own])
+        if self._block_scale:
+            np.multiply(self._block, self._block_scale, out=self._block)
         super()._release()
         self._dst = None
         self._pool.release(self._partials_raw)

@@ -257,6 +257,7 @@ class DebugCommunicator:
         """Checked ireduce_scatter; the wrapped backend's Work handle is returned as is."""
         c.check_op(op)
         c.check_buffer(buf, writable=False)
+        c.average_scale(op, buf, self.size)
         c.check_block_out(buf, out, self.size, self.rank)
         self._check("ireduce_scatter", buf, op=op)
         return self.inner.ireduce_scatter(buf, op, out)

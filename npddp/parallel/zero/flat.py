@@ -8,7 +8,7 @@ rank's :attr:`shard` is a Parameter whose ``data`` is its slice of the values an
 ``grad`` is a separate buffer of ``s`` elements: the optimizer steps it, elementwise, exactly
 as it would step the whole parameters.
 
-* reduce: ``ireduce_scatter(grads, out=shard.grad)``, then the sum becomes the average;
+* reduce: ``ireduce_scatter(grads, "avg", out=shard.grad)``: the average of the rank's shard;
 * gather: ``iallgather(shard.data, out=values)``, in place (the shard is the rank's own row);
 * ZeRO-3 frees the values between uses (:meth:`release`): every ``p.data`` then reads as a
   read-only array of zeros that occupies no memory, and :meth:`start_gather` brings them back;
@@ -23,35 +23,62 @@ import numpy as np
 from npddp.nn.module import Parameter
 
 
+class BufferPool:
+    """A few freed ZeRO-3 buffers kept for reuse, so gathering does not fault in fresh pages every time."""
+
+    __slots__ = ("_free", "keep")
+
+    def __init__(self, keep: int = 2):
+        self._free: list[np.ndarray] = []
+        self.keep = keep
+
+    def take(self, n: int, dtype) -> np.ndarray:
+        """A ``(n,)`` array of ``dtype`` (contents undefined): a kept one if one fits exactly, else a new one."""
+        for i, a in enumerate(self._free):
+            if a.size == n and a.dtype == dtype:
+                return self._free.pop(i)
+        return np.empty(n, dtype=dtype)
+
+    def give(self, a: np.ndarray) -> None:
+        """Keep ``a`` for reuse (the oldest kept one is dropped beyond ``keep``)."""
+        self._free.append(a)
+        if len(self._free) > self.keep:
+            self._free.pop(0)
+
+
 class FlatGroup:
     """Parameters of one dtype as padded flat values and gradients, with this rank's shard."""
 
     __slots__ = ("index", "params", "comm", "numel", "padded", "shard_size", "offsets", "values", "grads",
-                 "shard", "reports", "pending", "work", "gather_work", "live", "reduced", "_owned", "_dtype")
+                 "shard", "reports", "pending", "work", "gather_work", "live", "reduced", "_owned", "_dtype", "pool")
 
-    def __init__(self, index: int, params: list[Parameter], comm, sharded_values: bool = False):
+    def __init__(self, index: int, params: list[Parameter], comm, sharded_values: bool = False, pool=None):
         self.index, self.params, self.comm = index, params, comm
+        self.pool = BufferPool() if pool is None else pool
         size, rank = comm.size, comm.rank
         dtype = self._dtype = params[0].data.dtype
         self.numel = sum(p.data.size for p in params)
         self.shard_size = -(-self.numel // size)
         self.padded = self.shard_size * size
         self.offsets = np.cumsum([0] + [p.data.size for p in params]).tolist()
-        self.grads = np.zeros(self.padded, dtype=dtype)    # (padded,)
         values = np.zeros(self.padded, dtype=dtype)        # (padded,)
         for p, lo in zip(params, self.offsets):
             values[lo:lo + p.data.size] = p.data.reshape(-1)
-            self.grads[lo:lo + p.data.size] = p.grad.reshape(-1)
-            p.grad = self.grads[lo:lo + p.data.size].reshape(p.data.shape)
         mine = slice(rank * self.shard_size, (rank + 1) * self.shard_size)
+        self.grads = None
         if sharded_values:   # ZeRO-3: only the shard is kept; values and gradients exist while needed
             self._owned = values[mine].copy()               # (shard_size,)
             self.values = None
+            del values
             for p in params:
                 p.data = _absent(p.data.shape, dtype)
-            self.drop_grads()
+                p.grad = _absent(p.data.shape, dtype)       # ZeRO-3 starts from zero gradients
         else:
             self._owned, self.values = None, values
+            self.grads = np.zeros(self.padded, dtype=dtype)    # (padded,)
+            for p, lo in zip(params, self.offsets):
+                self.grads[lo:lo + p.data.size] = p.grad.reshape(-1)
+                p.grad = self.grads[lo:lo + p.data.size].reshape(p.data.shape)
             self._bind(values)
         self.shard = Parameter(self._owned if sharded_values else values[mine])
         self.reports = self.pending = len(params)
@@ -66,8 +93,8 @@ class FlatGroup:
 
     @property
     def buffer(self) -> np.ndarray:
-        """The flat gradients (what DDP calls a bucket's buffer)."""
-        return self.grads
+        """The flat gradients (what DDP calls a bucket's buffer; ZeRO-3 between backwards: zeros, no memory)."""
+        return self.grads if self.grads is not None else _absent((self.padded,), self._dtype)
 
     def _bind(self, values: np.ndarray) -> None:
         """Make every ``p.data`` a view into ``values``."""
@@ -78,12 +105,15 @@ class FlatGroup:
     def ensure_grads(self) -> None:
         """ZeRO-3: give the parameters zeroed full gradients to accumulate into (before a backward uses them)."""
         if self.grads is None:
-            self.grads = np.zeros(self.padded, dtype=self._dtype)
+            self.grads = self.pool.take(self.padded, self._dtype)
+            self.grads[...] = 0
             for p, lo in zip(self.params, self.offsets):
                 p.grad = self.grads[lo:lo + p.data.size].reshape(p.data.shape)
 
     def drop_grads(self) -> None:
         """ZeRO-3: free the full gradients (once reduced into the shard); ``p.grad`` reads as zeros."""
+        if self.grads is not None:
+            self.pool.give(self.grads)
         self.grads = None
         for p in self.params:
             p.grad = _absent(p.data.shape, self._dtype)
@@ -91,14 +121,13 @@ class FlatGroup:
     def start_reduce(self) -> None:
         """Begin reducing the gradients into this rank's shard."""
         self.ensure_grads()
-        self.work = self.comm.ireduce_scatter(self.grads, out=self.shard.grad)
+        self.work = self.comm.ireduce_scatter(self.grads, "avg", out=self.shard.grad)   # summed, scaled by 1/N once
 
     def finish_reduce(self) -> None:
-        """Wait for the reduction; the shard's gradient becomes the average over ranks (ZeRO-3: full ones freed)."""
+        """Wait for the reduction: the shard's gradient is the average over ranks (ZeRO-3: full ones freed)."""
         self.work.wait()
         self.work = None
         self.reduced = True
-        np.divide(self.shard.grad, self.comm.size, out=self.shard.grad, casting="same_kind")
         if self._owned is not None:
             self.drop_grads()
 
@@ -108,7 +137,7 @@ class FlatGroup:
         if self.gather_work is not None or (self.live and self._owned is not None):
             return
         if self._owned is not None:
-            self.values = np.empty(self.padded, dtype=self.dtype)
+            self.values = self.pool.take(self.padded, self._dtype)
             rows = self.values.reshape(self.comm.size, -1)
             rows[self.comm.rank] = self._owned
             self.gather_work = self.comm.iallgather(rows[self.comm.rank], out=rows)
@@ -136,6 +165,7 @@ class FlatGroup:
             return
         for p in self.params:
             p.data = _absent(p.data.shape, self._dtype)
+        self.pool.give(self.values)
         self.values = None
         self.live = False
 

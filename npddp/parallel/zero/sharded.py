@@ -31,7 +31,7 @@ import numpy as np
 
 from npddp.nn.module import Module, Parameter
 from npddp.parallel.ddp import BUCKET_CAP_MB, DistributedDataParallel, StepStats, _cut_buckets
-from npddp.parallel.zero.flat import FlatGroup
+from npddp.parallel.zero.flat import BufferPool, FlatGroup
 from npddp.util import tracing
 
 STAGES = (2, 3)
@@ -60,7 +60,8 @@ class ZeroDataParallel:
         for p in self._params:
             comm.broadcast(p.data, root=0)
         groups = _cut_buckets(self._params, self.bucket_cap_mb * 2**20)
-        self.buckets = [FlatGroup(i, ps, comm, sharded_values=stage == 3) for i, ps in enumerate(groups)]
+        pool = BufferPool()   # ZeRO-3: a couple of freed buffers reused by the next gathers
+        self.buckets = [FlatGroup(i, ps, comm, sharded_values=stage == 3, pool=pool) for i, ps in enumerate(groups)]
         self._layer_buckets = DistributedDataParallel._map_leaf_layers(self, model)
         self._in_backward = False
         model.register_grad_hook(self._on_layer_done)
