@@ -17,12 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 PAGES = sorted([README, *(ROOT / "docs").glob("*.md")])
 README_MAX_LINES = 300
-#: Pages the README links to that other branches of this work add; they are allowed to be missing
-#: until those branches are merged (empty this set once they are).
-WRITTEN_ELSEWHERE = {"docs/library.md", "docs/security.md", "docs/cluster.md", "docs/extending.md",
-                     "docs/hooks.md", "docs/zero.md", "docs/performance.md"}
-#: Pages the README must link to (every page of docs/, and the other branches' pages).
-REQUIRED = {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")} | WRITTEN_ELSEWHERE
+#: Pages the README must link to: every page of docs/.
+REQUIRED = {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")}
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 PARSERS = {"npddp.train": train_parser, "npddp.evaluate": evaluate_parser, "npddp.generate": generate_parser}
@@ -93,8 +89,7 @@ def test_every_relative_link_and_anchor_resolves(page):
         dest = (page.parent / path).resolve() if path else page
         shown = os.path.relpath(dest, ROOT)
         if not dest.exists():
-            if shown not in WRITTEN_ELSEWHERE:
-                bad.append(f"{target}: no file {shown}")
+            bad.append(f"{target}: no file {shown}")
             continue
         if anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             bad.append(f"{target}: no heading #{anchor} in {shown}")
