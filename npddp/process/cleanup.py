@@ -122,40 +122,31 @@ def orphans(min_age_s: float = 60.0, uid: int | None = None, directory: Path = S
     return sorted(found)
 
 
-def segment_files(directory: Path = SHM) -> set[str]:
-    """This user's files in ``directory`` named like MPI's (or npddp's) segments."""
+def _owned(directory, patterns) -> set[str]:
+    """This user's files in ``directory`` whose names match one of ``patterns``."""
     try:
         entries = list(os.scandir(directory))
     except OSError:
         return set()
     uid, found = os.getuid(), set()
     for entry in entries:
-        if any(fnmatch.fnmatch(entry.name, p) for p in PATTERNS):
+        if any(fnmatch.fnmatch(entry.name, p) for p in patterns):
             try:
                 if entry.stat(follow_symlinks=False).st_uid == uid:
                     found.add(entry.path)
             except OSError:
                 continue
     return found
+
+
+def segment_files(directory: Path = SHM) -> set[str]:
+    """This user's files in ``directory`` named like MPI's (or npddp's) segments."""
+    return _owned(directory, PATTERNS)
 
 
 def temp_leftovers(directory: str | None = None) -> set[str]:
     """This user's files in the temporary directory named like those MPICH's launcher leaves (hydra's topology file)."""
-    directory = tempfile.gettempdir() if directory is None else directory
-    try:
-        entries = list(os.scandir(directory))
-    except OSError:
-        return set()
-    uid = os.getuid()
-    found = set()
-    for entry in entries:
-        if any(fnmatch.fnmatch(entry.name, p) for p in HYDRA_TEMP_PATTERNS):
-            try:
-                if entry.stat(follow_symlinks=False).st_uid == uid:
-                    found.add(entry.path)
-            except OSError:
-                continue
-    return found
+    return _owned(tempfile.gettempdir() if directory is None else directory, HYDRA_TEMP_PATTERNS)
 
 
 class Watch:
