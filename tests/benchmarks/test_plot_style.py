@@ -26,7 +26,8 @@ def sweep(backends, transports=("mpi",)):
                 for nbytes in (1024, 4096, 16384, 65536):
                     t = (1e-5 + nbytes / 1e9) * (1 + 0.1 * i)
                     bw = nbytes / t / 1e9
-                    rows.append({"backend": backend, "transport": transport, "place": place, "algorithm": backend,
+                    rows.append({"backend": backend, "transport": transport, "place": place, "buffers": "shared",
+                                 "algorithm": backend,
                                  "bytes": nbytes, "time_median_s": t, "time_p10_s": 0.9 * t, "time_p90_s": 1.1 * t,
                                  "algbw_GBps": bw, "busbw_GBps": bw})
     return pd.DataFrame(rows)

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from npddp.comm import create
+from npddp.parallel import hooks
 from npddp.parallel.ddp import DistributedDataParallel
 from npddp.nn import mlp
 
@@ -28,13 +29,17 @@ class OpSpy:
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("backend", ["mpi", "auto", "ring"])
-@pytest.mark.parametrize("sync, compression, op", [("overlap", "none", "avg"), ("flat", "none", "avg"),
+@pytest.mark.parametrize("sync, compression, op", [("overlap", "allreduce", "avg"), ("flat", "allreduce", "avg"),
                                                     ("bucketed", "fp16", "sum")])
 def test_buckets_are_averaged_by_the_backend(backend, sync, compression, op, world, assert_all_ranks):
+    """The default hook makes one avg call per bucket; fp16 pre-divides and sums (PyTorch's order)."""
     comm = create(backend, world.fresh())
     model = mlp(6, [5], 3, dtype=np.float64, seed=1)
     ops: list = []
-    ddp = DistributedDataParallel(model, OpSpy(comm, ops), sync=sync, bucket_cap_mb=1e-4, compression=compression)
+    spy = OpSpy(comm, ops)
+    ddp = DistributedDataParallel(model, spy, sync=sync, bucket_cap_mb=1e-4)
+    if compression == "fp16":
+        ddp.register_comm_hook(spy, hooks.fp16_compress_hook)
     grads = [np.random.default_rng(comm.rank).standard_normal(b.buffer.size) for b in ddp.buckets]
     expected = [comm.allreduce(g.copy()) / comm.size for g in grads]   # the average, computed apart
     ops.clear()
