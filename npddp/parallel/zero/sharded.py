@@ -30,14 +30,15 @@ import time
 import numpy as np
 
 from npddp.nn.module import Module, Parameter
-from npddp.parallel.ddp import BUCKET_CAP_MB, DistributedDataParallel, StepStats, _cut_buckets
+from npddp.parallel.ddp import BUCKET_CAP_MB, _cut_buckets
+from npddp.parallel.wrapper import DataParallelModule, StepStats
 from npddp.parallel.zero.flat import BufferPool, FlatGroup
 from npddp.util import tracing
 
 STAGES = (2, 3)
 
 
-class ZeroDataParallel:
+class ZeroDataParallel(DataParallelModule):
     """Data parallelism with sharded gradients and optimizer state (stage 2) and parameters (stage 3)."""
 
     sync = "overlap"
@@ -56,13 +57,13 @@ class ZeroDataParallel:
         self.steps = 0
         self._sync_enabled = True
         self._params = model.parameters()
-        DistributedDataParallel._check_same_model(self)
+        self._check_same_model()
         for p in self._params:
             comm.broadcast(p.data, root=0)
         groups = _cut_buckets(self._params, self.bucket_cap_mb * 2**20)
         pool = BufferPool()   # ZeRO-3: a couple of freed buffers reused by the next gathers
         self.buckets = [FlatGroup(i, ps, comm, sharded_values=stage == 3, pool=pool) for i, ps in enumerate(groups)]
-        self._layer_buckets = DistributedDataParallel._map_leaf_layers(self, model)
+        self._layer_buckets = self._map_leaf_layers(model)
         self._in_backward = False
         model.register_grad_hook(self._on_layer_done)
         model.trace_layers(self.tracer, tracing.COMPUTE)
@@ -130,24 +131,6 @@ class ZeroDataParallel:
                 g.release()
 
     # --- forward / backward --------------------------------------------------------------------
-    def forward(self, x: np.ndarray) -> np.ndarray:
-        """Run the wrapped model's forward."""
-        t0 = time.perf_counter()
-        out = self.module.forward(x)
-        self.stats = StepStats(forward_s=time.perf_counter() - t0)
-        return out
-
-    __call__ = forward
-
-    @contextlib.contextmanager
-    def no_sync(self):
-        """Within this context backward only accumulates local gradients; the next synced backward reduces the sum."""
-        previous, self._sync_enabled = self._sync_enabled, False
-        try:
-            yield
-        finally:
-            self._sync_enabled = previous
-
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """Backward through the model; every rank ends with the rank-averaged gradient of its shards."""
         reducing = self._sync_enabled
@@ -209,34 +192,12 @@ class ZeroDataParallel:
         """This rank's shard of every group, as Parameters for the optimizer (one per group)."""
         return [g.shard for g in self.buckets]
 
-    def reduce_metrics(self, sums) -> np.ndarray:
-        """Sum metric totals over ranks; float64."""
-        totals = np.array(sums, dtype=np.float64).reshape(-1)
-        return self.comm.allreduce(totals)
-
     def zero_grad(self) -> None:
         """Zero every gradient (the full local ones and the shards)."""
         for g in self.buckets:
             if g.grads is not None:
                 g.grads[...] = 0
             g.shard.grad[...] = 0
-
-    def parameters(self) -> list:
-        """The wrapped model's parameters (each once)."""
-        return list(self._params)
-
-    def named_parameters(self):
-        """The wrapped model's named parameters."""
-        return self.module.named_parameters()
-
-    def train(self, mode: bool = True):
-        """Set training mode on the wrapped model."""
-        self.module.train(mode)
-        return self
-
-    def eval(self):
-        """Set evaluation mode on the wrapped model."""
-        return self.train(False)
 
     def bytes_per_rank(self) -> dict:
         """Bytes this rank keeps between steps: parameter values and gradients (the optimizer's: its own)."""

@@ -1,0 +1,140 @@
+"""What every data-parallel wrapper of a model shares (DDP and the ZeRO stages).
+
+The model check at construction, which bucket each leaf layer's parameters fall in, forward,
+``no_sync``, metric sums and the pass-throughs to the wrapped model. A subclass sets ``module``,
+``comm``, ``stats``, ``buckets`` (each with ``params``), ``_params`` and ``_sync_enabled``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from npddp.nn.module import Module, Parameter
+
+
+@dataclass
+class StepStats:
+    """Timings (seconds) and traffic of the last training step on this rank."""
+
+    forward_s: float = 0.0
+    backward_s: float = 0.0       # wall time of model.backward, hooks and issued comm included
+    comm_issue_s: float = 0.0     # time inside communication calls made during backward
+    comm_exposed_s: float = 0.0   # time spent communicating after backward returned
+    optimizer_s: float = 0.0
+    comm_calls: int = 0           # collective calls this step
+    comm_bytes: int = 0           # bytes all-reduced this step (per rank)
+
+    def as_dict(self) -> dict:
+        """The fields as a plain dict."""
+        return asdict(self)
+
+
+def _signature(model: Module) -> bytes:
+    """One line per parameter: name, shape and dtype."""
+    lines = [f"{name} {tuple(p.data.shape)} {p.data.dtype}" for name, p in model.named_parameters()]
+    return "\n".join(lines).encode()
+
+
+class DataParallelModule:
+    """The parts of a data-parallel wrapper that do not depend on how gradients travel."""
+
+    def _check_same_model(self) -> None:
+        """Raise on every rank if any rank's parameter names, shapes or dtypes differ from rank 0's."""
+        mine = np.frombuffer(_signature(self.module), dtype=np.uint8)
+        length = np.array([mine.size], dtype=np.int64)
+        longest = int(self.comm.allreduce(length.copy(), op="max")[0])
+        padded = np.zeros(longest, dtype=np.uint8)
+        padded[:mine.size] = mine
+        lengths = self.comm.allgather(length)[:, 0]               # (size,)
+        # uint8 is not a reduction dtype; ship the bytes as int32 for a portable allgather
+        table = self.comm.allgather(padded.astype(np.int32))     # (size, longest)
+        sigs = [bytes(table[r, :lengths[r]].astype(np.uint8)).decode().split("\n")
+                for r in range(self.comm.size)]
+        for r in range(1, self.comm.size):
+            if sigs[r] == sigs[0]:
+                continue
+            for i in range(max(len(sigs[0]), len(sigs[r]))):
+                a = sigs[0][i] if i < len(sigs[0]) else "<none>"
+                b = sigs[r][i] if i < len(sigs[r]) else "<none>"
+                if a != b:
+                    raise ValueError(f"model mismatch: rank {r} differs from rank 0 at parameter #{i}: "
+                                     f"rank 0 has '{a}', rank {r} has '{b}'")
+
+    def _map_leaf_layers(self, model: Module) -> dict:
+        """id(leaf layer) -> the bucket of each of its parameters; sets how many reports fill each bucket."""
+        bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        leaves = [m for _, m in model.named_modules() if next(m.children(), None) is None]
+        owned = [(m, m.parameters()) for m in leaves]
+        reports = Counter(id(p) for _, params in owned for p in params)
+        for b in self.buckets:  # a parameter shared by k leaves (tied weights) is final after k reports;
+            counts = [reports[id(p)] for p in b.params]  # one that no leaf reports waits for the end
+            b.reports = b.pending = sum(counts) if all(counts) else -1
+        return {id(m): [bucket_of[id(p)] for p in params] for m, params in owned if params}
+
+    # --- forward / backward ---------------------------------------------------------
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """Run the wrapped model's forward."""
+        t0 = time.perf_counter()
+        out = self.module.forward(x)
+        self.stats = StepStats(forward_s=time.perf_counter() - t0)
+        return out
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.forward(x)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Within this context backward only accumulates local gradients; the next synced backward reduces the sum."""
+        previous, self._sync_enabled = self._sync_enabled, False
+        try:
+            yield
+        finally:
+            self._sync_enabled = previous
+
+    def _reducing(self) -> bool:
+        return self._sync_enabled and self.comm.size > 1
+
+    def reduce_metrics(self, sums) -> np.ndarray:
+        """Sum metric totals (loss sums, correct counts, sample counts) over ranks, in place like every collective.
+
+        An ndarray is updated and returned (summed in float64; any dtype or layout, the sums written
+        back into it); a list or number gives a new float64 array. ValueError for a read-only array.
+        """
+        if not isinstance(sums, np.ndarray):
+            return self.comm.allreduce(np.array(sums, dtype=np.float64))
+        if not sums.flags.writeable:
+            raise ValueError("reduce_metrics sums in place, but the array given is read-only; pass a writable "
+                             "array (or a list, to get a new one)")
+        if sums.dtype == np.float64 and sums.flags.c_contiguous:
+            self.comm.allreduce(sums)
+            return sums
+        totals = np.array(sums, dtype=np.float64)             # a contiguous float64 copy, written back below
+        self.comm.allreduce(totals)
+        sums[...] = totals
+        return sums
+
+    def parameters(self) -> list[Parameter]:
+        """The wrapped model's parameters (each once)."""
+        return list(self._params)
+
+    def named_parameters(self):
+        """The wrapped model's named parameters."""
+        return self.module.named_parameters()
+
+    def train(self, mode: bool = True):
+        """Set training mode on the wrapped model."""
+        self.module.train(mode)
+        return self
+
+    def eval(self):
+        """Set evaluation mode on the wrapped model."""
+        return self.train(False)
+
+    def full_parameters(self):
+        """A context within which every parameter holds its full value: always so here (ZeRO-3 gathers them)."""
+        return contextlib.nullcontext()
