@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from npddp.train.shardread import ShardError, assemble
 from npddp.util.atomicfile import atomic_h5
 from npddp.util.runinfo import SCHEMA_VERSION, read_attrs, write_attrs
 
@@ -234,8 +235,10 @@ def read(path) -> Checkpoint:
                 raise CheckpointError(f"checkpoint {path!r} {whole}")
             ckpt = _from_file(f, attrs)
             if attrs.get("sharded"):          # --zero: the index of shard files (npddp.train.shardfiles)
-                from npddp.train.shardfiles import assemble
-                ckpt = assemble(path, f, ckpt)
+                try:
+                    ckpt = assemble(path, f, ckpt)
+                except ShardError as exc:
+                    raise CheckpointError(str(exc)) from None
         except CheckpointError:
             raise
         except (KeyError, ValueError, TypeError, OSError, RuntimeError) as exc:

@@ -167,6 +167,7 @@ class Trainer:
                 if "checkpoint" in what and self.pending is not None:
                     target = self.cfg.checkpoint
                     checkpoint.write(target, self.pending)
+                    shardfiles.remove_old_steps(target, keep="")    # a sharded set this whole file replaces
             except OSError as exc:
                 message = (f"cannot write {target}: {exc.strerror or exc}; the previous file is kept, "
                            "training stopped")
