@@ -78,6 +78,8 @@ def test_written_on_three_ranks_resumed_on_two_with_another_stage_reaches_ddps_p
     ok(train(tmp_path, "--checkpoint", "z.h5", "--resume", "--zero", "3", "--progress", "none", n=2))
     assert len(os.listdir(tmp_path / step_dirs(tmp_path)[0])) == 2
     assert relative(params_of(tmp_path / "z.h5"), ddp_gpt) < 1e-12
+    ok(train(tmp_path, "--checkpoint", "z.h5", "--resume", "--zero", "0", "--epochs", "3", "--progress", "none"))
+    assert step_dirs(tmp_path) == [] and checkpoint.read(str(tmp_path / "z.h5")).step == 12   # whole format again
 
 
 @pytest.fixture
