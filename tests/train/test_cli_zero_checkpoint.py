@@ -39,12 +39,14 @@ def one_error(proc) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("flags, stage, n", [(MLP, 1, 2), (GPT, 2, 3), (GPT, 3, 2)])
-def test_each_rank_writes_its_shard_and_a_resume_at_the_same_world_size_is_bit_identical(tmp_path, flags, stage, n):
+@pytest.mark.parametrize("flags, stage, n, launcher", [(MLP, 1, 2, "mpirun"), (GPT, 2, 3, "mpirun"),
+                                                      (GPT, 3, 2, "mpirun"), (MLP, 2, 2, "npddp.run")])
+def test_each_rank_writes_its_shard_and_a_resume_at_the_same_world_size_is_bit_identical(tmp_path, flags, stage, n,
+                                                                                         launcher):
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     whole.mkdir(), parts.mkdir()
-    ok(train(whole, *flags, "--zero", stage, "--checkpoint", "z.h5", n=n))
-    ok(train(parts, *flags, "--zero", stage, "--checkpoint", "z.h5", "--max-steps", "3", n=n))
+    ok(train(whole, *flags, "--zero", stage, "--checkpoint", "z.h5", n=n, launcher=launcher))
+    ok(train(parts, *flags, "--zero", stage, "--checkpoint", "z.h5", "--max-steps", "3", n=n, launcher=launcher))
     assert step_dirs(parts) == ["z.h5.step-00000003"]
     shards = sorted(os.listdir(parts / "z.h5.step-00000003"))
     assert shards == [shardfiles.shard_name(r, n) for r in range(n)]
@@ -56,7 +58,7 @@ def test_each_rank_writes_its_shard_and_a_resume_at_the_same_world_size_is_bit_i
     with h5py.File(parts / "z.h5", "r") as f:                  # the index holds no parameter
         assert f.attrs["sharded"] and len(f["params"]) == 0 and list(f["shards"]["sizes"][()]) == \
             [os.path.getsize(parts / "z.h5.step-00000003" / s) for s in shards]
-    proc = ok(train(parts, "--checkpoint", "z.h5", "--resume", "--progress", "none", n=n))
+    proc = ok(train(parts, "--checkpoint", "z.h5", "--resume", "--progress", "none", n=n, launcher=launcher))
     assert "bit-identical to an uninterrupted run" in proc.stdout, proc.stdout
     assert step_dirs(parts) == step_dirs(whole) and len(step_dirs(parts)) == 1   # the step-3 set is gone
     a, b = whole_state(whole / "z.h5"), whole_state(parts / "z.h5")
