@@ -137,6 +137,8 @@ def save(comm, path, *, stage: int, named_params, engine, optimizer, **collect_k
         message = f"cannot write {target}: {exc.strerror or exc}; the previous checkpoint is kept, training stopped"
     message = agree(comm, message)
     if message:
+        if comm.rank == 0:                                 # the incomplete new set; the index names the old one
+            shutil.rmtree(directory, ignore_errors=True)
         raise JobError(message, EXIT_WRITE)
     table = comm.gather(info, root=0)                      # (size, 2) on rank 0
     if comm.rank == 0:
@@ -152,6 +154,8 @@ def save(comm, path, *, stage: int, named_params, engine, optimizer, **collect_k
             message = f"cannot write {path}: {exc.strerror or exc}; the previous checkpoint is kept, training stopped"
         if message is None:
             remove_old_steps(path, keep=directory)
+        else:
+            shutil.rmtree(directory, ignore_errors=True)
     message = agree(comm, message)
     if message:
         raise JobError(message, EXIT_WRITE)

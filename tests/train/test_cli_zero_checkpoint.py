@@ -13,6 +13,7 @@ import pytest
 from npddp.train import checkpoint, shardfiles
 
 from tests.train.test_cli import _env, _mpirun, ok, train
+from tests.train.test_cli_failures import LIMITED
 from tests.train.test_cli_zero import GPT, params_of, relative
 
 MLP = ["--train-samples", "192", "--val-samples", "48", "--batch-size", "24", "--hidden", "16", "--epochs", "2",
@@ -156,3 +157,17 @@ def test_a_crash_between_the_shards_and_the_index_leaves_the_previous_set_loadab
     a, b = whole_state(whole / "z.h5"), whole_state(tmp_path / "z.h5")
     assert all(np.array_equal(a[k], b[k]) for k in a) and sorted(a) == sorted(b)
     assert step_dirs(tmp_path) == step_dirs(whole)
+
+
+def test_a_shard_write_that_fails_is_one_line_exit_4_and_the_previous_set_survives(tmp_path):
+    ok(train(tmp_path, *MLP, "--zero", "2", "--checkpoint", "z.h5", "--max-steps", "5"))
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    state = whole_state(tmp_path / "z.h5")
+    command = [_mpirun(), "-n", "2", sys.executable, "-c", LIMITED, "--checkpoint", "z.h5", "--resume"]
+    proc = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "cannot write z.h5.step-" in lines[0] and "File too large" in lines[0], lines
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before            # no new step directory, no temp file
+    after = whole_state(tmp_path / "z.h5")
+    assert checkpoint.read(str(tmp_path / "z.h5")).step == 5 and all(np.array_equal(state[k], after[k]) for k in state)
