@@ -121,7 +121,7 @@ def save(comm, path, *, stage: int, named_params, engine, optimizer, **collect_k
 
     ``collect_kwargs`` are :func:`npddp.train.state.collect`'s (position, totals, config, ...).
     """
-    path = os.fspath(path)
+    path, named_params = os.fspath(path), list(named_params)
     step = int(collect_kwargs["position"][2])
     directory = step_dir(path, step)
     name = shard_name(comm.rank, comm.size)

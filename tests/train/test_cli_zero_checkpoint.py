@@ -171,3 +171,15 @@ def test_a_shard_write_that_fails_is_one_line_exit_4_and_the_previous_set_surviv
     assert sorted(p.name for p in tmp_path.rglob("*")) == before            # no new step directory, no temp file
     after = whole_state(tmp_path / "z.h5")
     assert checkpoint.read(str(tmp_path / "z.h5")).step == 5 and all(np.array_equal(state[k], after[k]) for k in state)
+
+
+def test_only_other_step_directories_of_the_same_index_are_removed(tmp_path):
+    for name in ["z.h5.step-00000003", "z.h5.step-00000006", "y.h5.step-00000003", "z.h5.step-x"]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "rank-00000-of-00001.h5").write_bytes(b"x")
+    (tmp_path / "z.h5.step-00000009").write_bytes(b"a file, not a directory")
+    shardfiles.remove_old_steps(str(tmp_path / "z.h5"), keep=shardfiles.step_dir(tmp_path / "z.h5", 6))
+    assert sorted(os.listdir(tmp_path)) == ["y.h5.step-00000003", "z.h5.step-00000006", "z.h5.step-00000009",
+                                            "z.h5.step-x"]
+    shardfiles.remove_old_steps(str(tmp_path / "z.h5"), keep="")
+    assert sorted(os.listdir(tmp_path)) == ["y.h5.step-00000003", "z.h5.step-00000009", "z.h5.step-x"]
