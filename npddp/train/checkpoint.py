@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from npddp.train.shardread import ShardError, assemble
 from npddp.util.atomicfile import atomic_h5
 from npddp.util.runinfo import SCHEMA_VERSION, read_attrs, write_attrs
 
@@ -161,10 +162,11 @@ def _verify(f, path: str) -> None:
 
 # ----------------------------------------------------------------------------- file I/O (rank 0)
 
-def write(path, ckpt: Checkpoint) -> None:
+def write(path, ckpt: Checkpoint, extra=None) -> None:
     """Write ``ckpt`` to ``path`` atomically, with checksums: a crash leaves the previous file or this one.
 
     OSError (disk full, I/O error) leaves the previous file untouched and no temporary file.
+    ``extra(f)``, when given, adds to the open file before it is sealed (a sharded checkpoint's index).
     """
     with atomic_h5(path, finish=_with_header, userblock_size=_BLOCK) as f:
         write_attrs(f, ckpt.attrs)
@@ -192,6 +194,8 @@ def write(path, ckpt: Checkpoint) -> None:
         g = f.create_group("progress")
         g.create_dataset("totals", data=np.asarray(ckpt.totals, dtype=np.float64))
         g["totals"].attrs["columns"] = json.dumps(list(ckpt.totals_columns))
+        if extra is not None:
+            extra(f)
         _seal(f)
 
 
@@ -230,6 +234,11 @@ def read(path) -> Checkpoint:
             if whole:
                 raise CheckpointError(f"checkpoint {path!r} {whole}")
             ckpt = _from_file(f, attrs)
+            if attrs.get("sharded"):          # --zero: the index of shard files (npddp.train.shardfiles)
+                try:
+                    ckpt = assemble(path, f, ckpt)
+                except ShardError as exc:
+                    raise CheckpointError(str(exc)) from None
         except CheckpointError:
             raise
         except (KeyError, ValueError, TypeError, OSError, RuntimeError) as exc:

@@ -41,6 +41,7 @@ from npddp.train import outputs
 from npddp.train import resume
 from npddp.train import state
 from npddp.train import sharding
+from npddp.train import shardfiles
 from npddp.process import threads
 from npddp.train.agree import agree, any_rank
 from npddp.train.banner import header, summary, transport_of
@@ -166,6 +167,7 @@ class Trainer:
                 if "checkpoint" in what and self.pending is not None:
                     target = self.cfg.checkpoint
                     checkpoint.write(target, self.pending)
+                    shardfiles.remove_old_steps(target, keep="")    # a sharded set this whole file replaces
             except OSError as exc:
                 message = (f"cannot write {target}: {exc.strerror or exc}; the previous file is kept, "
                            "training stopped")
@@ -190,6 +192,9 @@ class Trainer:
         traced = self.ddp.tracer.clock()
         with self.ddp.full_parameters():       # ZeRO-3 gathers the parameters here
             self.check_parameters(collective=True)
+            sharded = bool(self.cfg.zero) and self.cfg.checkpoint is not None and self.saved_at != self.step
+            if sharded:                          # --zero: every rank writes its shard after the metrics
+                self.saved_at = self.step
             if self.cfg.checkpoint is not None and self.saved_at != self.step:
                 self.pending = state.collect(
                     self.comm, named_params=self.model.named_parameters(), optimizer=self.optimizer,
@@ -200,6 +205,14 @@ class Trainer:
                     attrs={k: v for k, v in self.attrs.items() if k != "config"}, local_sgd=self.averager is not None)
                 self.saved_at = self.step
         self.write_files(("metrics", "checkpoint"), status)
+        if sharded:
+            shardfiles.save(
+                self.comm, self.cfg.checkpoint, stage=self.cfg.zero, named_params=self.model.named_parameters(),
+                engine=self.ddp, optimizer=self.optimizer, ddp=self.ddp, dropouts=self.dropouts,
+                position=(self.epochs_done, self.batches_done, self.step), totals=self.totals,
+                totals_columns=TOTALS, config=self.attrs["config"], backend=self.cfg.backend,
+                optimizer_name=self.cfg.optimizer, input_shape=self.input_shape, num_classes=self.num_classes,
+                attrs={k: v for k, v in self.attrs.items() if k != "config"})
         self.ddp.tracer.add(traced, self.trace_save, tracing.CHECKPOINT)
 
     # --- steps -------------------------------------------------------------------------

@@ -5,7 +5,8 @@ and ``3`` a :class:`~npddp.parallel.zero.ZeroDataParallel` with a
 :class:`~npddp.parallel.zero.ShardedOptimizer`. Either optimizer is wrapped in
 :class:`CheckpointedOptimizer`, whose ``state_dict()`` consolidates on rank 0 (every rank calls
 it when a checkpoint is collected or restored), so checkpoints keep the whole-model layout of
-``--zero 0`` and a run may resume with another stage or world size.
+``--zero 0`` and a run may resume with another stage or world size. The CLI writes sharded
+checkpoints instead (:mod:`npddp.train.shardfiles`); restoring still takes the whole state.
 """
 
 from __future__ import annotations

@@ -1,0 +1,187 @@
+"""Sharded checkpoints for ``--zero 1..3``: every rank writes its own shard file, rank 0 writes the index last.
+
+Layout, for ``--checkpoint run.h5`` saved at step 12 on 2 ranks::
+
+    run.h5                              the index: a checkpoint file (same root attributes, /optimizer
+                                        scalars, /rng, /ddp, /progress, checksums) with ``sharded`` true,
+                                        no parameters, and /shards (files, sizes, crc32, stage) and
+                                        /layout (parameter names, shapes, dtypes, optimizer buffers)
+    run.h5.step-00000012/
+        rank-00000-of-00002.h5          rank 0's chunks: /params/<k>, /optimizer/<buffer>/<k>, and
+        rank-00001-of-00002.h5          /layout rows (parameter, start, length, chunk k, offset in chunk)
+
+A shard file carries its rank, world size, stage and step. Each is written atomically and the
+index, naming every shard's size and whole-file CRC-32, replaces the previous index only after
+all shards are on disk; older step directories are removed after that, so a crash at any
+moment leaves a complete set. :func:`npddp.train.checkpoint.read` assembles the whole-model
+state from the shards (so resume at any world size or stage, ``npddp.evaluate`` and
+``load_model`` take it as any checkpoint); a missing or damaged shard is a CheckpointError naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import zlib
+
+import numpy as np
+
+from npddp.parallel.zero import ZeroRedundancyOptimizer
+from npddp.process.job import EXIT_WRITE, JobError
+from npddp.train import checkpoint, state
+from npddp.train.agree import agree
+from npddp.train.shardread import SHARD_FORMAT
+from npddp.util.atomicfile import atomic_h5
+from npddp.util.runinfo import SCHEMA_VERSION
+
+_ROW = 5                                      # layout row: parameter, start, length, chunk, offset
+
+
+def step_dir(path, step: int) -> str:
+    """The directory of the shard files of ``step`` beside the index ``path``."""
+    return f"{os.fspath(path)}.step-{step:08d}"
+
+
+def shard_name(rank: int, size: int) -> str:
+    """A shard file's name inside its step directory."""
+    return f"rank-{rank:05d}-of-{size:05d}.h5"
+
+
+def _is_buffer(key: str, buffers) -> bool:
+    head, _, tail = key.rpartition(".")
+    return head in buffers and tail.isdigit()
+
+
+def local_chunks(comm, engine, optimizer):
+    """This rank's (layout rows, parameter chunks, {buffer: chunks}, optimizer scalars, buffers)."""
+    sharded = optimizer.sharded
+    local = sharded.optim.state_dict()
+    buffers = tuple(sharded.optim.buffers)
+    scalars = {k: v for k, v in local.items() if not _is_buffer(k, buffers)}
+    params = engine.parameters()
+    rows, values, chunks = [], [], {b: [] for b in buffers}
+    if isinstance(sharded, ZeroRedundancyOptimizer):       # stage 1: whole parameters per rank
+        for k, i in enumerate(sharded.partition[comm.rank]):
+            rows.append((i, 0, params[i].data.size, k, 0))
+            values.append(np.ascontiguousarray(params[i].data).reshape(-1))
+            for b in buffers:
+                chunks[b].append(np.asarray(local[f"{b}.{k}"]).reshape(-1))
+    else:                                                  # stages 2 and 3: a slice of each flat group
+        index = {id(p): i for i, p in enumerate(params)}
+        for k, g in enumerate(engine.buckets):
+            lo_r = comm.rank * g.shard_size
+            for p, lo in zip(g.params, g.offsets):
+                a, z = max(lo, lo_r), min(lo + p.data.size, lo_r + g.shard_size)
+                if a < z:
+                    rows.append((index[id(p)], a - lo, z - a, k, a - lo_r))
+            values.append(np.asarray(g.shard.data).reshape(-1))
+            for b in buffers:
+                chunks[b].append(np.asarray(local[f"{b}.{k}"]).reshape(-1))
+    return rows, values, chunks, scalars, buffers
+
+
+def write_shard(target, *, rank: int, size: int, stage: int, step: int, rows, values, chunks) -> tuple[int, int]:
+    """Write one shard file atomically; (its size in bytes, its whole-file CRC-32)."""
+    written = {}
+
+    def finish(image: bytes) -> bytes:
+        data = checkpoint._with_header(image)
+        written["size"], written["crc"] = len(data), zlib.crc32(data)
+        return data
+
+    with atomic_h5(target, finish=finish, userblock_size=checkpoint._BLOCK) as f:
+        f.attrs.update({"format": SHARD_FORMAT, "schema_version": SCHEMA_VERSION, "rank": rank,
+                        "world_size": size, "stage": stage, "step": step})
+        f.create_dataset("layout", data=np.array(rows, dtype=np.int64).reshape(-1, _ROW))
+        g = f.create_group("params")
+        for k, v in enumerate(values):
+            g.create_dataset(str(k), data=v)
+        g = f.create_group("optimizer")
+        for b, arrays in chunks.items():
+            gb = g.create_group(b)
+            for k, v in enumerate(arrays):
+                gb.create_dataset(str(k), data=v)
+        checkpoint._seal(f)
+    return written["size"], written["crc"]
+
+
+class _Scalars:
+    """Stands in for the optimizer when :func:`state.collect` gathers the rest of the state."""
+
+    def __init__(self, scalars: dict):
+        self.scalars = scalars
+
+    def state_dict(self) -> dict:
+        return dict(self.scalars)
+
+
+def save(comm, path, *, stage: int, named_params, engine, optimizer, **collect_kwargs) -> None:
+    """Collective: write this step's sharded checkpoint at ``path``; JobError (exit 4) when a write fails.
+
+    ``collect_kwargs`` are :func:`npddp.train.state.collect`'s (position, totals, config, ...).
+    """
+    path, named_params = os.fspath(path), list(named_params)
+    step = int(collect_kwargs["position"][2])
+    directory = step_dir(path, step)
+    name = shard_name(comm.rank, comm.size)
+    rows, values, chunks, scalars, buffers = local_chunks(comm, engine, optimizer)
+    meta = state.collect(comm, named_params=[], optimizer=_Scalars(scalars), **collect_kwargs)
+    info, message = np.zeros(2, dtype=np.int64), None
+    target = os.path.join(directory, name)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        info[:] = write_shard(target, rank=comm.rank, size=comm.size, stage=stage, step=step, rows=rows,
+                              values=values, chunks=chunks)
+    except OSError as exc:
+        message = f"cannot write {target}: {exc.strerror or exc}; the previous checkpoint is kept, training stopped"
+    message = agree(comm, message)
+    if message:
+        if comm.rank == 0:                                 # the incomplete new set; the index names the old one
+            shutil.rmtree(directory, ignore_errors=True)
+        raise JobError(message, EXIT_WRITE)
+    table = comm.gather(info, root=0)                      # (size, 2) on rank 0
+    if comm.rank == 0:
+        try:
+            params = engine.parameters()
+            names = {id(p): n for n, p in named_params}
+            layout = {"names": [names[id(p)] for p in params], "order": [n for n, _ in named_params],
+                      "shapes": [list(p.data.shape) for p in params],
+                      "dtypes": [p.data.dtype.name for p in params], "buffers": list(buffers)}
+            files = [f"{os.path.basename(directory)}/{shard_name(r, comm.size)}" for r in range(comm.size)]
+            _write_index(path, meta, stage=stage, files=files, table=np.asarray(table), layout=layout)
+        except OSError as exc:
+            message = f"cannot write {path}: {exc.strerror or exc}; the previous checkpoint is kept, training stopped"
+        if message is None:
+            remove_old_steps(path, keep=directory)
+        else:
+            shutil.rmtree(directory, ignore_errors=True)
+    message = agree(comm, message)
+    if message:
+        raise JobError(message, EXIT_WRITE)
+
+
+def _write_index(path: str, meta, *, stage: int, files: list, table: np.ndarray, layout: dict) -> None:
+    """Rank 0: the index file, written atomically once every shard is on disk."""
+
+    def extra(f) -> None:
+        f.attrs["sharded"] = True
+        g = f.create_group("shards")
+        g.attrs["files"] = json.dumps(files)
+        g.attrs["stage"] = int(stage)
+        g.create_dataset("sizes", data=table[:, 0].astype(np.int64))
+        g.create_dataset("crc32", data=table[:, 1].astype(np.int64))
+        g = f.create_group("layout")
+        for key, value in layout.items():
+            g.attrs[key] = json.dumps(value)
+
+    checkpoint.write(path, meta, extra=extra)
+
+
+def remove_old_steps(path: str, keep: str) -> None:
+    """Remove the step directories of ``path`` other than ``keep`` (after the index naming ``keep`` is in place)."""
+    parent, head = os.path.dirname(path) or ".", os.path.basename(path) + ".step-"
+    for entry in os.scandir(parent):
+        tail = entry.name[len(head):]
+        if entry.name.startswith(head) and tail.isdigit() and entry.name != os.path.basename(keep) and entry.is_dir():
+            shutil.rmtree(entry.path, ignore_errors=True)

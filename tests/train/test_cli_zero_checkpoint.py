@@ -1,0 +1,185 @@
+"""Sharded checkpoints of ``--zero 1..3`` end to end (subprocesses under mpirun): the files written, a resume at
+the same world size bit-identical to an uninterrupted run, a resume at another world size and stage, evaluation and
+``load_model`` from one process, a missing or damaged shard, and a crash between the shards and the index."""
+
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from npddp.train import checkpoint, shardfiles
+
+from tests.train.test_cli import _env, _mpirun, ok, train
+from tests.train.test_cli_failures import LIMITED
+from tests.train.test_cli_zero import GPT, params_of, relative
+
+MLP = ["--train-samples", "192", "--val-samples", "48", "--batch-size", "24", "--hidden", "16", "--epochs", "2",
+       "--dtype", "float64", "--optimizer", "adamw", "--lr", "0.01", "--backend", "ring", "--bucket-mb", "0.001",
+       "--progress", "none", "--threads", "1"]
+
+
+def whole_state(path) -> dict:
+    """Every parameter and optimizer array of a checkpoint, by name."""
+    ckpt = checkpoint.read(str(path))
+    return {**{f"p/{k}": np.asarray(v) for k, v in ckpt.params.items()},
+            **{f"o/{k}": np.asarray(v) for k, v in ckpt.optimizer.items()}}
+
+
+def step_dirs(cwd, name="z.h5") -> list[str]:
+    return sorted(e for e in os.listdir(cwd) if e.startswith(name + ".step-"))
+
+
+def one_error(proc) -> str:
+    """The single ``error:`` line of a failed run (exit 2)."""
+    assert proc.returncode == 2, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, proc.stdout + proc.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("flags, stage, n, launcher", [(MLP, 1, 2, "mpirun"), (GPT, 2, 3, "mpirun"),
+                                                      (GPT, 3, 2, "mpirun"), (MLP, 2, 2, "npddp.run")])
+def test_each_rank_writes_its_shard_and_a_resume_at_the_same_world_size_is_bit_identical(tmp_path, flags, stage, n,
+                                                                                         launcher):
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    whole.mkdir(), parts.mkdir()
+    ok(train(whole, *flags, "--zero", stage, "--checkpoint", "z.h5", n=n, launcher=launcher))
+    ok(train(parts, *flags, "--zero", stage, "--checkpoint", "z.h5", "--max-steps", "3", n=n, launcher=launcher))
+    assert step_dirs(parts) == ["z.h5.step-00000003"]
+    shards = sorted(os.listdir(parts / "z.h5.step-00000003"))
+    assert shards == [shardfiles.shard_name(r, n) for r in range(n)]
+    for r, name in enumerate(shards):
+        with h5py.File(parts / "z.h5.step-00000003" / name, "r") as f:
+            assert (f.attrs["format"], f.attrs["rank"], f.attrs["world_size"], f.attrs["stage"], f.attrs["step"]) \
+                   == (shardfiles.SHARD_FORMAT, r, n, stage, 3)
+            assert "params" in f and "optimizer" in f and f["layout"].shape[1] == 5
+    with h5py.File(parts / "z.h5", "r") as f:                  # the index holds no parameter
+        assert f.attrs["sharded"] and len(f["params"]) == 0 and list(f["shards"]["sizes"][()]) == \
+            [os.path.getsize(parts / "z.h5.step-00000003" / s) for s in shards]
+    proc = ok(train(parts, "--checkpoint", "z.h5", "--resume", "--progress", "none", n=n, launcher=launcher))
+    assert "bit-identical to an uninterrupted run" in proc.stdout, proc.stdout
+    assert step_dirs(parts) == step_dirs(whole) and len(step_dirs(parts)) == 1   # the step-3 set is gone
+    a, b = whole_state(whole / "z.h5"), whole_state(parts / "z.h5")
+    assert sorted(a) == sorted(b)
+    for key in a:
+        assert a[key].dtype == b[key].dtype and np.array_equal(a[key], b[key]), key
+
+
+@pytest.fixture(scope="module")
+def ddp_gpt(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("zero0")
+    ok(train(cwd, *GPT, "--zero", "0", "--checkpoint", "ref.h5"))
+    return params_of(cwd / "ref.h5")
+
+
+def test_written_on_three_ranks_resumed_on_two_with_another_stage_reaches_ddps_parameters(tmp_path, ddp_gpt):
+    ok(train(tmp_path, *GPT, "--zero", "1", "--checkpoint", "z.h5", "--max-steps", "5", n=3))
+    assert len(os.listdir(tmp_path / "z.h5.step-00000005")) == 3
+    ok(train(tmp_path, "--checkpoint", "z.h5", "--resume", "--zero", "3", "--progress", "none", n=2))
+    assert len(os.listdir(tmp_path / step_dirs(tmp_path)[0])) == 2
+    assert relative(params_of(tmp_path / "z.h5"), ddp_gpt) < 1e-12
+    ok(train(tmp_path, "--checkpoint", "z.h5", "--resume", "--zero", "0", "--epochs", "3", "--progress", "none"))
+    assert step_dirs(tmp_path) == [] and checkpoint.read(str(tmp_path / "z.h5")).step == 12   # whole format again
+
+
+@pytest.fixture
+def sharded_run(tmp_path):
+    ok(train(tmp_path, *MLP, "--zero", "2", "--checkpoint", "z.h5", "--metrics", "m.h5", n=2))
+    return tmp_path
+
+
+def test_evaluate_and_load_model_read_a_sharded_checkpoint_in_one_process(sharded_run):
+    proc = subprocess.run([sys.executable, "-m", "npddp.evaluate", "z.h5"], cwd=sharded_run, env=_env(),
+                          capture_output=True, text=True, timeout=60)
+    ok(proc)
+    assert proc.stdout.startswith("evaluate: z.h5") and "1 rank" in proc.stdout, proc.stdout
+    model = checkpoint.load_model(str(sharded_run / "z.h5"))
+    saved = checkpoint.read(str(sharded_run / "z.h5")).params
+    for name, p in model.named_parameters():
+        assert np.array_equal(p.data, saved[name]), name
+    assert np.all(np.isfinite(np.concatenate([v.ravel() for v in saved.values()])))
+
+
+@pytest.mark.parametrize("damage", ["delete", "truncate", "flip"])
+def test_a_missing_or_damaged_shard_is_one_line_naming_it_exit_2(sharded_run, damage):
+    shard = sharded_run / step_dirs(sharded_run)[0] / shardfiles.shard_name(1, 2)
+    if damage == "delete":
+        shard.unlink()
+    elif damage == "truncate":
+        os.truncate(shard, shard.stat().st_size // 2)
+    else:
+        data = bytearray(shard.read_bytes())
+        data[-100] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    want = {"delete": "is missing", "truncate": "truncated", "flip": "damaged"}[damage]
+    line = one_error(train(sharded_run, "--checkpoint", "z.h5", "--resume", "--epochs", "3", "--progress", "none"))
+    assert shardfiles.shard_name(1, 2) in line and want in line, line
+    proc = subprocess.run([sys.executable, "-m", "npddp.evaluate", "z.h5"], cwd=sharded_run, env=_env(),
+                          capture_output=True, text=True, timeout=60)
+    line = one_error(proc)
+    assert shardfiles.shard_name(1, 2) in line and want in line, line
+    with pytest.raises(checkpoint.CheckpointError, match=want):
+        checkpoint.load_model(str(sharded_run / "z.h5"))
+
+
+CRASH = """
+import os, sys
+from npddp.train import cli, shardfiles
+real, calls = shardfiles._write_index, []
+
+def crash(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 2:          # the second checkpoint: every shard is on disk, the index is not
+        os._exit(9)
+    return real(*args, **kwargs)
+
+shardfiles._write_index = crash
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_crash_between_the_shards_and_the_index_leaves_the_previous_set_loadable(tmp_path):
+    (tmp_path / "crash.py").write_text(CRASH)
+    flags = [*MLP, "--zero", "3", "--checkpoint", "z.h5", "--checkpoint-every", "3"]
+    proc = subprocess.run([_mpirun(), "-n", "2", sys.executable, "crash.py", *flags], cwd=tmp_path, env=_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0, proc.stdout
+    assert step_dirs(tmp_path) == ["z.h5.step-00000003", "z.h5.step-00000006"]   # the new shards, no index
+    assert len(os.listdir(tmp_path / "z.h5.step-00000006")) == 2
+    assert checkpoint.read(str(tmp_path / "z.h5")).step == 3
+    ok(train(tmp_path, "--checkpoint", "z.h5", "--resume", "--progress", "none"))
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    ok(train(whole, *MLP, "--zero", "3", "--checkpoint", "z.h5", "--checkpoint-every", "3"))
+    a, b = whole_state(whole / "z.h5"), whole_state(tmp_path / "z.h5")
+    assert all(np.array_equal(a[k], b[k]) for k in a) and sorted(a) == sorted(b)
+    assert step_dirs(tmp_path) == step_dirs(whole)
+
+
+def test_a_shard_write_that_fails_is_one_line_exit_4_and_the_previous_set_survives(tmp_path):
+    ok(train(tmp_path, *MLP, "--zero", "2", "--checkpoint", "z.h5", "--max-steps", "5"))
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    state = whole_state(tmp_path / "z.h5")
+    command = [_mpirun(), "-n", "2", sys.executable, "-c", LIMITED, "--checkpoint", "z.h5", "--resume"]
+    proc = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "cannot write z.h5.step-" in lines[0] and "File too large" in lines[0], lines
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before            # no new step directory, no temp file
+    after = whole_state(tmp_path / "z.h5")
+    assert checkpoint.read(str(tmp_path / "z.h5")).step == 5 and all(np.array_equal(state[k], after[k]) for k in state)
+
+
+def test_only_other_step_directories_of_the_same_index_are_removed(tmp_path):
+    for name in ["z.h5.step-00000003", "z.h5.step-00000006", "y.h5.step-00000003", "z.h5.step-x"]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "rank-00000-of-00001.h5").write_bytes(b"x")
+    (tmp_path / "z.h5.step-00000009").write_bytes(b"a file, not a directory")
+    shardfiles.remove_old_steps(str(tmp_path / "z.h5"), keep=shardfiles.step_dir(tmp_path / "z.h5", 6))
+    assert sorted(os.listdir(tmp_path)) == ["y.h5.step-00000003", "z.h5.step-00000006", "z.h5.step-00000009",
+                                            "z.h5.step-x"]
+    shardfiles.remove_old_steps(str(tmp_path / "z.h5"), keep="")
+    assert sorted(os.listdir(tmp_path)) == ["y.h5.step-00000003", "z.h5.step-00000009", "z.h5.step-x"]
