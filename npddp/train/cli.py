@@ -27,290 +27,30 @@ on one rank, with status N.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import io
-import math
 import sys
 import time
 
-import numpy as np
-
-from npddp.train import checkpoint
 from npddp.train import outputs
 from npddp.train import resume
-from npddp.train import state
 from npddp.train import sharding
-from npddp.train import shardfiles
 from npddp.process import threads
-from npddp.train.agree import agree, any_rank
+from npddp.train.agree import agree
 from npddp.train.banner import header, summary, transport_of
 from npddp.train.config import Config, ConfigError, load_plugins, parse_args
-from npddp.train.validate import check_config, parse_fault
+from npddp.train.validate import check_config
 from npddp.comm.transports.base import resolve_transport
-from npddp.data import BatchLoader, DistributedSampler, iterate_batches
 from npddp.parallel import builtin as hooks
-from npddp.parallel.averaging import PeriodicModelAverager
 from npddp.parallel.ddp import DistributedDataParallel
 from npddp.train.inputs import dataset_name, load_data, scaling_warning
 from npddp.util import env, tracing
-from npddp.process.job import EXIT_DIVERGED, EXIT_USAGE, EXIT_WRITE, JobError, open_communicator, run_main
-from npddp.train.metrics import TOTALS, MetricsLog, StepRecorder, add_to_totals, epoch_row
-from npddp.train.models import build_model, shape_rows
-from npddp.nn import CrossEntropyLoss
+from npddp.process.job import EXIT_USAGE, JobError, open_communicator, run_main
+from npddp.train.models import build_model
 from npddp.optim import make_optimizer
-from npddp.train.console import Printer, epoch_line
+from npddp.train.console import Printer
 from npddp.util.runinfo import environment
-
-_EVAL_BATCH = 1024      # validation rows per forward pass
-_EVAL_ELEMENTS = 1 << 24  # GPT: validation sequences per forward pass hold at most this many logits
-
-
-class InjectedFault(RuntimeError):
-    """The exception ``--inject-fault RANK:STEP`` raises."""
-
-
-def _what(a: np.ndarray) -> str:
-    """How an array flagged by :func:`_nonfinite` went wrong."""
-    bad = a.size - int(np.count_nonzero(np.isfinite(a)))
-    if bad:
-        return f"holds {bad} NaN or infinite value{'s' * (bad > 1)}"
-    return f"has grown beyond what {a.dtype} can square (largest magnitude {np.max(np.abs(a)):.3g})"
-
-
-def _nonfinite(arrays) -> int | None:
-    """Index of the first array whose squared norm is not finite (a NaN, an inf, or overflow), else None.
-
-    One BLAS dot per array; callers silence NumPy's overflow warnings (``np.errstate``).
-    """
-    for i, a in enumerate(arrays):
-        flat = a.ravel()
-        if not math.isfinite(flat.dot(flat)):
-            return i
-    return None
-
-
-class Trainer:
-    """The training loop and what it writes: metrics rows, checkpoints, epoch lines."""
-
-    def __init__(self, cfg: Config, comm, out: Printer, ds, model, dropouts, ddp, optimizer, attrs: dict):
-        self.cfg, self.comm, self.out = cfg, comm, out
-        self.model, self.dropouts, self.ddp, self.optimizer = model, dropouts, ddp, optimizer
-        #: local SGD (--local-sgd K): parameters averaged every K steps, gradients never
-        self.averager = PeriodicModelAverager(comm, cfg.local_sgd) if cfg.local_sgd else None
-        self.X_val, self.y_val = shape_rows(cfg.model, ds.X_val), ds.y_val
-        self.n_train, self.input_shape, self.num_classes = ds.n_train, tuple(ds.input_shape), ds.num_classes
-        sampler = DistributedSampler(ds.n_train, comm.size, comm.rank, shuffle=True, seed=cfg.seed)
-        self.loader = BatchLoader(shape_rows(cfg.model, ds.X_train), ds.y_train, sampler,
-                                  batch_size=cfg.batch_size // comm.size, reuse_buffers=True)
-        self.loss_fn = CrossEntropyLoss()
-        self.recorder = StepRecorder()
-        self.log = MetricsLog() if comm.rank == 0 and cfg.metrics else None
-        self.attrs = attrs                                  # rank 0: environment and run description
-        self.totals = np.zeros(len(TOTALS))                 # running sums of the epoch in progress
-        self.eval_batch = (max(1, _EVAL_ELEMENTS // (cfg.context_length * ds.num_classes))
-                           if cfg.model == "gpt" else _EVAL_BATCH)
-        self.epochs_done, self.batches_done, self.step = 0, 0, 0
-        self.last_row: dict | None = None
-        self.saved_at = -1
-        self.fault = parse_fault(cfg.inject_fault, comm.size) if cfg.inject_fault else None
-        self.names = [name for name, _ in ddp.named_parameters()]
-        self.watched = ddp.parameters()[-2:]                # the output layer: weight and bias
-        self.progress = None
-        self.pending = None                                 # rank 0: the checkpoint to write next
-        self.trace_data, self.trace_save = ddp.tracer.name("load batch"), ddp.tracer.name("checkpoint")
-
-    # --- failures ----------------------------------------------------------------------
-    def diverged(self, what: str, step: int) -> JobError:
-        """The error every rank raises when ``what`` (e.g. "the training loss is nan") went wrong at ``step``."""
-        kept = (f"; the last checkpoint {self.cfg.checkpoint} (step {self.saved_at}) is kept"
-                if self.cfg.checkpoint and self.saved_at >= 0 else "")
-        return JobError(f"training diverged at step {step} (epoch {self.epochs_done + 1}): {what}{kept}; "
-                        f"try a smaller --lr, or --normalize standard for unscaled inputs", EXIT_DIVERGED)
-
-    def check_gradients(self) -> None:
-        """After backward: the output layer's averaged gradients (identical on every rank) must be finite.
-
-        A NaN or inf anywhere reaches the loss, and so the output layer's gradient, by the next
-        step at the latest (non-finite weights make non-finite logits); checking that layer
-        alone keeps the check to a few microseconds. Parameters are checked in full before every
-        checkpoint, so nothing non-finite is ever saved.
-        """
-        if self.averager is not None and self.comm.size > 1:
-            return                                   # replicas differ: checked at averaging and flushes
-        bad = _nonfinite([p.grad for p in self.watched])
-        if bad is not None:
-            param = self.watched[bad]
-            raise self.diverged(f"the gradient of {self._name_of(param)!r} {_what(param.grad)}", self.step + 1)
-
-    def check_parameters(self, collective: bool) -> None:
-        """The parameters must be finite on every rank (``collective``: agree through one all-reduce)."""
-        params = self.ddp.parameters()
-        with np.errstate(over="ignore", invalid="ignore"):
-            bad = _nonfinite([p.data for p in params])
-        if (any_rank(self.comm, bad is not None) if collective else bad is not None):
-            what = (f"parameter {self.names[bad]!r} {_what(params[bad].data)}" if bad is not None
-                    else "a parameter on another rank is not finite")
-            raise self.diverged(what, self.step)
-
-    def _name_of(self, param) -> str:
-        return next(n for n, p in self.model.named_parameters() if p is param)
-
-    def write_files(self, what, status: str = "running") -> None:
-        """Rank 0 writes (``what``: 'metrics' and/or 'checkpoint'); every rank agrees on a failure (exit 4)."""
-        message, target = None, None
-        if self.comm.rank == 0:
-            try:
-                if "metrics" in what and self.log is not None:
-                    target = self.cfg.metrics
-                    self.log.write(target, {**self.attrs, "status": status})
-                if "checkpoint" in what and self.pending is not None:
-                    target = self.cfg.checkpoint
-                    checkpoint.write(target, self.pending)
-                    shardfiles.remove_old_steps(target, keep="")    # a sharded set this whole file replaces
-            except OSError as exc:
-                message = (f"cannot write {target}: {exc.strerror or exc}; the previous file is kept, "
-                           "training stopped")
-        self.pending = None
-        message = agree(self.comm, message)
-        if message:
-            raise JobError(message, EXIT_WRITE)
-
-    # --- files -------------------------------------------------------------------------
-    def flush(self) -> None:
-        """Reduce the pending step rows (collective), add them up, and check their losses."""
-        cols = self.recorder.flush(self.ddp.reduce_metrics)
-        bad = np.flatnonzero(~np.isfinite(cols["loss"]))
-        if bad.size:
-            raise self.diverged(f"the training loss is {cols['loss'][bad[0]]}", int(cols["step"][bad[0]]))
-        add_to_totals(self.totals, cols)
-        if self.log is not None:
-            self.log.add_steps(cols)
-
-    def save(self, status: str = "running") -> None:
-        """Check the parameters, then write metrics and checkpoint of the current position (collective)."""
-        traced = self.ddp.tracer.clock()
-        with self.ddp.full_parameters():       # ZeRO-3 gathers the parameters here
-            self.check_parameters(collective=True)
-            sharded = bool(self.cfg.zero) and self.cfg.checkpoint is not None and self.saved_at != self.step
-            if sharded:                          # --zero: every rank writes its shard after the metrics
-                self.saved_at = self.step
-            if self.cfg.checkpoint is not None and self.saved_at != self.step:
-                self.pending = state.collect(
-                    self.comm, named_params=self.model.named_parameters(), optimizer=self.optimizer,
-                    ddp=self.ddp, dropouts=self.dropouts,
-                    position=(self.epochs_done, self.batches_done, self.step), totals=self.totals,
-                    totals_columns=TOTALS, config=self.attrs["config"], backend=self.cfg.backend,
-                    optimizer_name=self.cfg.optimizer, input_shape=self.input_shape, num_classes=self.num_classes,
-                    attrs={k: v for k, v in self.attrs.items() if k != "config"}, local_sgd=self.averager is not None)
-                self.saved_at = self.step
-        self.write_files(("metrics", "checkpoint"), status)
-        if sharded:
-            shardfiles.save(
-                self.comm, self.cfg.checkpoint, stage=self.cfg.zero, named_params=self.model.named_parameters(),
-                engine=self.ddp, optimizer=self.optimizer, ddp=self.ddp, dropouts=self.dropouts,
-                position=(self.epochs_done, self.batches_done, self.step), totals=self.totals,
-                totals_columns=TOTALS, config=self.attrs["config"], backend=self.cfg.backend,
-                optimizer_name=self.cfg.optimizer, input_shape=self.input_shape, num_classes=self.num_classes,
-                attrs={k: v for k, v in self.attrs.items() if k != "config"})
-        self.ddp.tracer.add(traced, self.trace_save, tracing.CHECKPOINT)
-
-    # --- steps -------------------------------------------------------------------------
-    def evaluate(self) -> np.ndarray:
-        """(loss sum, correct, rows) over all ranks; rank r evaluates validation rows r::size."""
-        net, sums = self.model, np.zeros(3)
-        idx = np.arange(self.comm.rank, len(self.X_val), self.comm.size)
-        net.eval()
-        for xb, yb in iterate_batches(self.X_val, self.y_val, idx, self.eval_batch):
-            logits = net.forward(xb)                                  # (b, classes) or (b, T, vocab)
-            sums += (self.loss_fn.forward(logits, yb) * len(yb), self.loss_fn.correct(logits, yb) / yb[0].size,
-                     len(yb))
-        net.train()
-        return self.ddp.reduce_metrics(sums)
-
-    def inject(self, xb: np.ndarray) -> np.ndarray:
-        """Act out ``--inject-fault`` when this is its rank and step; the batch to train on."""
-        rank, step, kind = self.fault
-        if (rank, step) != (self.comm.rank, self.step + 1):
-            return xb
-        if kind == "nan":
-            return np.full_like(xb, np.nan)
-        if kind == "exit":
-            sys.exit(3)
-        raise InjectedFault(f"--inject-fault {self.cfg.inject_fault}: rank {rank}, step {step}")
-
-    def run_epoch(self, epoch: int) -> bool:
-        """Train from the saved position to the end of ``epoch`` or to --max-steps; True if stopped early."""
-        cfg, ddp, loss_fn = self.cfg, self.ddp, self.loss_fn
-        total = len(self.loader)
-        self.loader.set_epoch(epoch)
-        start = min(self.batches_done, total)
-        self.progress.start_epoch(epoch, start)
-        stop = False
-        t0 = time.perf_counter()
-        batches = self.ddp.tracer.timed(self.loader.batches(start), self.trace_data, tracing.DATA)
-        for b, (xb, yb) in enumerate(batches, start=start + 1):
-            if self.fault is not None:
-                xb = self.inject(xb)
-            ddp.zero_grad()
-            loss = loss_fn.forward(ddp(xb), yb)
-            averager = self.averager
-            with ddp.no_sync() if averager is not None and averager.local() else contextlib.nullcontext():
-                ddp.backward(loss_fn.backward())
-            self.check_gradients()
-            ddp.step(self.optimizer)
-            if averager is not None and averager.average_parameters(ddp.parameters()):
-                ddp.stats.comm_calls += averager.calls
-                ddp.stats.comm_bytes += averager.bytes
-                self.check_parameters(collective=False)          # identical right after averaging
-            self.step, self.batches_done = self.step + 1, b
-            now = time.perf_counter()
-            self.recorder.record(self.step, epoch + 1, b, loss, len(yb), self.optimizer.lr, now - t0, ddp.stats)
-            self.progress.update(loss)
-            stop = bool(cfg.max_steps) and self.step >= cfg.max_steps
-            if b < total and (stop or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0)):
-                self.flush()
-                self.save()
-            if stop:
-                break
-            t0 = time.perf_counter()
-        self.progress.end_epoch()
-        if self.batches_done >= total:
-            self.end_epoch(epoch)
-        return stop
-
-    def end_epoch(self, epoch: int) -> None:
-        """Validate, print the epoch line, start the next epoch's sums, and checkpoint."""
-        self.flush()
-        t0 = time.perf_counter()
-        val = self.evaluate()
-        row = epoch_row(epoch + 1, self.step, self.totals, val, time.perf_counter() - t0)
-        self.last_row = row
-        self.out.info(epoch_line(row, self.cfg.epochs) + self.tokens_per_s(row))
-        if self.log is not None:
-            self.log.add_epoch(row)
-        self.epochs_done, self.batches_done = epoch + 1, 0
-        self.totals[:] = 0
-        self.save()
-
-    def tokens_per_s(self, row: dict, sep: str = "  ") -> str:
-        """GPT: ``sep`` + ``N tokens/s`` (training throughput of the epoch); empty for other models."""
-        if self.cfg.model != "gpt":
-            return ""
-        return f"{sep}{row['samples_per_s'] * self.cfg.context_length:,.0f} tokens/s"
-
-    def run(self) -> str:
-        """All remaining epochs; 'complete' or 'stopped' (--max-steps)."""
-        steps = len(self.loader)
-        total = self.cfg.epochs * steps if not self.cfg.max_steps else min(self.cfg.max_steps, self.cfg.epochs * steps)
-        self.progress = self.out.progress(epochs=self.cfg.epochs, steps_per_epoch=steps, total_steps=total,
-                                          step=self.step, batch=self.cfg.batch_size)
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):     # checked: check_gradients
-            for epoch in range(self.epochs_done, self.cfg.epochs):
-                if self.run_epoch(epoch):
-                    return "complete" if self.epochs_done == self.cfg.epochs else "stopped"
-        return "complete"
-
+from npddp.train.trainer import Trainer
 
 def train(argv=None) -> int:
     """Parse, set up and train; the exit status."""
