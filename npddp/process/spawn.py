@@ -29,10 +29,12 @@ import argparse
 import os
 import queue
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -40,7 +42,7 @@ from npddp.comm.node.names import remove_job_segments
 from npddp.comm.transports.handshake import SECRET_VARIABLE, new_secret
 from npddp.comm.transports.rendezvous import is_loopback
 from npddp.process.job import EXIT_USAGE
-from npddp.util.env import THREAD_VARIABLES
+from npddp.util.env import JOIN_DIR_VARIABLE, THREAD_VARIABLES
 
 PROG = "python -m npddp.run"
 
@@ -208,14 +210,17 @@ class Job:
         self.procs: list[subprocess.Popen] = []
         self.pumps: list[threading.Thread] = []
         self.stopping = False
+        self.join_dir = ""       # where the ranks mark joining and having joined the TCP world
 
     def start(self) -> None:
         args = self.args
         port = args.master_port or free_port(args.master_addr)
         pipe = subprocess.PIPE if args.prefix else None
+        self.join_dir = tempfile.mkdtemp(prefix=f"npddp-join-{self.job}-")
         for local in range(args.nproc):  # every process first: preexec_fn is unsafe once threads run
             env = rank_env(args, local, port, self.job)
             env[RESTART_VARIABLE] = str(self.restart)
+            env[JOIN_DIR_VARIABLE] = self.join_dir
             self.procs.append(subprocess.Popen(self.command, env=env, stdout=pipe, stderr=pipe,
                                                start_new_session=True, preexec_fn=_die_with_parent))
         if args.prefix:
@@ -244,19 +249,45 @@ class Job:
         self.signal_all(signal.SIGKILL)
         for proc in self.procs:
             proc.wait()
+        self.remove_join_dir()
+
+    def remove_join_dir(self) -> None:
+        if self.join_dir:
+            shutil.rmtree(self.join_dir, ignore_errors=True)
+
+    def _marked(self, stage: str, local: int) -> bool:
+        return os.path.exists(os.path.join(self.join_dir, f"{stage}-{self.args.node_rank * self.args.nproc + local}"))
+
+    def _waiting_for(self, left: list[int]) -> list[int]:
+        """Live local ranks stuck joining a world that ``left`` (exited without joining) can never complete."""
+        if not left:
+            return []
+        return [j for j, p in enumerate(self.procs) if p.poll() is None and self._marked("joining", j)
+                and not self._marked("joined", j)]
 
     def watch(self) -> int:
         """Wait for every process; after a failure let the rest exit or stop them. The job's exit code."""
         exits: queue.Queue = queue.Queue()     # (local index, exit code), in the order the processes ended
         for i, proc in enumerate(self.procs):
             threading.Thread(target=lambda i=i, proc=proc: exits.put((i, proc.wait())), daemon=True).start()
-        failures, ended, settle = [], 0, None
+        failures, ended, settle, left = [], 0, None, []
         while ended < len(self.procs) and (settle is None or time.monotonic() < settle):
+            waiting = [] if settle else self._waiting_for(left)
+            if waiting:  # a rank exited 0 before joining: the others would wait for it until their timeout
+                base = self.args.node_rank * self.args.nproc
+                sys.stderr.write(f"{PROG}: rank {base + left[0]} exited with code 0 before joining the job, while "
+                                 f"rank{'s' * (len(waiting) > 1)} {', '.join(str(base + j) for j in waiting)} "
+                                 f"wait{'s' * (len(waiting) == 1)} for it; stopping every rank\n")
+                self.stop()
+                remove_job_segments(self.job)
+                return 1
             try:
                 i, code = exits.get(timeout=0.01 if settle else 0.1)   # a timeout keeps Ctrl-C responsive
             except queue.Empty:
                 continue
             ended += 1
+            if not code and not self._marked("joined", i):
+                left.append(i)
             if code:
                 failures.append((i, code))
                 settle = settle or time.monotonic() + _SETTLE_S  # a failure all ranks agreed on ends them all
@@ -277,6 +308,7 @@ class Job:
                 sys.stderr.write(f"{PROG}: rank {rank} {_describe(code)}\n")
         for pump in self.pumps:
             pump.join(timeout=1.0)
+        self.remove_join_dir()
         if not failures:
             return 0
         remove_job_segments(self.job)

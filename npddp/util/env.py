@@ -99,3 +99,19 @@ def local_size(environ=None) -> tuple[int, str] | None:
 def thread_setting(environ=None) -> tuple[int, str] | None:
     """(threads, variable) for the first thread variable set to a positive integer, else None."""
     return first_positive(THREAD_VARIABLES, environ)
+
+
+#: A directory the launcher (``python -m npddp.run``) gives its ranks: each marks there when it starts to
+#: join the TCP world and when it has joined, so a rank that leaves before joining is noticed at once.
+JOIN_DIR_VARIABLE = "NPDDP_JOIN_DIR"
+
+
+def mark_join(stage: str, rank: int, environ=None) -> None:
+    """Mark ``stage`` ("joining" or "joined") for ``rank`` in the launcher's join directory, if there is one."""
+    directory = _environ(environ).get(JOIN_DIR_VARIABLE)
+    if directory:
+        try:
+            with open(os.path.join(directory, f"{stage}-{rank}"), "w"):
+                pass
+        except OSError:
+            pass  # the launcher has gone or cleaned up: nothing to tell it

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -71,6 +72,50 @@ def test_a_rank_that_exits_with_a_code_ends_the_job_with_that_code(launch, worke
     job = launch([worker, "ring", "exit"], n=3, launcher="npddp.run")
     assert job.wait(timeout=60) == 3, job.output
     assert "rank 1 exited with code 3" in job.output and not job.alive()
+
+
+LEAVER = """
+import os, sys, time
+import numpy as np
+rank = int(os.environ["RANK"])
+if rank == int(sys.argv[1]):
+    if sys.argv[2] == "late":
+        time.sleep(1.0)             # the others start joining first
+    sys.exit(0)                     # leaves before joining the world
+if sys.argv[2] == "never":
+    time.sleep(0.5 * rank)          # a script that never communicates: ranks end at different times
+    sys.exit(0)
+from npddp.comm import create
+comm = create("ring", timeout=120)
+comm.allreduce(np.ones(4))
+"""
+
+
+@pytest.mark.parametrize("leaver, when", [(1, "early"), (0, "late"), (2, "early")])
+def test_a_rank_that_exits_0_before_joining_ends_the_job_at_once(launch, tmp_path, leaver, when):
+    """The others would wait for it until their timeout (120 s here); the launcher names it and stops them."""
+    script = tmp_path / "leaver.py"
+    script.write_text(LEAVER)
+    before = _join_dirs()
+    started = time.monotonic()
+    job = launch([script, leaver, when], n=3, launcher="npddp.run")
+    code = job.wait(timeout=60)
+    assert code == 1 and time.monotonic() - started < 30, job.output
+    assert f"rank {leaver} exited with code 0 before joining the job" in job.output, job.output
+    assert not job.alive() and _join_dirs() <= before   # the launcher's join directory is gone too
+
+
+def _join_dirs() -> set[str]:
+    return {d for d in os.listdir(tempfile.gettempdir()) if d.startswith("npddp-join-")}
+
+
+def test_ranks_that_never_communicate_may_end_at_different_times(launch, tmp_path):
+    script = tmp_path / "leaver.py"
+    script.write_text(LEAVER)
+    job = launch([script, 0, "never"], n=3, launcher="npddp.run")
+    before = _join_dirs()
+    assert job.wait(timeout=60) == 0, job.output
+    assert "before joining" not in job.output and _join_dirs() <= before
 
 
 def test_ctrl_c_reaches_every_rank(launch, worker):

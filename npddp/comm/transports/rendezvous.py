@@ -391,7 +391,9 @@ def world_from_env(timeout: float, environ=None) -> TCPTransport:
         env = launch_env(environ)
     world = _WORLDS.get(env)
     if world is None:
+        process_env.mark_join("joining", env.rank, environ)
         socks, hosts = connect(env, timeout)
+        process_env.mark_join("joined", env.rank, environ)
         world = _WORLDS[env] = TCPWorld(env.rank, env.world_size, socks, hosts)
         world.base = world.transport()
     return world.base
