@@ -216,12 +216,15 @@ def run(args) -> int:
     old = {s: signal.signal(s, _raise_on) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         record = _bring_up(cluster, os.getpid())
+        tmp = os.path.join(record.runtime, "tmp")   # the job's temporary files go with the cluster, even after SIGKILL
+        os.makedirs(tmp, mode=0o700, exist_ok=True)
         if args.launcher == "tcp":
-            env = {**os.environ, "NPDDP_JOB_SECRET": os.environ.get("NPDDP_JOB_SECRET") or secrets.token_hex(32)}
+            env = {**os.environ, "NPDDP_JOB_SECRET": os.environ.get("NPDDP_JOB_SECRET") or secrets.token_hex(32),
+                   "TMPDIR": tmp}
             procs = [_start(c, env) for c in launch.tcp_commands(cluster, args.ranks_per_node, args.command,
                                                                  args.grace)]
         else:
-            env = launch.mpi_env()
+            env = {**launch.mpi_env(), "TMPDIR": tmp}
             launch.write_stand_in(cluster, record.runtime)
             if cluster.nodes > 1 and cluster.rate is not None:
                 probe = _start(launch.probe_command(cluster, mpiexec, record.runtime), env)
