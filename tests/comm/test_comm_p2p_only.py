@@ -105,8 +105,12 @@ def test_steady_state_allocates_nothing(backend, group, assert_all_ranks):
     grown = comm.scratch.nbytes - warm[1]  # a second handle may need a second scratch buffer, never a third
     grown += (world.held_bytes() - held) if world is not None else 0  # ... and TCP a bounded set of early buffers
     bounded = comm.scratch.nbuffers <= 2 * pool[0] and comm.scratch.nbytes <= 2 * pool[1]
-    ok = (bounded and single[0] - base < held_single + 16_384 and single[1] - base < held_single + 65_536
-          and double[0] - base < grown + 16_384 and double[1] - base < grown + 65_536)
+    # TCP: a frame a late peer sent early may be mid-read, in one buffer that neither the pool nor the early-frame
+    # store holds at the moment of measuring; one such buffer, never one per call (10 calls in each phase)
+    slack = pool[1] if world is not None else 0
+    ok = (bounded and single[0] - base < held_single + slack + 16_384
+          and single[1] - base < held_single + slack + 65_536
+          and double[0] - base < grown + slack + 16_384 and double[1] - base < grown + slack + 65_536)
     assert_all_ranks(ok, f"pool {pool} -> {warm} -> {(comm.scratch.nbuffers, comm.scratch.nbytes)}; traced memory "
                          f"above start (current, peak): one at a time {single[0] - base}, {single[1] - base} B; "
                          f"two outstanding {double[0] - base}, {double[1] - base} B", group)
