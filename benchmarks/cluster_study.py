@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks._costmodel import fit_alpha_beta  # noqa: E402
 from npddp.cluster.shaping import parse_rate  # noqa: E402
 
 FIXED = ("ring", "rd", "rabenseifner", "tree")
@@ -76,6 +77,28 @@ def summarize(path: Path, rate: float | None, world: int) -> list[str]:
             auto = row.get("auto" + suffix)
             ratio.append(f"{auto / best:.2f}" if best and auto else "-")
         lines.append(f"{n:>10} {cells}   {share[0]:>6} {share[1]:>6}            {ratio[0]:>6} {ratio[1]:>6}")
+    return lines
+
+
+def fit_network(path: Path, rate: float | None, world: int) -> list[str]:
+    """Per fixed algorithm and transport: the alpha-beta fit of its in-place times across the sweep's sizes.
+
+    Each algorithm is fitted with its own steps and bytes (``benchmarks/_costmodel.py``), so alpha is the
+    network's per-message latency and beta the bandwidth it sees; ``beta / rate`` is the link's share.
+    """
+    times = read(path)
+    lines = ["# alpha-beta fit per algorithm (T = steps x alpha + bytes sent / beta; weighted by 1/T)",
+             f"{'algorithm':>16} {'alpha us':>9} {'beta Gbit/s':>11} {'beta / rate':>11} {'rel rms':>8} {'sizes':>6}"]
+    for transport in ("mpi", "tcp"):
+        for name in FIXED:
+            pts = sorted((n, t) for (n, b, tr), t in times.items() if b == name and tr == transport)
+            if len({n for n, _ in pts}) < 2 or world < 2:
+                continue
+            fit = fit_alpha_beta([n for n, _ in pts], [t for _, t in pts], "allreduce", world, name)
+            gbit = fit.beta * 8 / 1e9
+            share = f"{fit.beta * 8 / rate:.2f}" if rate else "-"
+            label = name if transport == "mpi" else f"{name}/tcp"
+            lines.append(f"{label:>16} {fit.alpha * 1e6:9.1f} {gbit:11.3f} {share:>11} {fit.rel_rms:8.2f} {len(pts):6d}")
     return lines
 
 
@@ -141,6 +164,8 @@ def main(argv=None) -> int:
             return code
     print(f"# {args.nodes} nodes x {args.ranks_per_node} ranks, link {args.rate}; {path}")
     print("\n".join((summarize_ddp if args.ddp else summarize)(path, rate, world)))
+    if not args.ddp:
+        print("\n".join(fit_network(path, rate, world)))
     return 0
 
 

@@ -33,7 +33,8 @@ import time
 import numpy as np
 
 from npddp.comm import DTYPES, create
-from npddp.comm.p2p.auto import FORMAT, VERSION, candidates, check_table, model_table
+from npddp.comm.node.memory import node_ids
+from npddp.comm.p2p.auto import FORMAT, VERSION, candidates, check_table, hier_possible, model_table
 from npddp.comm.registry import node_group
 from npddp.comm.transports.base import resolve_transport
 from npddp.process.job import abort_on_exception
@@ -156,9 +157,13 @@ def stable(rounds: dict, default: str, tolerance: float) -> bool:
     return len(rounds[default]) >= MIN_ROUNDS and max(noise(rounds[best]), noise(rounds[default])) <= tolerance
 
 
-def defaults(comms: dict, transport: str, size: int):
-    """``default(nbytes)``: what ``auto`` picks with no tuning table (the cost model; on one node, shm)."""
-    steps = [[None, "shm"]] if "shm" in comms else model_table(transport, size)
+def defaults(comms: dict, transport: str, size: int, nodes: list):
+    """``default(nbytes)``: what ``auto`` picks with no tuning table (the cost model; on one node, shm).
+
+    ``nodes``: each rank's node id; across nodes the network model prices the candidates, as in ``auto``."""
+    across = len(set(nodes)) > 1
+    per_node = len(nodes) // len(set(nodes)) if "hier" in comms else 1
+    steps = [[None, "shm"]] if "shm" in comms else model_table(transport, size, across_nodes=across, per_node=per_node)
     return lambda nbytes: next(a for limit, a in steps if limit is None or nbytes <= limit)
 
 
@@ -169,10 +174,13 @@ def main(argv=None) -> int:
     transport = resolve_transport(args.transport)
     timer = create("rd", transport=transport)
     comms = {name: create(name, transport=transport) for name in candidates()}
+    nodes = node_ids(timer) if timer.size > 1 else [0]
     if node_group(timer, timer._begin("setup")) is not None:  # one node: shared memory competes too
         comms["shm"] = create("shm", transport=transport)
+    elif hier_possible(nodes):  # as many ranks (> 1) on every node: hier's composition competes too
+        comms["hier"] = create("hier", transport=transport)
     rank, size = timer.rank, timer.size
-    default_for = defaults(comms, transport, size)
+    default_for = defaults(comms, transport, size, nodes)
     sizes, winners, notes = [], [], []
     nbytes = args.min_bytes
     if rank == 0:
@@ -199,7 +207,7 @@ def main(argv=None) -> int:
     table = {"*": steps_from(sizes, winners)}
     data = {"format": FORMAT, "version": VERSION, "transport": transport, "world_size": size,
             "dtype_measured": args.dtype, "sizes": sizes, "winners": winners, "notes": notes, "table": table}
-    check_table(data, transport, size, "shm" in comms)
+    check_table(data, transport, size, "shm" in comms, "hier" in comms)
     if rank == 0:
         tmp = f"{args.out}.tmp{os.getpid()}"
         with open(tmp, "w") as f:

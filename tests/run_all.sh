@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: serial tests; the DDP tests on one rank; the distributed tests under mpirun at
 # 2, 3 and 4 ranks (the benchmark scripts' at 2); the communicator tests over TCP (python -m npddp.run, no MPI) at 2, 3 and 4 ranks;
-# and hier across pretended nodes (NPDDP_RANKS_PER_NODE=2, 4 ranks) on both transports.
+# and hier and auto (which composes hier there) across pretended nodes (NPDDP_RANKS_PER_NODE=2, 4 ranks) on both transports.
 # Exits non-zero if any run fails.  Extra arguments go to every pytest run.
 set -u
 cd "$(dirname "$0")/.."
@@ -23,8 +23,8 @@ done
 for k in 2 3 4; do
   run "tcp-$k" python -m npddp.run --nproc "$k" -m pytest -q -p no:pytest_mpi "${TCP_TESTS[@]}" "$@"
 done
-NPDDP_RANKS_PER_NODE=2 run hier-mpi-4 ./mpi_run.sh -n 4 python -m pytest -q --with-mpi -m mpi -k hier tests/comm "$@"
-NPDDP_RANKS_PER_NODE=2 run hier-tcp-4 python -m npddp.run --nproc 4 -m pytest -q -p no:pytest_mpi -k hier tests/comm "$@"
+NPDDP_RANKS_PER_NODE=2 run hier-mpi-4 ./mpi_run.sh -n 4 python -m pytest -q --with-mpi -m mpi -k "hier or auto" tests/comm "$@"
+NPDDP_RANKS_PER_NODE=2 run hier-tcp-4 python -m npddp.run --nproc 4 -m pytest -q -p no:pytest_mpi -k "hier or auto" tests/comm "$@"
 # The comm contract across emulated nodes (python -m npddp.cluster; needs CAP_NET_ADMIN, else skipped with the
 # reason): every backend but shm (hier included) at N = 2 (2 nodes x 1), 3 (3 x 1) and 4 (2 x 2) on both transports.
 CLUSTER_K=(-q -k "allreduce_exact and not shm-backend" tests/comm/test_comm_allreduce.py)

@@ -70,7 +70,7 @@ def test_each_node_has_its_host_name_and_npddp_sees_two_nodes_for_hier_and_auto(
                    "python", JOB, "nodes")
     assert done.returncode == 0, done.stderr
     rows = sorted(line.split()[1:] for line in done.stdout.splitlines() if line.startswith("RESULT"))
-    assert rows == [[str(r), f"node{r // 2}", "0,0,1,1", "1", "True", "ring"] for r in range(4)], done.stdout
+    assert rows == [[str(r), f"node{r // 2}", "0,0,1,1", "1", "True", "hier"] for r in range(4)], done.stdout
     assert not own_namespaces()
 
 

@@ -2,7 +2,7 @@
 
 import csv
 
-from benchmarks.cluster_study import summarize, summarize_ddp
+from benchmarks.cluster_study import fit_network, summarize, summarize_ddp
 
 AR_FIELDS = ["collective", "backend", "transport", "place", "bytes", "time_median_s"]
 
@@ -35,3 +35,23 @@ def test_ddp_prediction_is_two_n_minus_one_over_n_bytes_over_the_rate(tmp_path):
     last = summarize_ddp(tmp_path / "ddp.csv", 1e9, 2)[-1].split()
     # 2 (2-1)/2 x 4 MB x 8 / 1 Gbit/s = 32 ms; share 32 / (32 + 50)
     assert last[:2] == ["tiny", "1000000"] and last[-2:] == ["32.0", f"{32 / 82:.2f}"] and last[-3] == "0.50"
+
+
+def test_network_fit_recovers_the_alpha_and_beta_the_times_were_made_from(tmp_path):
+    from npddp.comm.registry import algorithm
+    alpha, beta = 40e-6, 1e9 / 8 * 0.9  # 0.9 of a 1 Gbit/s link, in bytes/s
+    rows = []
+    for world in (2, 4):
+        for name in ("ring", "rd"):
+            for n in (1 << 10, 1 << 16, 1 << 20, 1 << 24):
+                cost = algorithm(name).cost(1.0, world)
+                t = cost.steps * alpha + cost.sent * n / beta
+                rows.append(dict(collective="allreduce", backend=name, transport="tcp", place="inplace", bytes=n,
+                                 time_median_s=t))
+        _write(tmp_path / f"ar{world}.csv", AR_FIELDS, rows)
+        lines = fit_network(tmp_path / f"ar{world}.csv", 1e9, world)
+        fitted = {ln.split()[0]: ln.split() for ln in lines[2:]}
+        assert set(fitted) == {"ring/tcp", "rd/tcp"}
+        for cells in fitted.values():
+            assert abs(float(cells[1]) - 40.0) < 0.1 and cells[3] == "0.90" and float(cells[4]) < 0.01
+        rows = []

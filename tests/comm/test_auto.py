@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from npddp.comm import ALGORITHMS, create
-from npddp.comm.p2p.auto import CANDIDATES, FORMAT, MODEL, VERSION, candidates, check_table, model_table, predict
+from npddp.comm.p2p.auto import (CANDIDATES, FORMAT, MODEL, VERSION, candidates, check_table, hier_time, model_table,
+                                 network_time, predict)
 from npddp.tune import decide, stable, steps_from
 
 from tests.comm.conftest import one_rank_group
@@ -128,7 +129,7 @@ def test_the_tuner_is_stable_once_best_and_default_vary_little():
 @pytest.mark.mpi(min_size=2)
 def test_every_rank_makes_the_same_choice(world, tmp_path, assert_ranks_agree, assert_all_ranks):
     comm = create("auto", world.raw)
-    names = [*ALGORITHMS, "shm"]
+    names = [*ALGORITHMS, "shm", "hier"]
     picks = np.array([names.index(comm.algorithm_for(1 << k, np.float32)) for k in range(0, 30, 3)])
     assert_ranks_agree(picks, world)
     assert_all_ranks(comm.source == "model", comm.source, world)
@@ -167,3 +168,57 @@ def test_across_nodes_the_model_takes_few_steps_small_and_the_pipelined_ring_bey
     for nbytes in (1 << 10, 1 << 16, 1 << 22, 1 << 26):
         pick = next(a for limit, a in steps if limit is None or nbytes <= limit)
         assert network_time(pick, nbytes, size) == min(network_time(a, nbytes, size) for a in CANDIDATES)
+
+
+@pytest.mark.parametrize("nodes, per_node", [(2, 2), (2, 4), (4, 2), (8, 2)])
+def test_with_several_ranks_per_node_the_model_weighs_hier_against_flat_algorithms_sharing_a_link(nodes, per_node):
+    size = nodes * per_node
+    steps = model_table("mpi", size, across_nodes=True, per_node=per_node)
+    assert "hier" in {a for _, a in steps}
+    for k in range(10, 27, 2):
+        pick = next(a for limit, a in steps if limit is None or 1 << k <= limit)
+        flat = min(network_time(a, (1 << k) * (1 if a == "ring" else per_node), size) for a in CANDIDATES)
+        assert (pick == "hier") == (hier_time(1 << k, size, per_node) <= flat), (k, pick)
+    assert "hier" not in {a for _, a in model_table("mpi", size, across_nodes=True)}  # one rank per node: flat
+    table = {"format": FORMAT, "version": VERSION, "transport": "mpi", "world_size": size,
+             "table": {"*": [[4096, "rd"], [None, "hier"]]}}
+    assert check_table(table, "mpi", size, hier=True)["*"][-1] == [None, "hier"]
+    with pytest.raises(ValueError, match="hier"):
+        check_table(table, "mpi", size)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_auto_composes_hier_across_nodes_with_several_ranks_each(world, tmp_path, assert_all_ranks):
+    """Pretended nodes of equal size > 1 (NPDDP_RANKS_PER_NODE): hier's composition is a candidate, and its calls
+    interleave with flat ones in flight; elsewhere auto offers it nowhere."""
+    import os
+    per_node = int(os.environ.get("NPDDP_RANKS_PER_NODE") or world.size)
+    composed = 1 < per_node < world.size and world.size % per_node == 0
+    path = tmp_path / f"t{world.rank}.json"
+    path.write_text(json.dumps({"format": FORMAT, "version": VERSION, "transport": "tcp" if world.tcp else "mpi",
+                               "world_size": world.size, "table": {"*": [[4096, "rd"], [None, "hier"]]}}))
+    comm = create("auto", world.fresh(), tuning=str(path) if composed else None)
+    assert_all_ranks(("hier" in comm.algorithms) == composed and comm.per_node == (per_node if composed else 1),
+                     f"per_node {comm.per_node}, candidates {sorted(comm.algorithms)}", world)
+    if not composed:
+        return
+    assert_all_ranks(comm.source.startswith("tuning file") and comm.algorithm_for(1 << 20, np.float32) == "hier",
+                     comm.source, world)
+    rng = np.random.default_rng(world.rank)
+    sizes = (10, 70_001, 1000, 300_000, 3)                # rd, hier, rd, hier, rd (float64: 8 bytes each)
+    data = [rng.standard_normal(n) for n in sizes]
+    # every rank's inputs, rebuilt from the seeds in the same order they were drawn
+    want = [np.zeros(n) for n in sizes]
+    for r in range(world.size):
+        other = np.random.default_rng(r)
+        for i, n in enumerate(sizes):
+            want[i] += other.standard_normal(n)
+    bufs = [d.copy() for d in data]
+    handles = [comm.iallreduce(b) for b in bufs]
+    comm.barrier()                                         # waits for the calls in flight first
+    for h in reversed(handles):
+        h.wait()
+    ok = all(np.allclose(b, w, rtol=1e-12, atol=1e-12) for b, w in zip(bufs, want))
+    blocking = [comm.allreduce(d.copy(), op="avg") for d in data]
+    ok = ok and all(np.allclose(b, w / world.size, rtol=1e-12, atol=1e-12) for b, w in zip(blocking, want))
+    assert_all_ranks(ok, "wrong sums from interleaved rd and hier calls", world)

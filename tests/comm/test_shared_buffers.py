@@ -49,7 +49,7 @@ def _shared_comm(name, world, assert_all_ranks):
             create("shm", world.fresh())
         return None
     comm = create(name, world.fresh())
-    if not hasattr(comm, "empty"):
+    if not comm.shared_memory:
         why_not = os.environ.get("NPDDP_AUTO_SHM") == "0" or bool(os.environ.get("NPDDP_RANKS_PER_NODE"))
         assert_all_ranks(name == "auto" and why_not, f"{name} on one node offers no empty()", world)
         return None

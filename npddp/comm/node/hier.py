@@ -20,32 +20,53 @@ from npddp.comm.p2p.communicator import P2PCommunicator
 from npddp.comm.node.shm import ShmCommunicator, ShmWork
 
 
+def even_nodes(nodes: list) -> bool:
+    """True when every node holds the same number of ranks (``nodes``: each rank's node id)."""
+    return len({nodes.count(n) for n in set(nodes)}) == 1
+
+
+def across_nodes(transport, nodes: list, timeout: float, inter: str = "auto"):
+    """The communicator joining local rank i of every node (collective): ``inter`` over a split transport."""
+    index = [sum(1 for q in range(r) if nodes[q] == nodes[r]) for r in range(len(nodes))]  # local index
+    from npddp.comm.registry import build
+    return build(inter, transport.split(index), timeout, shared_memory=False)
+
+
+class Hier:
+    """hier's all-reduce as an algorithm (``start``): ``node``'s shared memory, each block across nodes by ``inter``."""
+
+    def __init__(self, node, inter):
+        self.node, self.inter = node, inter
+
+    def start(self, call, src, dst, ufunc, result):
+        """The all-reduce in progress (a ShmWork whose blocks cross nodes)."""
+        inter = None
+        if self.inter is not None:
+            op = next(name for name, f in c.OPS.items() if f is ufunc)
+            inter = lambda block: self.inter.iallreduce(block, op)  # noqa: E731
+        return ShmWork(call, self.node, src, dst, ufunc, result, inter)
+
+
 class HierCommunicator(ShmCommunicator):
     """Shared memory within nodes, the ``inter`` algorithm across them."""
 
     def __init__(self, transport, timeout: float = c.DEFAULT_TIMEOUT, inter: str = "auto"):
         super().__init__(transport, timeout, "hier")
-        nodes = self._nodes
-        self.nodes = len(set(nodes))
-        index = [sum(1 for q in range(r) if nodes[q] == nodes[r]) for r in range(self._size)]  # local index
-        from npddp.comm.registry import build
-        self.inter = build(inter, transport.split(index), timeout, shared_memory=False) if self.nodes > 1 else None
+        self.nodes = len(set(self._nodes))
+        self.inter = across_nodes(transport, self._nodes, timeout, inter) if self.nodes > 1 else None
+        self.path = Hier(self.node, self.inter)
 
     def _node_ranks(self, nodes: list) -> list[int]:
         """The ranks on this rank's node; ValueError unless every node has as many ranks."""
-        counts = sorted({nodes.count(n) for n in set(nodes)})
-        if len(counts) > 1:
+        if not even_nodes(nodes):
+            counts = sorted({nodes.count(n) for n in set(nodes)})
             raise ValueError(f"backend 'hier' needs the same number of ranks on every node; nodes have "
                              f"{', '.join(map(str, counts))} ranks (ranks per node: {[nodes.count(n) for n in sorted(set(nodes))]})")
         self._nodes = nodes
         return [r for r in range(self._size) if nodes[r] == nodes[self._rank]]
 
     def _allreduce_work(self, call, src, dst, ufunc, result):
-        inter = None
-        if self.inter is not None:
-            op = next(name for name, f in c.OPS.items() if f is ufunc)
-            inter = lambda block: self.inter.iallreduce(block, op)  # noqa: E731
-        return ShmWork(call, self.node, src, dst, ufunc, result, inter)
+        return self.path.start(call, src, dst, ufunc, result)
 
     def _blocking_path(self, src):
         """One node only takes the blocking shared-memory paths (across nodes every block also crosses the network)."""

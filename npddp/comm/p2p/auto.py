@@ -78,21 +78,37 @@ def network_time(name: str, nbytes: float, size: int, chunk_bytes: int = 1 << 20
     return cost.steps * alpha + duplex * cost.sent * beta + cost.reduced * gamma
 
 
-def model_table(transport: str, size: int, chunk_bytes: int = 1 << 20, across_nodes: bool = False) -> list:
+def hier_time(nbytes: float, size: int, per_node: int, chunk_bytes: int = 1 << 20) -> float:
+    """Seconds of hier's composition across nodes: a node's ranks send their blocks at once, so the best
+    algorithm across the ``size / per_node`` nodes moves the whole vector through each node's link, plus the
+    node's shared-memory reduce-scatter and all-gather (two barriers, the vector reduced and copied once)."""
+    nodes = size // per_node
+    alpha, beta, gamma = MODEL["mpi"]
+    return min(network_time(a, nbytes, nodes, chunk_bytes) for a in CANDIDATES) + 2 * alpha + nbytes * (beta + gamma)
+
+
+def model_table(transport: str, size: int, chunk_bytes: int = 1 << 20, across_nodes: bool = False,
+                per_node: int = 1) -> list:
     """``[[max_bytes, algorithm], ...]`` from the cost model: the cheapest candidate at each size.
 
-    ``across_nodes``: the ranks span nodes, so :func:`network_time` prices every candidate, whatever the transport.
+    ``across_nodes``: the ranks span nodes, so :func:`network_time` prices every candidate, whatever the transport;
+    ``per_node`` > 1 (as many ranks on every node): ``hier`` is a candidate too, and flat algorithms other than the
+    ring have a node's ranks cross its link at once.
     """
     alpha, beta, gamma = MODEL.get(transport, MODEL["mpi"])
 
     def price(a: str, nbytes: int) -> float:
+        if a == "hier":
+            return hier_time(nbytes, size, per_node, chunk_bytes)
         if across_nodes:
-            return network_time(a, nbytes, size, chunk_bytes)
+            shared = per_node if a not in PIPELINED else 1  # ranks of one node sharing its link in the same round
+            return network_time(a, nbytes * shared, size, chunk_bytes)
         return predict(a, nbytes, size, alpha, beta, gamma, chunk_bytes)
 
+    names = (*candidates(), "hier") if across_nodes and per_node > 1 else candidates()
     steps: list = []
     for nbytes in _SIZES:
-        best = min(candidates(), key=lambda a: price(a, nbytes))
+        best = min(names, key=lambda a: price(a, nbytes))
         if steps and steps[-1][1] == best:
             steps[-1][0] = nbytes
         else:
@@ -101,7 +117,7 @@ def model_table(transport: str, size: int, chunk_bytes: int = 1 << 20, across_no
     return steps
 
 
-def check_table(data, transport: str, size: int, node: bool = False) -> dict:
+def check_table(data, transport: str, size: int, node: bool = False, hier: bool = False) -> dict:
     """The ``table`` of a parsed tuning file, validated for this job; ValueError naming what is wrong."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"not an npddp tuning file (format is not {FORMAT!r})")
@@ -122,7 +138,7 @@ def check_table(data, transport: str, size: int, node: bool = False) -> dict:
         bounds = [s[0] for s in steps[:-1]]
         if any(not isinstance(b, int) or b < 0 for b in bounds) or bounds != sorted(bounds):
             raise ValueError(f"steps for {dtype!r}: max_bytes must be increasing integers")
-        valid = [*ALGORITHMS, *costed(), *NODE_ALGORITHMS] if node else [*ALGORITHMS, *costed()]
+        valid = [*ALGORITHMS, *costed(), *(NODE_ALGORITHMS if node else ()), *(("hier",) if hier else ())]
         unknown = [s[1] for s in steps if s[1] not in valid]
         if unknown:
             raise ValueError(f"steps for {dtype!r} name algorithms {unknown} this job cannot run; valid: "
@@ -136,12 +152,20 @@ class AutoCommunicator(P2PCommunicator):
     def __init__(self, transport, timeout: float = c.DEFAULT_TIMEOUT, tuning=None, shared_memory: bool = True):
         super().__init__(transport, None, "auto", timeout)
         self.algorithms = {name: algorithm(name)(self.context) for name in (*ALGORITHMS, *costed())}
+        nodes = _node_ids(self) if shared_memory else []
         #: True when the ranks span nodes (hier's group across nodes always does): the network model applies.
-        self.across_nodes = not shared_memory or _spans_nodes(self)
-        shared_memory = shared_memory and os.environ.get("NPDDP_AUTO_SHM", "1") != "0" and not self.across_nodes
-        self.node = self.context.node = node_group(self, self._begin("setup")) if shared_memory else None
-        if self.node is not None:  # one node: shared memory joins the candidates, and empty() gives shared memory
-            self.algorithms["shm"] = algorithm("shm")(self.context)
+        self.across_nodes = not shared_memory or len(set(nodes)) > 1
+        shared_memory = shared_memory and os.environ.get("NPDDP_AUTO_SHM", "1") != "0"
+        self.node = self.context.node = None
+        #: Ranks per node when they span nodes with as many (> 1) on each: hier's composition joins the candidates.
+        self.per_node = 1
+        if shared_memory and not self.across_nodes:  # one node: shm joins, and empty() gives shared memory
+            self.node = self.context.node = node_group(self, self._begin("setup"))
+            if self.node is not None:
+                self.algorithms["shm"] = algorithm("shm")(self.context)
+        elif shared_memory and hier_possible(nodes):
+            self.per_node = nodes.count(nodes[self._rank])
+            self.algorithms["hier"] = _hier_path(self, nodes, timeout)
         self.source, self.table = self._load(tuning if tuning is not None else os.environ.get("NPDDP_TUNING"))
         self._setup_done()
         self._picks: dict = {}
@@ -161,7 +185,7 @@ class AutoCommunicator(P2PCommunicator):
         """``(where the table came from, table)``: the tuning file's, or the model's with one warning."""
         kind = self.transport.name
         steps = [[None, "shm"]] if self.node is not None else model_table(kind, self._size, self.chunk_bytes,
-                                                                          self.across_nodes)
+                                                                          self.across_nodes, self.per_node)
         model = ("model", {"*": steps})
         if not path:
             return model
@@ -177,7 +201,8 @@ class AutoCommunicator(P2PCommunicator):
             problem = raw
         else:
             try:
-                return f"tuning file {path}", check_table(json.loads(raw), kind, self._size, self.node is not None)
+                return f"tuning file {path}", check_table(json.loads(raw), kind, self._size, self.node is not None,
+                                                          self.per_node > 1)
             except (ValueError, TypeError, IndexError, KeyError) as exc:
                 problem = str(exc)
         if self._rank == 0:
@@ -210,6 +235,14 @@ class AutoCommunicator(P2PCommunicator):
             self._picks[key] = name
         return name
 
+    def barrier(self) -> None:
+        """Dissemination barrier; with hier among the candidates, after the calls in flight (node barriers count in
+        call order, so a peer waiting on one of them needs this rank's part)."""
+        if self.per_node > 1:
+            for work in tuple(self._active):
+                work.wait()
+        super().barrier()
+
     def _allreduce_work(self, call, src, dst, ufunc, result):
         """Start the chosen algorithm."""
         return self.algorithms[self.algorithm_for(src.nbytes, src.dtype)].start(call, src, dst, ufunc, result)
@@ -219,7 +252,21 @@ class AutoCommunicator(P2PCommunicator):
         return getattr(self.algorithms[self.algorithm_for(src.nbytes, src.dtype)], "run", None)
 
 
-def _spans_nodes(comm) -> bool:
-    """True when ``comm``'s ranks lie on more than one node (an all-gather of node ids)."""
+def _node_ids(comm) -> list:
+    """Each rank's node id (an all-gather; one rank alone: its own)."""
     from npddp.comm.node.memory import node_ids
-    return comm.size > 1 and len(set(node_ids(comm))) > 1
+    return node_ids(comm) if comm.size > 1 else [0]
+
+
+def hier_possible(nodes: list) -> bool:
+    """True when the ranks span nodes with the same number, more than one, on each (hier's shape)."""
+    from npddp.comm.node.hier import even_nodes
+    return len(set(nodes)) > 1 and len(nodes) > len(set(nodes)) and even_nodes(nodes)
+
+
+def _hier_path(comm, nodes: list, timeout: float):
+    """hier's node-then-network all-reduce on ``comm``'s own calls (collective: the node group and the group across)."""
+    from npddp.comm.node.allreduce import NodeGroup
+    from npddp.comm.node.hier import Hier, across_nodes
+    local = NodeGroup(comm, [r for r in range(comm.size) if nodes[r] == nodes[comm.rank]], comm._begin("setup"))
+    return Hier(local, across_nodes(comm.transport, nodes, timeout))
