@@ -14,8 +14,11 @@ warm-up iterations, then timed iterations, each started by a barrier and timed o
 rank; an iteration's time is the maximum over ranks (one all-reduce of the timings after
 each size). The first warm-up iteration sizes the run: timed iterations are ``--iters`` cut
 to fit ``--budget`` seconds (but at least 3, or ``--iters`` if fewer), extra warm-ups are
-cut to a quarter of it. Timed iterations reuse their buffers back to back (values may
-grow; that does not change the timing). Then one checked iteration on fresh data whose
+cut to a quarter of it. ``--calls K`` makes each timed iteration K collectives back to
+back, timed together and divided by K: for small messages, whose time a barrier's skew
+across ranks can exceed, the sum of many calls says what a loop of them costs. Timed
+iterations reuse their buffers back to back (values may grow, even past the dtype's range, silently;
+that does not change the timing). Then one checked iteration on fresh data whose
 exact result is known: rank r holds ``f((i + r) % m)`` for small integers f, m chosen so
 every partial result is exact in the dtype (float16 sums: up to 1024 ranks), and
 ``#wrong`` counts the elements, summed over ranks, that differ from it (an out-of-place
@@ -97,6 +100,7 @@ class SweepConfig:
     csv: str = ""
     transports: tuple = (bc.DEFAULT_TRANSPORT,)
     buffers: tuple = ("shared",)
+    calls: int = 1
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -132,6 +136,9 @@ def build_parser(verbose: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--iters", "-n", type=_positive_int, default=20,
                    help="timed iterations per size, cut to fit --budget (default 20)")
     p.add_argument("--warmup", "-w", type=_positive_int, default=5, help="warm-up iterations (default 5, >= 1)")
+    p.add_argument("--calls", type=_positive_int, default=1,
+                   help="collectives back to back in each timed iteration, its time divided by them: the barrier "
+                        "that starts an iteration and the ranks' skew after it weigh 1/K (default 1)")
     p.add_argument("--budget", type=float, default=1.0,
                    help="seconds of timed iterations per size, backend and place (default 1.0)")
     p.add_argument("--dtype", default="float32", choices=npcomm.DTYPES)
@@ -182,7 +189,7 @@ def parse_config(argv, verbose: bool = True) -> SweepConfig:
     if a.buffers != "shared" and a.collective != "allreduce":
         parser.error(f"--buffers {a.buffers} applies to allreduce only, not {a.collective}")
     return SweepConfig(backends, a.collective, a.dtype, op, a.minbytes, a.maxbytes, a.factor,
-                       a.iters, a.warmup, float(a.budget), a.out, a.csv, transports, buffers)
+                       a.iters, a.warmup, float(a.budget), a.out, a.csv, transports, buffers, a.calls)
 
 
 def sizes(cfg: SweepConfig, n: int) -> np.ndarray:
@@ -201,23 +208,26 @@ def sizes(cfg: SweepConfig, n: int) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- timing
 
-def _timed(run, harness) -> float:
-    """Barrier, then the seconds one ``run()`` takes on this rank."""
+def _timed(run, harness, calls: int = 1) -> float:
+    """Barrier, then the seconds one ``run()`` takes on this rank (the mean of ``calls`` back to back)."""
     harness.Barrier()
     t0 = time.perf_counter()
-    run()
-    return time.perf_counter() - t0
+    for _ in range(calls):
+        run()
+    return (time.perf_counter() - t0) / calls
 
 
-def measure(run, check, harness, iters: int, warmup: int, budget: float) -> tuple[np.ndarray, int]:
-    """Warm up, time, check: (this rank's per-iteration seconds, shape (k,), k <= iters; #wrong here)."""
-    first = np.array([_timed(run, harness)])
-    harness.Allreduce(MPI.IN_PLACE, first, op=MPI.MAX)  # every rank must agree on the counts below
-    est = max(float(first[0]), 1e-9)
-    for _ in range(min(warmup - 1, int(0.25 * budget / est))):
-        _timed(run, harness)
-    k = min(iters, max(MIN_ITERS, int(budget / est)))
-    times = np.array([_timed(run, harness) for _ in range(k)])
+def measure(run, check, harness, iters: int, warmup: int, budget: float,
+            calls: int = 1) -> tuple[np.ndarray, int]:
+    """Warm up, time, check: (this rank's per-iteration seconds per call, shape (k,), k <= iters; #wrong here)."""
+    with np.errstate(over="ignore"):  # timed calls reuse their buffers: sums may grow past the dtype's range
+        first = np.array([_timed(run, harness, calls)])
+        harness.Allreduce(MPI.IN_PLACE, first, op=MPI.MAX)  # every rank must agree on the counts below
+        est = max(float(first[0]) * calls, 1e-9)  # seconds of one iteration
+        for _ in range(min(warmup - 1, int(0.25 * budget / est))):
+            _timed(run, harness, calls)
+        k = min(iters, max(MIN_ITERS, int(budget / est)))
+        times = np.array([_timed(run, harness, calls) for _ in range(k)])
     return times, check()
 
 
@@ -275,7 +285,7 @@ def run_sweep(cfg: SweepConfig, harness, on_size=None) -> tuple[list[dict], np.n
             for i, g in enumerate(todo):
                 run, check = kernel(comms[g.backend, g.transport], cfg.collective, g.place, int(count),
                                     cfg.dtype, cfg.op, g.buffers == "shared")
-                t, wrong[i] = measure(run, check, harness, cfg.iters, cfg.warmup, cfg.budget_s)
+                t, wrong[i] = measure(run, check, harness, cfg.iters, cfg.warmup, cfg.budget_s, cfg.calls)
                 times[i, :t.size] = t
                 del run, check
             harness.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)  # NaN padding is the same on every rank

@@ -2,6 +2,7 @@
 
     python benchmarks/cluster_study.py --nodes 2 --ranks-per-node 1 --rate 1gbit -b 1K -e 64M --out study/
     python benchmarks/cluster_study.py --summarize study/ar_2x1_1gbit.csv --rate 1gbit   # an existing sweep
+    python benchmarks/cluster_study.py --nodes 4 -b 1K -e 256K --calls 50 --iters 20 --out study/  # small sizes
     python benchmarks/cluster_study.py --ddp --nodes 2 --rate 1gbit --out study/          # DDP, seed model sizes
 
 Each configuration runs ``benchmarks/allreduce.py`` inside the cluster (``--launcher mpi``:
@@ -32,6 +33,8 @@ from benchmarks._costmodel import fit_alpha_beta  # noqa: E402
 from npddp.cluster.shaping import parse_rate  # noqa: E402
 
 FIXED = ("ring", "rd", "rabenseifner", "tree")
+#: The second fit starts here: below it a 1 Gbit/s token bucket lets a message through faster than the rate.
+FIT_FROM = 256 << 10
 
 
 def run_sweep(args, path: Path) -> int:
@@ -40,7 +43,7 @@ def run_sweep(args, path: Path) -> int:
            str(args.ranks_per_node), "--rate", args.rate, "--launcher", "mpi", "--",
            sys.executable, str(ROOT / "benchmarks" / "allreduce.py"), "--backends", args.backends,
            "--transports", "mpi,tcp", "-b", args.minbytes, "-e", args.maxbytes, "-f", str(args.factor),
-           "--iters", str(args.iters), "--budget", str(args.budget), "--csv", str(path)]
+           "--iters", str(args.iters), "--budget", str(args.budget), "--calls", str(args.calls), "--csv", str(path)]
     print("+", " ".join(cmd), flush=True)
     return subprocess.call(cmd)
 
@@ -80,14 +83,15 @@ def summarize(path: Path, rate: float | None, world: int) -> list[str]:
     return lines
 
 
-def fit_network(path: Path, rate: float | None, world: int) -> list[str]:
-    """Per fixed algorithm and transport: the alpha-beta fit of its in-place times across the sweep's sizes.
+def fit_network(path: Path, rate: float | None, world: int, min_bytes: int = 0) -> list[str]:
+    """Per fixed algorithm and transport: the alpha-beta fit of its in-place times at the sweep's sizes >= min_bytes.
 
     Each algorithm is fitted with its own steps and bytes (``benchmarks/_costmodel.py``), so alpha is the
     network's per-message latency and beta the bandwidth it sees; ``beta / rate`` is the link's share.
     """
-    times = read(path)
-    lines = ["# alpha-beta fit per algorithm (T = steps x alpha + bytes sent / beta; weighted by 1/T)",
+    times = {key: t for key, t in read(path).items() if key[0] >= min_bytes}
+    lines = [f"# alpha-beta fit per algorithm, sizes >= {min_bytes} B (T = steps x alpha + bytes sent / beta; "
+             "weighted by 1/T)",
              f"{'algorithm':>16} {'alpha us':>9} {'beta Gbit/s':>11} {'beta / rate':>11} {'rel rms':>8} {'sizes':>6}"]
     for transport in ("mpi", "tcp"):
         for name in FIXED:
@@ -146,11 +150,16 @@ def main(argv=None) -> int:
     p.add_argument("-f", "--factor", type=int, default=4)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--budget", type=float, default=1.5)
+    p.add_argument("--calls", type=int, default=1,
+                   help="all-reduces back to back per timed iteration (benchmarks/allreduce.py --calls): for small "
+                        "sizes, where a barrier's skew outweighs the call (default 1)")
     p.add_argument("--out", default="cluster_study", help="directory of the sweeps' CSV files")
     p.add_argument("--summarize", default="", metavar="CSV", help="only print the summary of an existing sweep")
     p.add_argument("--ddp", action="store_true",
                    help="the DDP benchmark of the seed models (about 1 M, 5 M, 20 M parameters) instead of the sweep")
     args = p.parse_args(argv)
+    if args.calls < 1:
+        p.error(f"--calls must be >= 1, got {args.calls}")
     rate = parse_rate(args.rate)
     world = args.nodes * args.ranks_per_node
     kind = "ddp" if args.ddp else "ar"
@@ -158,7 +167,8 @@ def main(argv=None) -> int:
         path = Path(args.summarize)
     else:
         os.makedirs(args.out, exist_ok=True)
-        path = Path(args.out) / f"{kind}_{args.nodes}x{args.ranks_per_node}_{args.rate}.csv"
+        calls = f"_calls{args.calls}" if args.calls > 1 and not args.ddp else ""
+        path = Path(args.out) / f"{kind}_{args.nodes}x{args.ranks_per_node}_{args.rate}{calls}.csv"
         code = (run_ddp if args.ddp else run_sweep)(args, path)
         if code:
             return code
@@ -166,6 +176,7 @@ def main(argv=None) -> int:
     print("\n".join((summarize_ddp if args.ddp else summarize)(path, rate, world)))
     if not args.ddp:
         print("\n".join(fit_network(path, rate, world)))
+        print("\n".join(fit_network(path, rate, world, FIT_FROM)))
     return 0
 
 

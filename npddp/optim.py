@@ -122,6 +122,26 @@ class Optimizer:
         self.step_count = int(step)
 
 
+class Wrapping:
+    """``lr`` and ``step_count`` of the optimizer this one wraps, held in the attribute ``wrapped`` names."""
+
+    wrapped = "optim"
+
+    @property
+    def lr(self) -> float:
+        """The wrapped optimizer's learning rate (same on every rank)."""
+        return getattr(self, self.wrapped).lr
+
+    @lr.setter
+    def lr(self, value) -> None:
+        getattr(self, self.wrapped).lr = value
+
+    @property
+    def step_count(self) -> int:
+        """Steps taken."""
+        return getattr(self, self.wrapped).step_count
+
+
 class SGD(Optimizer):
     """Stochastic gradient descent with optional (Nesterov) momentum and L2 weight decay."""
 

@@ -196,19 +196,10 @@ class DistributedDataParallel(DataParallelModule):
             bucket.work = None
         return dx
 
-    def _on_layer_done(self, layer: Module) -> None:
-        """Grad hook: count down the buckets of ``layer``'s parameters; start full ones; poll."""
-        if not self._in_backward:
-            return
-        t0 = time.perf_counter()
-        for bucket in self._layer_buckets.get(id(layer), ()):
-            bucket.pending -= 1
-            if bucket.pending == 0:
-                self._start(bucket)
-        for bucket in self.buckets:
-            if bucket.work is not None and bucket.work.test() and bucket.trace_t0:
-                self._traced_done(bucket)
-        self.stats.comm_issue_s += time.perf_counter() - t0
+    def _polled(self, bucket: _Bucket) -> None:
+        """A bucket found finished while backward runs: its trace event ends here."""
+        if bucket.trace_t0:
+            self._traced_done(bucket)
 
     # --- per-bucket communication ---------------------------------------------------
     def _start(self, bucket: _Bucket) -> None:

@@ -83,7 +83,7 @@ def allreduce_hook(comm, bucket: GradBucket) -> Handle:
 
 def fp16_compress_hook(comm, bucket: GradBucket) -> Handle:
     """Cast to float16 and divide by the size, sum the halves over ranks, cast back into the bucket."""
-    return fp16_compress_wrapper(allreduce_prescaled)(comm, bucket)
+    return _fp16_allreduce(comm, bucket)
 
 
 def allreduce_prescaled(comm, bucket: GradBucket) -> Handle:
@@ -96,13 +96,27 @@ def allreduce_prescaled(comm, bucket: GradBucket) -> Handle:
 def fp16_compress_wrapper(hook: Callable) -> Callable:
     """Run ``hook`` on a float16 copy of the bucket; cast its result back into the bucket's buffer."""
 
+    halves: dict = {}  # (id, size) of a bucket's buffer -> its float16 copy, reused every step
+
     def fp16_hook(state, bucket: GradBucket) -> Handle:
-        half = bucket.buffer.astype(np.float16)
+        buffer = bucket.buffer
+        key = (id(buffer), buffer.size)
+        half = halves.get(key)
+        if half is None:
+            if len(halves) >= _MAX_HALVES:  # buffers that come and go: forget them (one in flight keeps its own)
+                halves.clear()
+            half = halves[key] = np.empty(buffer.size, dtype=np.float16)
+        np.copyto(half, buffer.ravel(), casting="same_kind")
         inner = hook(state, bucket.with_buffer(half))
-        return inner.then(lambda result: _copy_back(bucket.buffer, result))
+        return inner.then(lambda result: _copy_back(buffer, result))
 
     fp16_hook.__name__ = f"fp16_{getattr(hook, '__name__', 'hook')}"
     return fp16_hook
+
+
+#: Float16 copies one fp16 wrapper keeps (one per bucket of every model it serves).
+_MAX_HALVES = 256
+_fp16_allreduce = fp16_compress_wrapper(allreduce_prescaled)
 
 
 def _copy_back(buffer: np.ndarray, result: np.ndarray) -> np.ndarray:

@@ -2,7 +2,8 @@
 
 The model check at construction, which bucket each leaf layer's parameters fall in, forward,
 ``no_sync``, metric sums and the pass-throughs to the wrapped model. A subclass sets ``module``,
-``comm``, ``stats``, ``buckets`` (each with ``params``), ``_params`` and ``_sync_enabled``.
+``comm``, ``stats``, ``buckets`` (each with ``params``, ``pending``, ``work``), ``_params``, ``_sync_enabled`` and
+``_in_backward``, and defines ``_start(bucket)`` and ``_polled(bucket)`` for the grad hook.
 """
 
 from __future__ import annotations
@@ -75,6 +76,21 @@ class DataParallelModule:
             counts = [reports[id(p)] for p in b.params]  # one that no leaf reports waits for the end
             b.reports = b.pending = sum(counts) if all(counts) else -1
         return {id(m): [bucket_of[id(p)] for p in params] for m, params in owned if params}
+
+    def _on_layer_done(self, layer: Module) -> None:
+        """Grad hook: count down the buckets of ``layer``'s parameters; start full ones (``_start``); poll the
+        ones in flight (``_polled`` for each that has finished)."""
+        if not self._in_backward:
+            return
+        t0 = time.perf_counter()
+        for bucket in self._layer_buckets.get(id(layer), ()):
+            bucket.pending -= 1
+            if bucket.pending == 0:
+                self._start(bucket)
+        for bucket in self.buckets:
+            if bucket.work is not None and bucket.work.test():
+                self._polled(bucket)
+        self.stats.comm_issue_s += time.perf_counter() - t0
 
     # --- forward / backward ---------------------------------------------------------
     def forward(self, x: np.ndarray) -> np.ndarray:

@@ -13,30 +13,18 @@ from __future__ import annotations
 
 from functools import partial
 
-from npddp.optim import make_optimizer
+from npddp.optim import Wrapping, make_optimizer
 from npddp.parallel.zero import ShardedOptimizer, ZeroDataParallel, ZeroRedundancyOptimizer
 from npddp.train.console import format_bytes
 
 
-class CheckpointedOptimizer:
+class CheckpointedOptimizer(Wrapping):
     """A sharded optimizer as the training loop and its checkpoints see a plain one."""
+
+    wrapped = "sharded"
 
     def __init__(self, sharded, comm):
         self.sharded, self.comm = sharded, comm
-
-    @property
-    def lr(self) -> float:
-        """The learning rate."""
-        return self.sharded.lr
-
-    @lr.setter
-    def lr(self, value) -> None:
-        self.sharded.lr = value
-
-    @property
-    def step_count(self) -> int:
-        """Steps taken."""
-        return self.sharded.step_count
 
     def step(self) -> None:
         """Step this rank's shard."""

@@ -173,6 +173,19 @@ def test_measure_times_a_bounded_number_of_iterations():
     assert times.shape == (ar.MIN_ITERS,) and np.all(times >= 0.02)
 
 
+@pytest.mark.parametrize("calls", [1, 3, 8])
+def test_measure_with_several_calls_per_iteration_reports_the_time_of_one(calls):
+    count = []
+    times, _ = ar.measure(lambda: count.append(1), lambda: 0, MPI.COMM_SELF, iters=4, warmup=2, budget=10.0,
+                          calls=calls)
+    assert times.shape == (4,) and len(count) == calls * (1 + 1 + 4)
+    slow = lambda: __import__("time").sleep(0.01)  # noqa: E731
+    times, _ = ar.measure(slow, lambda: 0, MPI.COMM_SELF, iters=50, warmup=1, budget=0.1, calls=calls)
+    # each iteration is `calls` sleeps; the budget counts whole iterations, the times one call each
+    assert np.all(times >= 0.01) and np.all(times < 0.01 * 3) and ar.MIN_ITERS <= times.size <= max(ar.MIN_ITERS, 10 // calls)
+    assert ar.parse_config(["--calls", str(calls)], verbose=False).calls == calls
+
+
 def check_dump(path, argv, n, collective="allreduce", dtype="float32"):
     """Problems found in a sweep dump (empty when it matches what the sweep ran)."""
     problems = []

@@ -54,4 +54,6 @@ def test_network_fit_recovers_the_alpha_and_beta_the_times_were_made_from(tmp_pa
         assert set(fitted) == {"ring/tcp", "rd/tcp"}
         for cells in fitted.values():
             assert abs(float(cells[1]) - 40.0) < 0.1 and cells[3] == "0.90" and float(cells[4]) < 0.01
+        late = fit_network(tmp_path / f"ar{world}.csv", 1e9, world, 1 << 20)
+        assert all(ln.split()[-1] == "2" for ln in late[2:]) and "sizes >= 1048576 B" in late[0]
         rows = []

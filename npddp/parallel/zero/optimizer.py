@@ -15,10 +15,11 @@ from __future__ import annotations
 import numpy as np
 
 from npddp.nn.module import Parameter
+from npddp.optim import Wrapping
 from npddp.parallel.zero.partition import partition_parameters
 
 
-class ZeroRedundancyOptimizer:
+class ZeroRedundancyOptimizer(Wrapping):
     """Wrap ``optimizer_class(params, **defaults)``; each rank holds the state of its partition only."""
 
     def __init__(self, params, optimizer_class, comm, **defaults):
@@ -50,20 +51,6 @@ class ZeroRedundancyOptimizer:
         return {dt: np.empty(n, dtype=dt) for dt, n in totals.items()}
 
     # --- the optimizer's face ---------------------------------------------------------------
-    @property
-    def lr(self) -> float:
-        """The wrapped optimizer's learning rate (same on every rank)."""
-        return self.optim.lr
-
-    @lr.setter
-    def lr(self, value) -> None:
-        self.optim.lr = value
-
-    @property
-    def step_count(self) -> int:
-        """Steps taken."""
-        return self.optim.step_count
-
     def zero_grad(self) -> None:
         """Zero every parameter's gradient (all of them, not only this rank's)."""
         for p in self.params:

@@ -30,6 +30,7 @@ import time
 import numpy as np
 
 from npddp.nn.module import Module, Parameter
+from npddp.optim import Wrapping
 from npddp.parallel.ddp import BUCKET_CAP_MB, _cut_buckets
 from npddp.parallel.wrapper import DataParallelModule, StepStats
 from npddp.parallel.zero.flat import BufferPool, FlatGroup
@@ -154,19 +155,9 @@ class ZeroDataParallel(DataParallelModule):
             g.pending, g.reduced = g.reports, False
         return dx
 
-    def _on_layer_done(self, layer: Module) -> None:
-        """Grad hook: count down the groups of ``layer``'s parameters; start the reduction of full ones; poll."""
-        if not self._in_backward:
-            return
-        t0 = time.perf_counter()
-        for g in self._layer_buckets.get(id(layer), ()):
-            g.pending -= 1
-            if g.pending == 0:
-                self._start(g)
-        for g in self.buckets:
-            if g.work is not None and g.work.test():
-                g.finish_reduce()   # ZeRO-3: its full gradients are freed now, not at the end of backward
-        self.stats.comm_issue_s += time.perf_counter() - t0
+    def _polled(self, group: FlatGroup) -> None:
+        """A group's reduction found finished during backward: ZeRO-3 frees its full gradients now, not at the end."""
+        group.finish_reduce()
 
     def _start(self, group: FlatGroup) -> None:
         self.stats.comm_calls += 1
@@ -206,7 +197,7 @@ class ZeroDataParallel(DataParallelModule):
         return {"params": full if self.stage == 2 else shard, "grads": full + shard if self.stage == 2 else shard}
 
 
-class ShardedOptimizer:
+class ShardedOptimizer(Wrapping):
     """``optimizer_class`` over the shards of a :class:`ZeroDataParallel`; checkpoints in the whole-model layout.
 
     ``consolidate_state_dict(to)`` (collective) then ``state_dict()`` on rank ``to`` give exactly
@@ -218,20 +209,6 @@ class ShardedOptimizer:
         self.optim = optimizer_class(engine.shard_parameters(), **defaults)
         self._consolidated: dict | None = None
         self._consolidated_to: int | None = None
-
-    @property
-    def lr(self) -> float:
-        """The learning rate."""
-        return self.optim.lr
-
-    @lr.setter
-    def lr(self, value) -> None:
-        self.optim.lr = value
-
-    @property
-    def step_count(self) -> int:
-        """Steps taken."""
-        return self.optim.step_count
 
     def step(self) -> None:
         """Step this rank's shards."""
