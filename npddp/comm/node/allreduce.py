@@ -31,24 +31,17 @@ from __future__ import annotations
 
 import numpy as np
 
-import os
-import sys
-
 from npddp.comm import checks as c
 from npddp.comm.p2p.engine import Overdue
 from npddp.comm.node import cma
-from npddp.comm.node.memory import LINE, PID, NodeSync, create_segment
+from npddp.comm.node.memory import LINE, PID, SIZE_WORDS, NodeSync, create_segment
+from npddp.comm.node.single_copy import agree_on_single_copy
 
 _ALIGN = 4096
 INPUT, RESULT = (1, 2), (3, 4)  # control-line words: (segment index, byte offset) of a rank's input, result
 #: Segment indices in those words that are no segment: the buffer is staged (placement only, never
 #: published), or private and reached by single-copy transfers (the second word: its address).
 STAGED, PRIVATE = -1, -2
-SIZE_WORDS = (5, 6)             # control-line words: the byte count of a rank's call (alternating calls)
-#: The setup probe of single-copy transfers borrows the size words: it ends with a node barrier, and no
-#: call writes them before every rank of the node has passed it.
-_PROBE, _VERDICT = SIZE_WORDS
-_PROBE_MAGIC = 0x6E70646470726F62
 
 
 def _aligned(nbytes: int) -> int:
@@ -94,50 +87,12 @@ class NodeGroup:
         self.sized_calls = 0   # all-reduces so far: which of the two size words the next one uses
         self._pull = np.empty(0, dtype=np.uint8)  # where pieces read from private peer inputs land
         #: Why single-copy transfers of private buffers are off ("" when they are on).
-        self.single_copy_off = self._probe_single_copy(call)
+        self.single_copy_off = agree_on_single_copy(self, call)
 
     @property
     def single_copy(self) -> bool:
         """Whether private buffers of ``single_copy_bytes`` and more move by single-copy transfers."""
         return not self.single_copy_off and self.single_copy_bytes is not None
-
-    def _probe_single_copy(self, call) -> str:
-        """Agree with the node's ranks whether every one can read every other's memory; "" if so, else why not.
-
-        Two node barriers: each rank publishes the address of a probe word and reads every
-        peer's; then each publishes its verdict, and single copy is on only if all say yes.
-        """
-        why = cma.why_not()
-        if not why:
-            cma.allow_peers()
-        probe = np.array([_PROBE_MAGIC, os.getpid()], dtype=np.int64)
-        words, me, line = self.sync.words, self.li, self.li * LINE
-        words[line + _PROBE] = probe.ctypes.data
-        seq = self.reserve(2)
-        self.sync.arrive(seq)
-        self.wait(call, seq)
-        got = np.zeros(2, dtype=np.int64)
-        for i in self.sync.others:
-            if why:
-                break
-            pid = self.sync.word(i, PID)
-            try:
-                cma.read(pid, self.sync.word(i, _PROBE), got)
-            except ConnectionError as exc:
-                why = f"reading a peer's memory failed ({exc})"
-            else:
-                if got[0] != _PROBE_MAGIC or got[1] != pid:
-                    why = "a peer's memory read back wrong (address spaces differ?)"
-        words[line + _VERDICT] = 0 if why else 1
-        self.sync.arrive(seq + 1)
-        self.wait(call, seq + 1)
-        del probe  # every peer has read it: they arrived after reading
-        if not why and any(self.sync.word(i, _VERDICT) != 1 for i in self.sync.others):
-            why = "a peer on this node cannot read the others' memory"
-        if why and me == 0 and not why.startswith("NPDDP_SINGLE_COPY"):
-            print(f"npddp: single-copy transfers of private buffers are off: {why}; staging them instead",
-                  file=sys.stderr, flush=True)
-        return why
 
     def _make_staging(self, call, big: int) -> None:
         """Make a staging area: per rank two small slots and ``big`` bytes for one large vector.

@@ -5,7 +5,7 @@ kernel. They need the same user and a ptrace policy that lets one process attach
 (``kernel.yama.ptrace_scope`` 0, or 1 after the target declared any process may, which
 :func:`allow_peers` does); containers may forbid the calls outright. :func:`why_not` says, in
 one line, why they cannot be used here, or returns "" when they can; the node group then
-probes its peers once (:meth:`npddp.comm.node.allreduce.NodeGroup`) before relying on them.
+probes its peers once (:func:`npddp.comm.node.single_copy.agree_on_single_copy`) before relying on them.
 
 A peer that has exited makes a call fail with ESRCH, raised here as ConnectionError, so a rank
 killed while its memory is read ends the collective at once.

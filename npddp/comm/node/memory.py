@@ -35,6 +35,7 @@ from npddp.comm.node.names import SHM_DIR, job_id, segment_name
 #: Words (int64) in each rank's control line: sequence number, then what the algorithm publishes.
 LINE = 8
 SEQ, PID = 0, LINE - 1
+SIZE_WORDS = (5, 6)  # words of a rank's line: the byte count of its all-reduce (alternating calls)
 _NAME_BYTES = 128
 _TSO = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 _FENCE = threading.Lock()
