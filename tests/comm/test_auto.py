@@ -222,3 +222,32 @@ def test_auto_composes_hier_across_nodes_with_several_ranks_each(world, tmp_path
     blocking = [comm.allreduce(d.copy(), op="avg") for d in data]
     ok = ok and all(np.allclose(b, w / world.size, rtol=1e-12, atol=1e-12) for b, w in zip(blocking, want))
     assert_all_ranks(ok, "wrong sums from interleaved rd and hier calls", world)
+
+
+_CANDIDATES_SCRIPT = r"""
+import os
+import numpy as np
+from npddp.comm import create
+comm = create("auto")
+buf = np.arange(300_000, dtype=np.float64) + comm.rank
+comm.allreduce(buf)
+ok = np.array_equal(buf, 4 * np.arange(300_000.0) + 6)
+line = f"RESULT {comm.rank} {comm.per_node} {'hier' in comm.algorithms} {comm.algorithm_for(buf.nbytes, buf.dtype)} {ok}"
+os.write(1, (line + "\n").encode())  # one write per line: the ranks share stdout
+"""
+
+
+@pytest.mark.parametrize("auto_shm", ["1", "0"])
+def test_pretended_nodes_of_two_ranks_give_auto_hier_unless_shared_memory_is_off(tmp_path, auto_shm):
+    """4 ranks as 2 nodes x 2 (NPDDP_RANKS_PER_NODE=2): auto composes hier; NPDDP_AUTO_SHM=0 keeps it flat."""
+    import os
+    script = tmp_path / "candidates.py"
+    script.write_text(_CANDIDATES_SCRIPT)
+    env = {**os.environ, "NPDDP_RANKS_PER_NODE": "2", "NPDDP_AUTO_SHM": auto_shm}
+    done = subprocess.run([sys.executable, "-m", "npddp.run", "--nproc", "4", str(script)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rows = sorted(line.split()[1:] for line in done.stdout.splitlines() if line.startswith("RESULT"))
+    composed = auto_shm == "1"
+    want = ["2", "True", "hier"] if composed else ["1", "False", "ring"]
+    assert rows == [[str(r), *want, "True"] for r in range(4)], done.stdout
