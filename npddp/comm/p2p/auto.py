@@ -9,6 +9,11 @@ table for exactly that job (transport, world size), which ``auto`` loads from
 table falls back to the model with one warning. Rank 0 reads the file and broadcasts its bytes,
 so every rank picks the same algorithm for the same call.
 
+Where the ranks are: on one node ``shm`` is the candidate at every size; across nodes a network
+model prices the candidates (:func:`network_time`), and when every node holds as many ranks,
+more than one, hier's composition joins them (:func:`hier_time`: shared memory on the node, the
+best algorithm between nodes). ``NPDDP_AUTO_SHM=0`` keeps both shared-memory paths out.
+
 Tuning file (JSON)::
 
     {"format": "npddp-allreduce-tuning", "version": 1, "transport": "mpi", "world_size": 4,
