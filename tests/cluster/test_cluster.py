@@ -184,11 +184,15 @@ def test_training_across_nodes_gives_the_parameters_of_one_process(cluster, clus
                          capture_output=True, text=True, timeout=120)
     assert one.returncode == 0, one.stderr
     reference = checkpoint.read(tmp_path / "one.h5").params
-    for launcher in ("tcp", "mpi"):
-        path = tmp_path / f"{launcher}.h5"
-        done = cluster("--nodes", 2, "--rate", "none", "--launcher", launcher, "--", "python", *flags, path)
+    # 2 nodes x 1 over both launchers (ring); 2 nodes x 2 with auto, which composes hier there
+    for launcher, per_node, backend in (("tcp", 1, "ring"), ("mpi", 1, "ring"), ("tcp", 2, "auto")):
+        path = tmp_path / f"{launcher}{per_node}.h5"
+        run = [a if a != "ring" else backend for a in flags]
+        done = cluster("--nodes", 2, "--ranks-per-node", per_node, "--rate", "none", "--launcher", launcher, "--",
+                       "python", *run, path)
         assert done.returncode == 0, done.stderr
         params = checkpoint.read(path).params
         assert list(params) == list(reference)
         for name, value in params.items():
-            np.testing.assert_allclose(value, reference[name], rtol=0, atol=1e-12, err_msg=f"{launcher}: {name}")
+            np.testing.assert_allclose(value, reference[name], rtol=0, atol=1e-12,
+                                       err_msg=f"{launcher}, {per_node} per node, {backend}: {name}")
