@@ -174,7 +174,7 @@ def main(argv=None) -> int:
     transport = resolve_transport(args.transport)
     timer = create("rd", transport=transport)
     comms = {name: create(name, transport=transport) for name in candidates()}
-    nodes = node_ids(timer) if timer.size > 1 else [0]
+    nodes = node_ids(timer)
     if node_group(timer, timer._begin("setup")) is not None:  # one node: shared memory competes too
         comms["shm"] = create("shm", transport=transport)
     elif hier_possible(nodes):  # as many ranks (> 1) on every node: hier's composition competes too

@@ -1,7 +1,6 @@
 """The report's figures read alike: one colour per backend in every figure, a breakdown whose bars end at
 100% with its legend on top and a bounded height, and titles in words rather than command-line flags."""
 
-import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg

@@ -136,14 +136,13 @@ class NodeGroup:
                 break
         else:
             return
-        theirs = {sync.ranks[i]: sync.words[i * LINE + word] for i in sync.others}
-        if any(v != nbytes for v in theirs.values()):
-            error = ValueError(f"[rank {sync.ranks[sync.me]}] {call.describe()}: the ranks passed different sizes "
-                               f"(this rank {nbytes} bytes; "
-                               + ", ".join(f"rank {r} {v} bytes" for r, v in sorted(theirs.items()))
-                               + "); every rank must pass the same shape and dtype; this communicator is now unusable")
-            self.comm._abandon_all(str(error), [], None)
-            raise error
+        theirs = {sync.ranks[i]: words[i * LINE + word] for i in sync.others}
+        error = ValueError(f"[rank {sync.ranks[sync.me]}] {call.describe()}: the ranks passed different sizes "
+                           f"(this rank {nbytes} bytes; "
+                           + ", ".join(f"rank {r} {v} bytes" for r, v in sorted(theirs.items()))
+                           + "); every rank must pass the same shape and dtype; this communicator is now unusable")
+        self.comm._abandon_all(str(error), [], None)
+        raise error
 
     def reserve(self, barriers: int) -> int:
         """Number the next ``barriers`` node barriers; return the first."""

@@ -157,7 +157,8 @@ class AutoCommunicator(P2PCommunicator):
     def __init__(self, transport, timeout: float = c.DEFAULT_TIMEOUT, tuning=None, shared_memory: bool = True):
         super().__init__(transport, None, "auto", timeout)
         self.algorithms = {name: algorithm(name)(self.context) for name in (*ALGORITHMS, *costed())}
-        nodes = _node_ids(self) if shared_memory else []
+        from npddp.comm.node.memory import node_ids
+        nodes = node_ids(self) if shared_memory else []
         #: True when the ranks span nodes (hier's group across nodes always does): the network model applies.
         self.across_nodes = not shared_memory or len(set(nodes)) > 1
         shared_memory = shared_memory and os.environ.get("NPDDP_AUTO_SHM", "1") != "0"
@@ -255,12 +256,6 @@ class AutoCommunicator(P2PCommunicator):
     def _blocking_path(self, src):
         """The chosen algorithm's blocking path, if it has one."""
         return getattr(self.algorithms[self.algorithm_for(src.nbytes, src.dtype)], "run", None)
-
-
-def _node_ids(comm) -> list:
-    """Each rank's node id (an all-gather; one rank alone: its own)."""
-    from npddp.comm.node.memory import node_ids
-    return node_ids(comm) if comm.size > 1 else [0]
 
 
 def hier_possible(nodes: list) -> bool:
