@@ -178,18 +178,17 @@ def test_up_exec_status_down(cluster, own_namespaces):
 @needs_namespaces
 def test_training_across_nodes_gives_the_parameters_of_one_process(cluster, cluster_env, tmp_path):
     from npddp.train import checkpoint
-    flags = ["-m", "npddp.train", "--backend", "ring", "--dtype", "float64", "--hidden", "16", "--train-samples",
-             "256", "--val-samples", "64", "--batch-size", "32", "--epochs", "1", "--quiet", "--checkpoint"]
-    one = subprocess.run([sys.executable, *flags, str(tmp_path / "one.h5")], env=cluster_env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+    flags = ["-m", "npddp.train", "--dtype", "float64", "--hidden", "16", "--train-samples", "256",
+             "--val-samples", "64", "--batch-size", "32", "--epochs", "1", "--quiet"]
+    one = subprocess.run([sys.executable, *flags, "--backend", "ring", "--checkpoint", str(tmp_path / "one.h5")],
+                         env=cluster_env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert one.returncode == 0, one.stderr
     reference = checkpoint.read(tmp_path / "one.h5").params
     # 2 nodes x 1 over both launchers (ring); 2 nodes x 2 with auto, which composes hier there
     for launcher, per_node, backend in (("tcp", 1, "ring"), ("mpi", 1, "ring"), ("tcp", 2, "auto")):
         path = tmp_path / f"{launcher}{per_node}.h5"
-        run = [a if a != "ring" else backend for a in flags]
         done = cluster("--nodes", 2, "--ranks-per-node", per_node, "--rate", "none", "--launcher", launcher, "--",
-                       "python", *run, path)
+                       "python", *flags, "--backend", backend, "--checkpoint", path)
         assert done.returncode == 0, done.stderr
         params = checkpoint.read(path).params
         assert list(params) == list(reference)

@@ -33,6 +33,7 @@ import warnings
 import numpy as np
 
 from npddp.comm import checks as c
+from npddp.comm.node.memory import node_ids
 from npddp.comm.p2p.communicator import P2PCommunicator
 from npddp.comm.registry import ALGORITHMS, NODE_ALGORITHMS, algorithm, costed, node_group
 
@@ -157,7 +158,6 @@ class AutoCommunicator(P2PCommunicator):
     def __init__(self, transport, timeout: float = c.DEFAULT_TIMEOUT, tuning=None, shared_memory: bool = True):
         super().__init__(transport, None, "auto", timeout)
         self.algorithms = {name: algorithm(name)(self.context) for name in (*ALGORITHMS, *costed())}
-        from npddp.comm.node.memory import node_ids
         nodes = node_ids(self) if shared_memory else []
         #: True when the ranks span nodes (hier's group across nodes always does): the network model applies.
         self.across_nodes = not shared_memory or len(set(nodes)) > 1
