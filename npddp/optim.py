@@ -72,9 +72,9 @@ class Optimizer:
             setattr(self, k, v)
 
     def zero_grad(self) -> None:
-        """Zero every parameter's gradient in place."""
+        """Zero every parameter's gradient (lazily, see :meth:`npddp.nn.Parameter.zero_grad`)."""
         for p in self.params:
-            p.grad[...] = 0
+            p.zero_grad()
 
     def step(self) -> None:
         """Update every parameter once from its current ``.grad``."""

@@ -12,12 +12,12 @@ from npddp.nn.gelu import GELU
 from npddp.nn.gpt import GPT, PRESETS, Block, gpt, gpt_num_parameters, gpt_preset
 from npddp.nn.layers import Flatten, Linear, ReLU, Tanh
 from npddp.nn.losses import CrossEntropyLoss, MSELoss
-from npddp.nn.module import Module, Parameter, Sequential
+from npddp.nn.module import Module, Parameter, Sequential, settle_grads
 from npddp.nn.norm import LayerNorm
 from npddp.nn.pool import MaxPool2d
 
 __all__ = [
-    "Parameter", "Module", "Sequential",
+    "Parameter", "Module", "Sequential", "settle_grads",
     "Linear", "ReLU", "Tanh", "GELU", "Conv2d", "MaxPool2d", "Flatten", "Dropout",
     "Embedding", "LayerNorm", "CausalSelfAttention", "Block", "GPT",
     "CrossEntropyLoss", "MSELoss",

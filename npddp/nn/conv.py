@@ -122,12 +122,20 @@ class Conv2d(Module):
         d3 = dout.reshape(b, self.out_channels, ho * wo)                  # (B, O, L)
         cols3 = cols.reshape(b, k, ho * wo)                               # (B, K, L)
         np.matmul(d3, cols3.transpose(0, 2, 1), out=self._dwb)            # (B, O, K)
-        np.sum(self._dwb, axis=0, out=self._dw)                           # (O, K)
-        gw = self.weight.grad
-        np.add(gw, self._dw.reshape(gw.shape), out=gw)                    # (O, C, kh, kw)
+        gw, overwrite = self.weight.grad_to_write()
+        if overwrite and gw.flags.c_contiguous:                           # so the reshape is a view
+            np.sum(self._dwb, axis=0, out=gw.reshape(self.out_channels, k))  # (O, K)
+        else:
+            if overwrite:
+                gw[...] = 0
+            np.sum(self._dwb, axis=0, out=self._dw)                       # (O, K)
+            np.add(gw, self._dw.reshape(gw.shape), out=gw)                # (O, C, kh, kw)
         if self.bias is not None:
-            gb = self.bias.grad
-            np.add(gb, d3.sum(axis=(0, 2)), out=gb)                       # (O,)
+            gb, overwrite = self.bias.grad_to_write()
+            if overwrite:
+                np.sum(d3, axis=(0, 2), out=gb)                           # (O,)
+            else:
+                np.add(gb, d3.sum(axis=(0, 2)), out=gb)
         if not self.input_grad:
             return None
         w2 = self.weight.data.reshape(self.out_channels, k)               # (O, K)

@@ -1,8 +1,9 @@
 """Dense layers and pointwise activations: Linear, ReLU, Tanh, Flatten.
 
 Each ``forward`` caches its input by reference (no copy) and ``backward`` uses the input of
-the most recent ``forward``.  Parameter gradients are *added* into ``.grad`` in place and
-looked up at backward time, so a ``.grad`` swapped for a view into a flat buffer keeps working.
+the most recent ``forward``.  Parameter gradients are *added* into ``.grad`` in place (or
+written over one that ``zero_grad`` left zero) and looked up at backward time, so a ``.grad``
+swapped for a view into a flat buffer keeps working.
 """
 
 from __future__ import annotations
@@ -63,11 +64,17 @@ class Linear(Module):
         check_dout(self, dout, x.shape[:-1] + (self.out_features,))
         x2 = x.reshape(-1, self.in_features)               # (N, in)
         d2 = dout.reshape(-1, self.out_features)           # (N, out)
-        gw = self.weight.grad
-        np.add(gw, np.matmul(d2.T, x2), out=gw)            # (out, in)
+        gw, overwrite = self.weight.grad_to_write()
+        if overwrite:
+            np.matmul(d2.T, x2, out=gw)                    # (out, in)
+        else:
+            np.add(gw, np.matmul(d2.T, x2), out=gw)
         if self.bias is not None:
-            gb = self.bias.grad
-            np.add(gb, d2.sum(axis=0), out=gb)             # (out,)
+            gb, overwrite = self.bias.grad_to_write()
+            if overwrite:
+                np.sum(d2, axis=0, out=gb)                 # (out,)
+            else:
+                np.add(gb, d2.sum(axis=0), out=gb)
         if not self.input_grad:
             return None
         return np.matmul(d2, self.weight.data).reshape(x.shape)  # (..., in)

@@ -2,8 +2,12 @@
 
 Contract used by DDP:
 * ``Parameter.data`` and ``Parameter.grad`` exist from construction; backward only ever
-  adds into ``grad`` in place (``+=`` or ``out=``), so DDP may swap ``grad`` for a view into
+  writes into ``grad`` in place (``+=`` or ``out=``), so DDP may swap ``grad`` for a view into
   a flat bucket once, after construction, and every later backward writes into the bucket.
+* ``zero_grad`` zeroes lazily, as PyTorch's ``set_to_none`` does in effect: the gradient is
+  marked zero, the next backward overwrites it instead of adding (no pass of zeros, no
+  temporary), and reading ``grad`` before that writes the zeros. Code that reads gradient
+  memory other than through ``grad`` (a bucket) calls :func:`settle_grads` first.
 * ``named_parameters()`` has a fixed order: attribute definition order, depth first; a
   parameter shared by two layers (tied weights) appears once, and its gradient is final
   only after the backward of every layer that uses it.
@@ -25,11 +29,34 @@ import numpy as np
 class Parameter:
     """A trainable array with its gradient buffer, allocated together."""
 
-    __slots__ = ("data", "grad")
+    __slots__ = ("data", "_grad", "_zero")
 
     def __init__(self, data: np.ndarray):
         self.data = np.ascontiguousarray(data)
-        self.grad = np.zeros_like(self.data)
+        self._grad = np.zeros_like(self.data)
+        self._zero = False   # zero_grad was called and nothing has written the gradient since
+
+    @property
+    def grad(self) -> np.ndarray:
+        """The gradient (same shape as ``data``); zeros after ``zero_grad`` until a backward writes it."""
+        if self._zero:
+            self._zero = False
+            if self._grad.flags.writeable:   # a read-only gradient (ZeRO-3's freed one) is zeros already
+                self._grad[...] = 0
+        return self._grad
+
+    @grad.setter
+    def grad(self, array: np.ndarray) -> None:
+        self._grad, self._zero = array, False
+
+    def zero_grad(self) -> None:
+        """Make the gradient zero, lazily: the next backward overwrites it, a read first writes zeros."""
+        self._zero = True
+
+    def grad_to_write(self) -> tuple[np.ndarray, bool]:
+        """For a backward: ``(gradient, overwrite)``; overwrite when it is zero by ``zero_grad``, else add into it."""
+        zero, self._zero = self._zero, False
+        return self._grad, zero
 
     @property
     def shape(self):
@@ -43,6 +70,13 @@ class Parameter:
 
     def __repr__(self) -> str:
         return f"Parameter(shape={self.data.shape}, dtype={self.data.dtype})"
+
+
+def settle_grads(params) -> None:
+    """Write the zeros of every gradient in ``params`` still zero by ``zero_grad`` (before reading their memory directly)."""
+    for p in params:
+        if p._zero:
+            p.grad
 
 
 class Module:
@@ -128,9 +162,9 @@ class Module:
         return missing, unexpected
 
     def zero_grad(self) -> None:
-        """Set every gradient to zero in place."""
+        """Set every gradient to zero (lazily, see :meth:`Parameter.zero_grad`)."""
         for p in self.parameters():
-            p.grad[...] = 0
+            p.zero_grad()
 
     def train(self, mode: bool = True) -> "Module":
         """Switch this module and its children to training (or eval) mode."""

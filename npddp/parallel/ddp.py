@@ -34,7 +34,7 @@ from collections import Counter
 
 import numpy as np
 
-from npddp.nn.module import Module, Parameter
+from npddp.nn.module import Module, Parameter, settle_grads
 from npddp.parallel.hooks import GradBucket, Handle, allreduce_hook
 from npddp.parallel.wrapper import DataParallelModule, StepStats
 from npddp.util import tracing
@@ -206,6 +206,7 @@ class DistributedDataParallel(DataParallelModule):
         """Hand ``bucket`` to the comm hook (and, unless overlapping, finish it at once)."""
         stats = self.stats
         stats.comm_calls += 1
+        settle_grads(bucket.params)   # a parameter no layer wrote since zero_grad sends zeros
         bucket.trace_t0 = self.tracer.clock()
         bucket.work = self.comm_hook(self.comm_hook_state, bucket.grad_bucket)
         stats.comm_bytes += bucket.work.nbytes if isinstance(bucket.work, Handle) else bucket.buffer.nbytes
@@ -240,9 +241,9 @@ class DistributedDataParallel(DataParallelModule):
 
     # --- pass-throughs ----------------------------------------------------------------
     def zero_grad(self) -> None:
-        """Zero every gradient bucket."""
-        for bucket in self.buckets:
-            bucket.buffer[...] = 0
+        """Zero every gradient, lazily: backward overwrites them, and a bucket settles the rest before it is sent."""
+        for p in self._params:
+            p.zero_grad()
 
 
 class _Done:

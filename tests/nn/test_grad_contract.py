@@ -1,9 +1,10 @@
-"""The gradient contract DDP relies on: accumulate in place, never rebind, hooks per leaf."""
+"""The gradient contract DDP relies on: accumulate in place (or overwrite after a lazy zero_grad), never rebind, hooks per leaf."""
 
 import numpy as np
 import pytest
 
 from npddp.nn import Conv2d, Linear, MaxPool2d, ReLU, Sequential, cnn, mlp
+from npddp.nn.module import settle_grads
 
 MODELS = {
     "linear": lambda dt: Sequential(Linear(5, 4, dtype=dt, rng=np.random.default_rng(0))),
@@ -112,3 +113,59 @@ def test_named_parameters_order_is_definition_order():
     names = [n for n, _ in model.named_parameters()]
     assert names == ["0.weight", "0.bias", "3.weight", "3.bias", "7.weight", "7.bias", "9.weight", "9.bias"]
     assert not any(isinstance(m, MaxPool2d) and m.parameters() for m in model.layers)
+
+
+def tied(dtype=np.float64):
+    """One Linear used twice: its gradient is the sum over both uses."""
+    layer = Linear(5, 5, dtype=dtype, rng=np.random.default_rng(4))
+    return Sequential(layer, ReLU(), layer)
+
+
+def backward_grads(model, x, dout, settle_first):
+    """Gradients of one backward after zero_grad; ``settle_first`` reads them first (the zeros written eagerly)."""
+    model.zero_grad()
+    if settle_first:
+        settle_grads(model.parameters())
+    run_backward(model, x, dout)
+    return [p.grad.copy() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS) + ["tied"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_lazy_zero_grad_gives_the_gradients_of_eager_zeroing(name, dtype):
+    """zero_grad marks, backward overwrites: the same bits as writing zeros and adding, including tied weights."""
+    if name == "tied":
+        model = tied(dtype)
+        rng = np.random.default_rng(5)
+        x, dout = rng.standard_normal((4, 5)).astype(dtype), rng.standard_normal((4, 5)).astype(dtype)
+    else:
+        model, x, dout = setup(name, dtype)
+    for p in model.parameters():
+        p.grad[...] = 3                                               # stale values zero_grad must hide
+    arrays = [p.grad for p in model.parameters()]
+    model.zero_grad()
+    assert all(np.all(g == 3) for g in arrays)                       # no pass of zeros yet
+    lazy = backward_grads(model, x, dout, settle_first=False)
+    eager = backward_grads(model, x, dout, settle_first=True)
+    assert all(p.grad is g for p, g in zip(model.parameters(), arrays))
+    for a, b in zip(lazy, eager):
+        np.testing.assert_array_equal(a, b)
+        assert np.all(np.isfinite(a)) and np.any(a != 3)
+    run_backward(model, x, dout)                                      # a second backward adds
+    for p, g in zip(model.parameters(), lazy):
+        np.testing.assert_allclose(p.grad, 2 * g, rtol=1e-6 if dtype == np.float32 else 1e-13)
+
+
+def test_zero_grad_then_read_or_write_means_what_it_did_eagerly():
+    model, x, dout = setup("mlp")
+    model.zero_grad()
+    first = model.parameters()[0]
+    assert not np.any(first.grad)                                     # reading writes the zeros
+    written = model.parameters()[1]
+    written.grad[...] = 2.0                                           # a write after zero_grad is kept
+    reference = MODELS["mlp"](np.float64)
+    run_backward(reference, x, dout)
+    run_backward(model, x, dout)
+    np.testing.assert_array_equal(first.grad, reference.parameters()[0].grad)
+    np.testing.assert_allclose(written.grad, reference.parameters()[1].grad + 2.0, rtol=1e-13)
+

@@ -14,7 +14,7 @@ from npddp.comm import create
 from npddp.parallel import builtin, hooks
 from npddp.parallel.averaging import PeriodicModelAverager
 from npddp.parallel.ddp import SYNCS, DistributedDataParallel
-from npddp.nn import CrossEntropyLoss, mlp
+from npddp.nn import CrossEntropyLoss, Linear, Module, Parameter, Sequential, mlp
 from npddp.optim import SGD, AdamW
 
 from tests.conftest import IallreduceSpy, check_ranks_agree
@@ -220,9 +220,8 @@ def test_topk_error_feedback_keeps_what_it_did_not_send():
     applied = np.zeros(ddp.buckets[0].buffer.size)
     true_sum = np.zeros_like(applied)
     for _ in range(4):
-        ddp.zero_grad()
         g = rng.standard_normal(applied.size)
-        ddp.buckets[0].buffer[...] = g
+        ddp.buckets[0].buffer[...] = g          # the whole bucket, as a backward after zero_grad writes it
         true_sum += comm.allreduce(g.copy())
         ddp._start(ddp.buckets[0])
         ddp._finish(ddp.buckets[0])
@@ -294,3 +293,40 @@ def test_bad_arguments_name_the_value_and_valid_range():
             make()
     with pytest.raises(TypeError, match="hook must be a function"):
         DistributedDataParallel(make_model(), comm).register_comm_hook(comm, "fp16")
+
+
+class Idle(Module):
+    """A layer whose parameter its backward writes only when ``writes`` (an unused parameter otherwise)."""
+
+    def __init__(self, writes: bool = False):
+        super().__init__()
+        self.scale = Parameter(np.ones(3))
+        self.writes = writes
+
+    def forward(self, x):
+        return x
+
+    def backward(self, dout):
+        if self.writes:
+            self.scale.grad += 1.0
+        return dout
+
+
+def stale_then_backward(wrapper, model, x):
+    """Gradients full of stale 5s, the model's lazy zero_grad, one backward through ``wrapper``."""
+    for p in model.parameters():
+        p.grad[...] = 5.0
+    model.zero_grad()
+    wrapper.backward(np.ones_like(wrapper(x)))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("sync", SYNCS)
+def test_a_parameter_no_layer_wrote_since_zero_grad_is_sent_as_zeros(sync):
+    """Rank 0 alone writes Idle's gradient: every rank ends with its 1 averaged with the others' zeros."""
+    comm = create("mpi", MPI.COMM_WORLD)
+    model = Sequential(Linear(IN, OUT, dtype=np.float64, rng=np.random.default_rng(0)), Idle(comm.rank == 0))
+    ddp = DistributedDataParallel(model, comm, sync=sync, bucket_cap_mb=2e-4)
+    stale_then_backward(ddp, model, np.full((2, IN), comm.rank + 1.0))
+    np.testing.assert_allclose(model.layers[1].scale.grad, np.full(3, 1.0 / comm.size), rtol=1e-15)
+    np.testing.assert_allclose(model.layers[0].bias.grad, np.full(OUT, 2.0))    # ones over 2 rows, averaged

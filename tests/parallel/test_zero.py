@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 
 from npddp.comm import create
-from npddp.nn import CrossEntropyLoss, cnn, gpt, mlp
+from npddp.nn import CrossEntropyLoss, Linear, Sequential, cnn, gpt, mlp
+from npddp.nn.module import settle_grads
 from npddp.optim import SGD, AdamW
 from npddp.parallel.ddp import DistributedDataParallel
 from npddp.parallel.zero import ShardedOptimizer, ZeroDataParallel, ZeroRedundancyOptimizer
 
 from tests.conftest import RUN_BACKENDS, world_raw
+from tests.parallel.test_ddp import Idle, stale_then_backward
 
 GLOBAL_BATCH, STEPS = 12, 3
 VOCAB, CONTEXT, FEATURES, CLASSES = 11, 6, 5, 3
@@ -207,3 +209,22 @@ def test_cnn_and_no_sync_accumulation_equal_ddp(world_comm, stage, assert_all_ra
     assert_ranks_agree(got)
     err = max(float(np.linalg.norm(a - want) / np.linalg.norm(want)) for a in (got, direct))
     assert_all_ranks(err < 1e-12, f"stage {stage} N={comm.size}: relative difference {err:.3g} from DDP")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_zero2_sends_zeros_for_a_parameter_no_layer_wrote_since_zero_grad():
+    """The reduced shards after a lazy zero_grad equal those after zeros written eagerly."""
+    comm = create("mpi", world_raw())
+    shards = []
+    for eager in (False, True):
+        model = Sequential(Linear(FEATURES, CLASSES, dtype=np.float64, rng=np.random.default_rng(0)), Idle())
+        engine = ZeroDataParallel(model, comm, stage=2, bucket_cap_mb=BUCKET_MB)
+        x = np.full((2, FEATURES), comm.rank + 1.0)
+        if eager:                                   # zeros written, no stale values
+            model.zero_grad()
+            settle_grads(model.parameters())
+            engine.backward(np.ones_like(engine(x)))
+        else:
+            stale_then_backward(engine, model, x)
+        shards.append(np.concatenate([g.shard.grad for g in engine.buckets]))
+    np.testing.assert_array_equal(shards[0], shards[1])

@@ -54,7 +54,7 @@ class ZeroRedundancyOptimizer(Wrapping):
     def zero_grad(self) -> None:
         """Zero every parameter's gradient (all of them, not only this rank's)."""
         for p in self.params:
-            p.grad[...] = 0
+            p.zero_grad()
 
     def step(self) -> None:
         """Update this rank's parameters, then give every rank everyone's updated values."""

@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from npddp.nn.module import Module, Parameter
+from npddp.nn.module import Module, Parameter, settle_grads
 from npddp.optim import Wrapping
 from npddp.parallel.ddp import BUCKET_CAP_MB, _cut_buckets
 from npddp.parallel.wrapper import DataParallelModule, StepStats
@@ -160,6 +160,7 @@ class ZeroDataParallel(DataParallelModule):
         group.finish_reduce()
 
     def _start(self, group: FlatGroup) -> None:
+        settle_grads(group.params)    # a parameter no layer wrote since a lazy zero_grad sends zeros
         self.stats.comm_calls += 1
         self.stats.comm_bytes += group.padded * group.dtype.itemsize
         group.start_reduce()
