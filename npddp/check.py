@@ -12,7 +12,6 @@ arguments.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from npddp.comm import backend_names, create, load_plugins
 from npddp.comm.contract import PROPERTIES, run_contract

@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import examples.custom_allreduce  # noqa: F401  registers custom_ring
