@@ -312,21 +312,22 @@ class Idle(Module):
         return dout
 
 
-def stale_then_backward(wrapper, model, x):
-    """Gradients full of stale 5s, the model's lazy zero_grad, one backward through ``wrapper``."""
+def stale_then_backward(wrapper, model, x, via="model"):
+    """Gradients full of stale 5s, a lazy zero_grad (of the model or of the wrapper), one backward through ``wrapper``."""
     for p in model.parameters():
         p.grad[...] = 5.0
-    model.zero_grad()
+    (model if via == "model" else wrapper).zero_grad()
     wrapper.backward(np.ones_like(wrapper(x)))
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("via", ["model", "wrapper"])
 @pytest.mark.parametrize("sync", SYNCS)
-def test_a_parameter_no_layer_wrote_since_zero_grad_is_sent_as_zeros(sync):
+def test_a_parameter_no_layer_wrote_since_zero_grad_is_sent_as_zeros(sync, via):
     """Rank 0 alone writes Idle's gradient: every rank ends with its 1 averaged with the others' zeros."""
     comm = create("mpi", MPI.COMM_WORLD)
     model = Sequential(Linear(IN, OUT, dtype=np.float64, rng=np.random.default_rng(0)), Idle(comm.rank == 0))
     ddp = DistributedDataParallel(model, comm, sync=sync, bucket_cap_mb=2e-4)
-    stale_then_backward(ddp, model, np.full((2, IN), comm.rank + 1.0))
+    stale_then_backward(ddp, model, np.full((2, IN), comm.rank + 1.0), via)
     np.testing.assert_allclose(model.layers[1].scale.grad, np.full(3, 1.0 / comm.size), rtol=1e-15)
     np.testing.assert_allclose(model.layers[0].bias.grad, np.full(OUT, 2.0))    # ones over 2 rows, averaged

@@ -212,7 +212,8 @@ def test_cnn_and_no_sync_accumulation_equal_ddp(world_comm, stage, assert_all_ra
 
 
 @pytest.mark.mpi(min_size=2)
-def test_zero2_sends_zeros_for_a_parameter_no_layer_wrote_since_zero_grad():
+@pytest.mark.parametrize("via", ["model", "wrapper"])
+def test_zero2_sends_zeros_for_a_parameter_no_layer_wrote_since_zero_grad(via):
     """The reduced shards after a lazy zero_grad equal those after zeros written eagerly."""
     comm = create("mpi", world_raw())
     shards = []
@@ -225,6 +226,6 @@ def test_zero2_sends_zeros_for_a_parameter_no_layer_wrote_since_zero_grad():
             settle_grads(model.parameters())
             engine.backward(np.ones_like(engine(x)))
         else:
-            stale_then_backward(engine, model, x)
+            stale_then_backward(engine, model, x, via)
         shards.append(np.concatenate([g.shard.grad for g in engine.buckets]))
     np.testing.assert_array_equal(shards[0], shards[1])

@@ -185,10 +185,10 @@ class ZeroDataParallel(DataParallelModule):
         return [g.shard for g in self.buckets]
 
     def zero_grad(self) -> None:
-        """Zero every gradient (the full local ones and the shards)."""
+        """Zero every gradient: the full local ones lazily (backward overwrites them, ``_start`` settles the rest), the shards."""
         for g in self.buckets:
-            if g.grads is not None:
-                g.grads[...] = 0
+            for p in g.params:
+                p.zero_grad()
             g.shard.grad[...] = 0
 
     def bytes_per_rank(self) -> dict:
