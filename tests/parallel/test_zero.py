@@ -215,7 +215,7 @@ def test_cnn_and_no_sync_accumulation_equal_ddp(world_comm, stage, assert_all_ra
 @pytest.mark.parametrize("via", ["model", "wrapper"])
 def test_zero2_sends_zeros_for_a_parameter_no_layer_wrote_since_zero_grad(via):
     """The reduced shards after a lazy zero_grad equal those after zeros written eagerly."""
-    comm = create("mpi", world_raw())
+    comm = create("ring", world_raw())
     shards = []
     for eager in (False, True):
         model = Sequential(Linear(FEATURES, CLASSES, dtype=np.float64, rng=np.random.default_rng(0)), Idle())
