@@ -66,11 +66,15 @@ def test_backward_writes_into_grads_swapped_for_views_of_a_flat_buffer(name, dty
     np.testing.assert_array_equal(flat[offset:], 7.0)
 
 
-def test_strided_non_contiguous_grad_view_still_receives_the_gradient():
+@pytest.mark.parametrize("lazy", [False, True])
+def test_strided_non_contiguous_grad_view_still_receives_the_gradient(lazy):
+    """Zeros in the view, or stale values and a lazy zero_grad: the backward leaves the gradient."""
     rng = np.random.default_rng(3)
     layer = Conv2d(2, 2, 3, dtype=np.float64, rng=rng)
-    backing = np.zeros((2, 2, 3, 3, 2))
+    backing = np.full((2, 2, 3, 3, 2), 7.0 if lazy else 0.0)
     layer.weight.grad = backing[..., 0]                                    # not contiguous
+    if lazy:
+        layer.zero_grad()
     x = rng.standard_normal((1, 2, 4, 4))
     y = layer.forward(x)
     layer.backward(np.ones_like(y))
@@ -78,6 +82,7 @@ def test_strided_non_contiguous_grad_view_still_receives_the_gradient():
     ref.forward(x)
     ref.backward(np.ones_like(y))
     np.testing.assert_array_equal(backing[..., 0], ref.weight.grad)
+    np.testing.assert_array_equal(backing[..., 1], 7.0 if lazy else 0.0)   # the other half untouched
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
