@@ -139,10 +139,12 @@ def fits_table(fits: dict, meta: dict) -> str:
 
 
 def breakdown_table(df) -> str:
-    """The DDP breakdown's main columns."""
+    """The DDP breakdown's main columns (``bare_efficiency`` too when the run measured the bare-NumPy step)."""
     cols = ["model", "sync", "backend", "bucket_mb", "step_ms", "step_ms_p10", "step_ms_p90", "forward_ms",
             "backward_ms", "comm_issued_ms", "comm_exposed_ms", "optimizer_ms", "comm_fraction", "num_comm_ops",
             "samples_per_s", "ddp_efficiency"]
+    if "bare_efficiency" in df and df["bare_efficiency"].notna().any():
+        cols.append("bare_efficiency")
     return df[cols].to_string(index=False, float_format="{:.3g}".format)
 
 

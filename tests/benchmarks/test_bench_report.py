@@ -382,3 +382,20 @@ def test_a_malformed_dump_is_one_line_per_violation_and_exit_2(dumps, tmp_path, 
     assert lines and all(LINE.match(line) and LINE.match(line).group(1) == str(bad) for line in lines), err
     assert any(f"{bad}: {field}" in line for line in lines), (field, err)
     assert "Traceback" not in err
+
+
+def test_breakdown_table_shows_the_bare_ceiling_only_when_measured(dumps, tmp_path):
+    from mpi4py import MPI
+
+    from benchmarks import ddp as bd
+    without = report.breakdown_table(results.read_table(dumps["ddp_breakdown"]))
+    assert "ddp_efficiency" in without and "bare_efficiency" not in without
+    path = tmp_path / "bare.h5"
+    assert bd.main(["--batch", "4", "--steps", "2", "--warmup", "0", "--models", "tiny", "--syncs", "overlap",
+                    "--bucket-mb", "1", "--backends", "mpi", "--no-comm", "--bare", "--out", str(path)],
+                   mpi_comm=MPI.COMM_SELF) == 0
+    df = results.read_table(path)
+    table = report.breakdown_table(df).splitlines()
+    assert table[0].split()[-1] == "bare_efficiency"
+    bare_row = next(line for line in table[1:] if line.split()[2] == "bare")
+    assert float(bare_row.split()[-1]) == 1.0
