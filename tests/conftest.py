@@ -24,6 +24,7 @@ import pytest
 
 from npddp.comm import BACKENDS
 from npddp.comm.transports.base import is_transport, resolve_transport
+from npddp.nn import Module, Parameter
 
 #: True when this test process is one rank of a ``python -m npddp.run`` job (TCP transport).
 TCP_MODE = resolve_transport("auto") == "tcp"
@@ -229,3 +230,28 @@ def agreed_tmpdir():
         raw = tempfile.mkdtemp(prefix="npddp-test-").encode()
         buf[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
     return Path(bytes(g.allgather(buf)[0]).rstrip(b"\0").decode())
+
+
+class Idle(Module):
+    """A layer whose parameter its backward writes only when ``writes`` (an unused parameter otherwise)."""
+
+    def __init__(self, writes: bool = False):
+        super().__init__()
+        self.scale = Parameter(np.ones(3))
+        self.writes = writes
+
+    def forward(self, x):
+        return x
+
+    def backward(self, dout):
+        if self.writes:
+            self.scale.grad += 1.0
+        return dout
+
+
+def stale_then_backward(wrapper, model, x, via="model"):
+    """Gradients full of stale 5s, a lazy zero_grad (of the model or of the wrapper), one backward through ``wrapper``."""
+    for p in model.parameters():
+        p.grad[...] = 5.0
+    (model if via == "model" else wrapper).zero_grad()
+    wrapper.backward(np.ones_like(wrapper(x)))

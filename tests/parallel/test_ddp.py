@@ -14,10 +14,10 @@ from npddp.comm import create
 from npddp.parallel import builtin, hooks
 from npddp.parallel.averaging import PeriodicModelAverager
 from npddp.parallel.ddp import SYNCS, DistributedDataParallel
-from npddp.nn import CrossEntropyLoss, Linear, Module, Parameter, Sequential, mlp
+from npddp.nn import CrossEntropyLoss, Linear, Sequential, mlp
 from npddp.optim import SGD, AdamW
 
-from tests.conftest import IallreduceSpy, check_ranks_agree
+from tests.conftest import Idle, IallreduceSpy, check_ranks_agree, stale_then_backward
 
 BACKENDS = ("mpi", "ring", "shm")  # shm: gradient buckets in shared memory (comm.empty)
 GLOBAL_BATCH = 24  # divisible by 1, 2, 3 and 4 ranks
@@ -293,31 +293,6 @@ def test_bad_arguments_name_the_value_and_valid_range():
             make()
     with pytest.raises(TypeError, match="hook must be a function"):
         DistributedDataParallel(make_model(), comm).register_comm_hook(comm, "fp16")
-
-
-class Idle(Module):
-    """A layer whose parameter its backward writes only when ``writes`` (an unused parameter otherwise)."""
-
-    def __init__(self, writes: bool = False):
-        super().__init__()
-        self.scale = Parameter(np.ones(3))
-        self.writes = writes
-
-    def forward(self, x):
-        return x
-
-    def backward(self, dout):
-        if self.writes:
-            self.scale.grad += 1.0
-        return dout
-
-
-def stale_then_backward(wrapper, model, x, via="model"):
-    """Gradients full of stale 5s, a lazy zero_grad (of the model or of the wrapper), one backward through ``wrapper``."""
-    for p in model.parameters():
-        p.grad[...] = 5.0
-    (model if via == "model" else wrapper).zero_grad()
-    wrapper.backward(np.ones_like(wrapper(x)))
 
 
 @pytest.mark.mpi(min_size=2)

@@ -14,8 +14,7 @@ from npddp.optim import SGD, AdamW
 from npddp.parallel.ddp import DistributedDataParallel
 from npddp.parallel.zero import ShardedOptimizer, ZeroDataParallel, ZeroRedundancyOptimizer
 
-from tests.conftest import RUN_BACKENDS, world_raw
-from tests.parallel.test_ddp import Idle, stale_then_backward
+from tests.conftest import RUN_BACKENDS, Idle, stale_then_backward, world_raw
 
 GLOBAL_BATCH, STEPS = 12, 3
 VOCAB, CONTEXT, FEATURES, CLASSES = 11, 6, 5, 3
