@@ -48,6 +48,13 @@ def _aligned(nbytes: int) -> int:
     return -(-max(nbytes, 1) // _ALIGN) * _ALIGN
 
 
+def _reduce_in_order(views: list, dst: np.ndarray, ufunc) -> None:
+    """Reduce every rank's ``views`` into ``dst`` in rank order (the same order, so the same bits, on every rank)."""
+    ufunc(views[0], views[1], out=dst)
+    for v in views[2:]:
+        ufunc(dst, v, out=dst)
+
+
 class NodeGroup:
     """This node's ranks within a communicator: their control lines, staging slots and shared arrays."""
 
@@ -236,20 +243,18 @@ class NodeGroup:
 
     def reduce_small(self, staging: int, parity: int, dst: np.ndarray, ufunc) -> None:
         """Reduce every rank's small slot into ``dst``, in rank order (the same on every rank)."""
-        views = self.small_views(staging, parity, dst.dtype, dst.size)
-        ufunc(views[0], views[1], out=dst)
-        for v in views[2:]:
-            ufunc(dst, v, out=dst)
+        _reduce_in_order(self.small_views(staging, parity, dst.dtype, dst.size), dst, ufunc)
 
     def small_allreduce(self, call, src, dst, ufunc) -> None:
-        """The one-barrier path, run to completion (a blocking call's short path)."""
+        """The one-barrier path, run to completion (a blocking call's short path; the slots looked up once)."""
         parity, seq, word = self.next_parity(), self.reserve(1), self.size_word()
-        self.stage_small(self.staging_index, parity, src)
+        views = self.small_views(self.staging_index, parity, src.dtype, src.size)
+        np.copyto(views[self.li], src)
         self.publish_size(word, src.nbytes)
         self.sync.arrive(seq)
         self.wait(call, seq)
         self.check_sizes(call, word, src.nbytes)
-        self.reduce_small(self.staging_index, parity, dst, ufunc)
+        _reduce_in_order(views, dst, ufunc)
 
     # --- the large path ---------------------------------------------------------------
     def places(self, call, src, dst) -> tuple[tuple[int, int], tuple[int, int]]:

@@ -174,7 +174,7 @@ class AutoCommunicator(P2PCommunicator):
             self.algorithms["hier"] = _hier_path(self, nodes, timeout)
         self.source, self.table = self._load(tuning if tuning is not None else os.environ.get("NPDDP_TUNING"))
         self._setup_done()
-        self._picks: dict = {}
+        self._picks: dict = {}   # (nbytes, dtype) -> (name, algorithm, run)
 
     @property
     def shared_memory(self) -> bool:
@@ -231,15 +231,20 @@ class AutoCommunicator(P2PCommunicator):
 
     def algorithm_for(self, nbytes: int, dtype) -> str:
         """The algorithm ``auto`` uses for an all-reduce of ``nbytes`` bytes of ``dtype``."""
+        return self._pick(nbytes, dtype)[0]
+
+    def _pick(self, nbytes: int, dtype) -> tuple:
+        """``(name, algorithm, its blocking run or None)`` for ``nbytes`` of ``dtype``, cached per size and dtype."""
         key = (nbytes, dtype)
-        name = self._picks.get(key)
-        if name is None:
+        pick = self._picks.get(key)
+        if pick is None:
             steps = self.table.get(np.dtype(dtype).name, self.table["*"])
             name = next(a for limit, a in steps if limit is None or nbytes <= limit)
             if len(self._picks) >= _CACHE_SIZE:
                 self._picks.clear()
-            self._picks[key] = name
-        return name
+            chosen = self.algorithms.get(name)
+            pick = self._picks[key] = (name, chosen, getattr(chosen, "run", None))
+        return pick
 
     def barrier(self) -> None:
         """Dissemination barrier; with hier among the candidates, after the calls in flight (node barriers count in
@@ -251,11 +256,11 @@ class AutoCommunicator(P2PCommunicator):
 
     def _allreduce_work(self, call, src, dst, ufunc, result):
         """Start the chosen algorithm."""
-        return self.algorithms[self.algorithm_for(src.nbytes, src.dtype)].start(call, src, dst, ufunc, result)
+        return self._pick(src.nbytes, src.dtype)[1].start(call, src, dst, ufunc, result)
 
     def _blocking_path(self, src):
         """The chosen algorithm's blocking path, if it has one."""
-        return getattr(self.algorithms[self.algorithm_for(src.nbytes, src.dtype)], "run", None)
+        return self._pick(src.nbytes, src.dtype)[2]
 
 
 def hier_possible(nodes: list) -> bool:
