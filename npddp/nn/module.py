@@ -40,10 +40,15 @@ class Parameter:
     def grad(self) -> np.ndarray:
         """The gradient (same shape as ``data``); zeros after ``zero_grad`` until a backward writes it."""
         if self._zero:
+            self.settle()
+        return self._grad
+
+    def settle(self) -> None:
+        """Write the zeros a lazy ``zero_grad`` left pending (nothing if none are)."""
+        if self._zero:
             self._zero = False
             if self._grad.flags.writeable:   # a read-only gradient (ZeRO-3's freed one) is zeros already
                 self._grad[...] = 0
-        return self._grad
 
     @grad.setter
     def grad(self, array: np.ndarray) -> None:
@@ -75,8 +80,7 @@ class Parameter:
 def settle_grads(params) -> None:
     """Write the zeros of every gradient in ``params`` still zero by ``zero_grad`` (before reading their memory directly)."""
     for p in params:
-        if p._zero:
-            p.grad
+        p.settle()
 
 
 class Module:
