@@ -108,8 +108,9 @@ class Config:
         shown=f"$NPDDP_TIMEOUT, else {DEFAULT_TIMEOUT:g}")
     zero: int = _opt(0, "sharded data parallelism (ZeRO): 0 plain DDP; 1 shards the optimizer state; 2 also "
                      "the averaged gradients (reduce-scattered during backward); 3 also the parameters "
-                     "(gathered per layer group before its forward and backward, freed after); "
-                     "checkpoints stay whole-model, so it may change on --resume", metavar="{0,1,2,3}",
+                     "(gathered per layer group before its forward and backward, freed after); with "
+                     "1-3 checkpoints are one shard file per rank plus an index, read back at any stage "
+                     "and world size, so it may change on --resume", metavar="{0,1,2,3}",
                      resume="inherit")
     # --- model
     model: str = _opt("mlp", "network: mlp (Linear+ReLU layers), cnn (3x3 conv, ReLU, 2x2 max-pool "

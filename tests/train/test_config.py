@@ -241,3 +241,11 @@ def test_config_is_frozen_and_its_dict_is_a_copy():
     d = cfg.as_dict()
     d["hidden"].append(1)
     assert cfg.hidden == [256, 256]
+
+
+def test_zero_help_says_checkpoints_are_sharded_as_they_are_written():
+    text = " ".join(build_parser().format_help().split())
+    start = text.index("--zero {0,1,2,3} sharded")
+    zero = text[start:text.index("--model {", start)]
+    assert "whole-model" not in zero
+    assert "one shard file per rank plus an index" in zero
