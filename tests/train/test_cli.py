@@ -26,6 +26,7 @@ from npddp.train.metrics import EPOCH_COLUMNS, STEP_COLUMNS, read_metrics
 TINY = ["--train-samples", "384", "--val-samples", "96", "--batch-size", "32", "--hidden", "16",
         "--epochs", "2", "--dtype", "float64"]
 STEPS_PER_EPOCH = 12
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _mpirun() -> str:
@@ -160,6 +161,11 @@ def test_the_default_model_and_data_learn_well_above_chance_in_one_epoch(tmp_pat
     assert "model: mlp 64-256-256-10" in proc.stdout and "data: synthetic, 32768 train" in proc.stdout
     acc = float(epoch_lines(proc.stdout)[0].split("val_acc")[1].split("%")[0])
     assert acc > 60.0                   # ten balanced classes: chance is 10%
+    quoted = README.read_text().split("The first command prints")[1].split("```")[1].splitlines()
+    printed = proc.stdout.splitlines()           # the README's quick-start output, as this run prints it
+    assert printed[0].startswith(quoted[0].split(", MPI ")[0])
+    for prefix in ("model: ", "sync: ", "data: "):
+        assert next(q for q in quoted if q.startswith(prefix)) in printed, prefix
 
 
 def test_array_files_train_the_mlp_and_image_files_the_cnn(tmp_path):
