@@ -75,10 +75,17 @@ def _mpi_info() -> tuple[dict, int]:
         from mpi4py import MPI
     except ImportError:
         return {}, 1
-    info = {"mpi_library": " ".join(MPI.Get_library_version().splitlines()[0].split()),
+    info = {"mpi_library": library_name(MPI.Get_library_version()),
             "mpi_version": "{}.{}".format(*MPI.Get_version())}
     live = MPI.Is_initialized() and not MPI.Is_finalized()
     return info, (MPI.COMM_WORLD.Get_size() if live else 1)
+
+
+def library_name(version: str) -> str:
+    """The first line of an MPI library's version string, white space folded and any NUL dropped (Open MPI ends it with one)."""
+    text = version.split("\x00", 1)[0]
+    lines = text.splitlines()
+    return " ".join(lines[0].split()) if lines else ""
 
 
 def _versions() -> dict:

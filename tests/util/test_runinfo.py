@@ -211,3 +211,18 @@ def test_atomic_h5_rejects_bad_paths(tmp_path):
         with atomicfile.atomic_h5(tmp_path / "missing" / "run.h5"):
             pass
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("version, expected", [
+    ("MPICH Version:      5.0.2\nMPICH Release date: x\n", "MPICH Version: 5.0.2"),
+    ("Open MPI v5.0.11, package: Open MPI user@localhost Distribution, ident: 5.0.11\x00",
+     "Open MPI v5.0.11, package: Open MPI user@localhost Distribution, ident: 5.0.11"),
+    ("Intel(R) MPI Library 2021.18 for Linux* OS\n\x00garbage", "Intel(R) MPI Library 2021.18 for Linux* OS"),
+    ("", ""), ("\x00", ""),
+])
+def test_library_name_is_one_line_without_nul_and_storable(tmp_path, version, expected):
+    name = runinfo.library_name(version)
+    assert name == expected
+    with h5py.File(tmp_path / "a.h5", "w") as f:   # Open MPI's trailing NUL made this raise
+        runinfo.write_attrs(f, {"mpi_library": name})
+        assert f.attrs["mpi_library"] == expected
