@@ -12,14 +12,15 @@ from npddp.train.console import format_bytes
 
 
 def header(cfg: Config, comm, ds, model_text: str, model, ddp, trainer, env: dict,
-           thread_line: str) -> list[str]:
-    """The lines rank 0 prints before training."""
+           thread_line: str, default_why: str = "") -> list[str]:
+    """The lines rank 0 prints before training; ``default_why``: why the default backend is not mpi."""
     per_rank = cfg.batch_size // comm.size
     nbytes = model.num_bytes()
     scaled = f", --normalize {cfg.normalize}" if cfg.normalize != "none" else ""
     kind = transport_of(comm)
     where = f"MPI {env.get('mpi_library', '?')}" if kind == "mpi" else "TCP sockets, no MPI"
-    lines = [f"npddp.train: {comm.size} rank{'s' * (comm.size > 1)}, backend {cfg.backend} over {kind}, {where}",
+    why = f" (default: {default_why})" if default_why else ""
+    lines = [f"npddp.train: {comm.size} rank{'s' * (comm.size > 1)}, backend {cfg.backend} over {kind}{why}, {where}",
              thread_line,
              f"model: {model_text}; {model.num_parameters():,} parameters ({cfg.dtype}, {format_bytes(nbytes)})",
              f"sync: {cfg.sync}, {len(ddp.buckets)} bucket{'s' * (len(ddp.buckets) > 1)}, comm hook "

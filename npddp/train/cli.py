@@ -38,7 +38,7 @@ from npddp.train import sharding
 from npddp.process import threads
 from npddp.train.agree import agree
 from npddp.train.banner import header, summary, transport_of
-from npddp.train.config import Config, ConfigError, load_plugins, parse_args
+from npddp.train.config import Config, ConfigError, default_backend, load_plugins, parse_args
 from npddp.train.validate import check_config
 from npddp.comm.transports.base import resolve_transport
 from npddp.parallel import builtin as hooks
@@ -65,6 +65,8 @@ def train(argv=None) -> int:
     if cfg.resume is True and not cfg.checkpoint:      # before any MPI: nothing is left in /dev/shm
         Printer(hint).error("--resume needs --checkpoint PATH.h5: the checkpoint to continue")
         return EXIT_USAGE
+    if not cfg.resume and "backend" not in given:
+        cfg = dataclasses.replace(cfg, backend=default_backend(cfg.transport)[0])
     if cfg.resume and "backend" not in given:
         # the backend comes from the checkpoint, read once the ranks can talk: open a provisional
         # communicator this transport can run (over tcp a hand-written one), the saved one after
@@ -100,7 +102,7 @@ def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
     if cfg.resume == "auto":  # resume when the checkpoint exists (rank 0 looks), else start fresh
         cfg = resume.auto(comm, cfg)
         if not cfg.resume and "backend" not in given:  # fresh: the default backend, not the provisional one
-            cfg = dataclasses.replace(cfg, backend=Config.__dataclass_fields__["backend"].default)
+            cfg = dataclasses.replace(cfg, backend=default_backend(cfg.transport)[0])
             if _mpi_over_tcp(cfg):
                 raise JobError(_mpi_over_tcp(cfg), EXIT_USAGE)
     try:
@@ -157,7 +159,9 @@ def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
     if cfg.resume:
         with ddp.full_parameters():
             resume.restore_into(trainer, ckpt, saved, out)
-    for line in header(cfg, comm, ds, model_text, model, ddp, trainer, env, threads.describe(n_threads, why)):
+    chosen = "" if "backend" in given or cfg.resume else default_backend(cfg.transport)[1]
+    for line in header(cfg, comm, ds, model_text, model, ddp, trainer, env, threads.describe(n_threads, why),
+                       chosen):
         out.info(line)
     if cfg.zero:
         out.info(sharding.memory_line(cfg.zero, ddp, optimizer))

@@ -18,6 +18,7 @@ import typing
 from dataclasses import dataclass, field
 
 from npddp.comm import BACKENDS, DEFAULT_TIMEOUT, TRANSPORTS, backend_names
+from npddp.comm.transports.base import resolve_transport
 from npddp.data import DATASET_NAMES, NORMALIZE_MODES
 from npddp.data.arrays import ARRAY_SUFFIXES
 from npddp.parallel.ddp import BUCKET_CAP_MB, SYNCS
@@ -60,6 +61,13 @@ def _opt(default, help: str, *, choices=None, metavar=None, resume: str = "", sh
     return field(default=default, metadata=meta)
 
 
+def default_backend(transport: str, environ=None) -> tuple[str, str]:
+    """The backend a run gets without ``--backend``, and why: mpi when MPI carries the job, else auto over tcp."""
+    if resolve_transport(transport, environ) == "mpi":
+        return "mpi", ""
+    return "auto", "not started by MPI" if transport == "auto" else "--transport tcp"
+
+
 def resume_text(text: str) -> str:
     """The value of ``--resume VALUE``: only ``auto``."""
     if text != "auto":
@@ -76,7 +84,9 @@ class Config:
                         "--transport: ring, naive (gather to rank 0 and back), rd (recursive doubling), "
                         "rabenseifner, tree, auto (picks one per call, shared memory on one node); "
                         "shm (one node, shared memory), hier (shared memory per node, then the "
-                        "network); may change on --resume", choices=BACKENDS, resume="inherit")
+                        "network); may change on --resume", choices=BACKENDS, resume="inherit",
+                        shown="mpi under an MPI launcher; auto when the job runs over tcp, as under python -m "
+                        "npddp.run")
     transport: str = _opt("auto", "how the hand-written backends move messages: tcp (sockets; processes "
                           "started by python -m npddp.run or torchrun, no MPI needed), mpi (MPI's "
                           "point-to-point calls) or auto (tcp when RANK/WORLD_SIZE are set and no MPI "

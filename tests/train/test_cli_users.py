@@ -49,3 +49,19 @@ def test_a_batch_larger_than_the_data_is_an_error_naming_both(tmp_path):
         assert f"--batch-size {batch} is larger than the {samples} training rows" in line
         assert "Traceback" not in done.stderr
     assert not os.listdir(tmp_path)
+
+
+def test_under_npddp_run_the_default_backend_is_auto_over_tcp_and_the_security_page_command_works(tmp_path):
+    """The elastic command of docs/security.md, as written there (plus tiny data), then ``--backend mpi``."""
+    proc = ok(train(tmp_path, *TINY, "--epochs", "1", "--checkpoint", "c.h5", "--resume", "auto",
+                    "--checkpoint-every", "50", launcher="npddp.run"))
+    assert proc.stdout.startswith("npddp.train: 2 ranks, backend auto over tcp (default: not started by MPI), TCP")
+    assert checkpoint.read(tmp_path / "c.h5").backend == "auto"
+    refused = train(tmp_path, *TINY, "--backend", "mpi", launcher="npddp.run")
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert refused.returncode == 2 and len(errors) == 1 and "--backend mpi runs MPI's own" in errors[0]
+
+
+def test_under_mpirun_the_default_backend_stays_mpi_and_the_header_says_nothing_more(tmp_path):
+    proc = ok(train(tmp_path, *TINY, "--epochs", "1"))
+    assert proc.stdout.startswith("npddp.train: 2 ranks, backend mpi over mpi, MPI ")

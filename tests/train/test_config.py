@@ -8,7 +8,8 @@ import re
 import pytest
 
 from npddp.comm import BACKENDS, TRANSPORTS, backend_names
-from npddp.train.config import (Config, ConfigError, build_parser, fixed_on_resume, flag, inherited_on_resume, parse_args,
+from npddp.train.config import (Config, ConfigError, build_parser, default_backend, fixed_on_resume, flag,
+                                 inherited_on_resume, parse_args,
                                  parse_config)
 from npddp.train.validate import check_config
 from npddp.data import DATASET_NAMES, NORMALIZE_MODES
@@ -212,7 +213,7 @@ def test_help_explains_every_flag_with_its_default_and_goes_to_the_given_file():
     for f in dataclasses.fields(Config):
         assert flag(f.name) in text, f.name
     assert flat.count("(default: ") == len(dataclasses.fields(Config))
-    for needle in ("(default: mpi)", "(default: overlap)", "(default: 256 256)", "(default: 96)",
+    for needle in ("(default: mpi under an MPI launcher; auto when the job runs over tcp", "(default: overlap)", "(default: 256 256)", "(default: 96)",
                    "GLOBAL batch size, split evenly across ranks", "threadpoolctl",
                    "synthetic-image with --model cnn", "mpirun -n 2 python -m npddp.train",
                    "(default: auto)", "--normalize standard", "3 a non-finite loss", "4 a checkpoint or metrics",
@@ -249,3 +250,12 @@ def test_zero_help_says_checkpoints_are_sharded_as_they_are_written():
     zero = text[start:text.index("--model {", start)]
     assert "whole-model" not in zero
     assert "one shard file per rank plus an index" in zero
+
+
+def test_the_default_backend_follows_the_transport_the_launcher_gives():
+    tcp = {"RANK": "0", "WORLD_SIZE": "2"}
+    assert default_backend("auto", tcp) == ("auto", "not started by MPI")
+    assert default_backend("auto", {**tcp, "PMI_RANK": "0", "PMI_SIZE": "2"}) == ("mpi", "")
+    assert default_backend("auto", {}) == ("mpi", "")
+    assert default_backend("tcp", {}) == ("auto", "--transport tcp")
+    assert default_backend("mpi", tcp) == ("mpi", "")
