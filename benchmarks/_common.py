@@ -161,16 +161,17 @@ def check_out(paths: dict, world, parser: argparse.ArgumentParser) -> None:
 # ----------------------------------------------------------------------------- communicators
 
 def create_comm(backend: str, mpi_comm, transport: str = DEFAULT_TRANSPORT, tcp_world=None,
-                progress: str = "caller"):
+                progress: str = "caller", check_args: bool | None = None):
     """``npddp.comm.create`` of ``backend`` over ``transport``, its ranks those of ``mpi_comm``.
 
     Over tcp the communicator gets a message context of its own in ``tcp_world`` (see :func:`tcp_world`).
+    ``check_args``: the default argument check on or off (None: ``NPDDP_CHECK_ARGS``).
     """
     from npddp import comm as npcomm
 
     if transport == "tcp":
-        return npcomm.create(backend, tcp_world.transport(), progress=progress)
-    return npcomm.create(backend, mpi_comm, transport=transport, progress=progress)
+        return npcomm.create(backend, tcp_world.transport(), progress=progress, check_args=check_args)
+    return npcomm.create(backend, mpi_comm, transport=transport, progress=progress, check_args=check_args)
 
 
 def tcp_world(mpi_comm):

@@ -8,6 +8,7 @@ Run it with MPI (the defaults sweep all-reduce from 8 B to 256 MiB on every back
     mpirun -n 2 python benchmarks/allreduce.py --backends mpi,ring --transports mpi,tcp   # ring over both
     mpirun -n 2 python benchmarks/allreduce.py --backends gloo,ring --transports tcp      # beside PyTorch's gloo
     mpirun -n 2 python benchmarks/allreduce.py --backends mpi,auto --buffers both -b 256K -e 64M -f 4  # NumPy arrays too
+    mpirun -n 2 python benchmarks/allreduce.py --backends mpi,ring --check-args both -b 1K -e 16M -f 4  # the check's cost
 
 Method. For each size, then each backend, then each place (out of place, in place):
 warm-up iterations, then timed iterations, each started by a barrier and timed on every
@@ -37,6 +38,10 @@ Buffers. ``--buffers shared`` (the default) times all-reduce buffers from ``comm
 the shared-memory backends place in node shared memory as DDP's buckets are; ``private`` times
 ordinary NumPy arrays, as a user's ``comm.allreduce(np.zeros(n))`` passes them; ``both`` times
 each, one after the other, and the rows say which in their ``buffers`` column.
+
+Argument check. ``--check-args on`` (the default) times the communicators as ``create`` makes
+them, checking every call's arguments across ranks; ``off`` turns the check off; ``both`` times
+each backend twice, interleaved, the unchecked series named ``BACKEND/unchecked``.
 
 Output. A text table as nccl-tests prints it, one row per size and backend as each size
 completes (time in us, bandwidths in GB/s, ``#wrong``, the algorithm that ran), then the
@@ -101,6 +106,7 @@ class SweepConfig:
     transports: tuple = (bc.DEFAULT_TRANSPORT,)
     buffers: tuple = ("shared",)
     calls: int = 1
+    checks: tuple = (True,)
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -150,6 +156,8 @@ def build_parser(verbose: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--buffers", default="shared", choices=BUFFER_CHOICES,
                    help="all-reduce buffers from comm.empty (shared), ordinary NumPy arrays (private), or each "
                         "(both); default %(default)s")
+    p.add_argument("--check-args", default="on", choices=("on", "off", "both"),
+                   help="the default argument check: on, off, or both side by side (default on)")
     p.add_argument("--out", default="", help="write the HDF5 dump here (rank 0)")
     p.add_argument("--csv", default="", help="write the dump's rows as CSV here (rank 0)")
     return p
@@ -189,7 +197,8 @@ def parse_config(argv, verbose: bool = True) -> SweepConfig:
     if a.buffers != "shared" and a.collective != "allreduce":
         parser.error(f"--buffers {a.buffers} applies to allreduce only, not {a.collective}")
     return SweepConfig(backends, a.collective, a.dtype, op, a.minbytes, a.maxbytes, a.factor,
-                       a.iters, a.warmup, float(a.budget), a.out, a.csv, transports, buffers, a.calls)
+                       a.iters, a.warmup, float(a.budget), a.out, a.csv, transports, buffers, a.calls,
+                       {"on": (True,), "off": (False,), "both": (True, False)}[a.check_args])
 
 
 def sizes(cfg: SweepConfig, n: int) -> np.ndarray:
@@ -241,13 +250,15 @@ class Group:
     transport: str
     place: str
     buffers: str = "shared"
+    check: bool = True
 
 
 def groups(cfg: SweepConfig) -> list[Group]:
-    """Every backend x transport x place, in measuring order."""
-    return [Group(b, t, p, k) for k in cfg.buffers for b in cfg.backends
+    """Every backend x transport x place (x argument check on and off), in measuring order."""
+    return [Group(b, t, p, k, on) for k in cfg.buffers for b in cfg.backends
             for t in ((GLOO_TRANSPORT,) if b == GLOO else cfg.transports)
-            for p in PLACES[cfg.collective] if not (b == "mpi" and t != "mpi")]  # MPI's collectives: over MPI
+            for p in PLACES[cfg.collective] if not (b == "mpi" and t != "mpi")  # MPI's collectives: over MPI
+            for on in (cfg.checks if b != GLOO else (True,))]
 
 
 def row(cfg: SweepConfig, g: Group, algorithm: str, n: int, count: int, times: np.ndarray, wrong: int) -> dict:
@@ -255,7 +266,8 @@ def row(cfg: SweepConfig, g: Group, algorithm: str, n: int, count: int, times: n
     nbytes = count * np.dtype(cfg.dtype).itemsize
     t_min, p10, median, p90, t_max = np.percentile(times, [0, 10, 50, 90, 100])
     algbw = nbytes / median / bc.GB
-    return {"collective": cfg.collective, "backend": g.backend, "transport": g.transport, "algorithm": algorithm,
+    backend = g.backend if g.check or cfg.checks == (False,) else f"{g.backend}/unchecked"
+    return {"collective": cfg.collective, "backend": backend, "transport": g.transport, "algorithm": algorithm,
             "place": g.place, "buffers": g.buffers, "world_size": n, "dtype": cfg.dtype, "op": cfg.op, "bytes": int(nbytes),
             "count": int(count), "iters": int(times.size), "time_min_s": float(t_min), "time_p10_s": float(p10),
             "time_median_s": float(median), "time_p90_s": float(p90), "time_max_s": float(t_max),
@@ -272,18 +284,19 @@ def run_sweep(cfg: SweepConfig, harness, on_size=None) -> tuple[list[dict], np.n
     """
     n = harness.Get_size()
     todo = groups(cfg)
-    pairs = list(dict.fromkeys((g.backend, g.transport) for g in todo))
+    pairs = list(dict.fromkeys((g.backend, g.transport, g.check) for g in todo))
     subcomms = {pair: harness.Dup() for pair in pairs}
     rows, raw = [], []
     try:
         world = bc.tcp_world(harness) if "tcp" in cfg.transports else None
-        comms = {pair: GlooComm(harness) if pair[0] == GLOO else bc.create_comm(pair[0], sub, pair[1], world)
+        comms = {pair: GlooComm(harness) if pair[0] == GLOO else
+                 bc.create_comm(pair[0], sub, pair[1], world, check_args=pair[2])
                  for pair, sub in subcomms.items()}
         for count in sizes(cfg, n):
             times = np.full((len(todo), cfg.iters), np.nan)  # (groups, iters)
             wrong = np.zeros(len(todo), dtype=np.int64)       # (groups,)
             for i, g in enumerate(todo):
-                run, check = kernel(comms[g.backend, g.transport], cfg.collective, g.place, int(count),
+                run, check = kernel(comms[g.backend, g.transport, g.check], cfg.collective, g.place, int(count),
                                     cfg.dtype, cfg.op, g.buffers == "shared")
                 t, wrong[i] = measure(run, check, harness, cfg.iters, cfg.warmup, cfg.budget_s, cfg.calls)
                 times[i, :t.size] = t
@@ -293,7 +306,7 @@ def run_sweep(cfg: SweepConfig, harness, on_size=None) -> tuple[list[dict], np.n
             nbytes = int(count) * np.dtype(cfg.dtype).itemsize
             done = []
             for i, g in enumerate(todo):
-                comm = comms[g.backend, g.transport]
+                comm = comms[g.backend, g.transport, g.check]
                 algorithm = (bc.algorithm_of(comm, g.backend, nbytes, cfg.dtype) if cfg.collective == "allreduce"
                              else g.backend)
                 done.append(row(cfg, g, algorithm, n, int(count), times[i][np.isfinite(times[i])], wrong[i]))

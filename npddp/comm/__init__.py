@@ -12,6 +12,10 @@ Two environment variables reach every communicator ``create`` builds (and so the
 * ``NPDDP_DEBUG=1`` wraps it in :class:`~npddp.comm.wrappers.debug.DebugCommunicator`, which checks before
   every collective that all ranks make the same call and raises :class:`CollectiveMismatchError`
   (on every rank) when they do not.
+* ``NPDDP_CHECK_ARGS=0`` turns off the check every collective makes by default: that all ranks
+  passed the same kind of collective, dtype, element count, op and root (a mismatch raises
+  :class:`CollectiveMismatchError` on every rank and closes the communicator; see
+  :mod:`npddp.comm.signature` and docs/comm.md). Off only to measure what the check costs.
 * ``NPDDP_TIMEOUT=SECONDS`` sets the timeout of every backend when ``create`` is given none
   (default ``DEFAULT_TIMEOUT``, 300 s): no wait lasts longer.
 
@@ -27,7 +31,7 @@ import os
 
 from npddp.comm.checks import DEFAULT_TIMEOUT, DTYPES, OPS, check_timeout
 from npddp.comm.base import Communicator, Work
-from npddp.comm.wrappers.debug import CollectiveMismatchError
+from npddp.comm.signature import CollectiveMismatchError
 from npddp.comm.wrappers.progress_thread import PROGRESS
 from npddp.comm.registry import ALGORITHMS, BACKENDS, backend_names, load_plugins
 from npddp.comm.algorithm import register_algorithm
@@ -35,19 +39,30 @@ from npddp.comm.transports.base import TRANSPORTS, Transport, is_transport, reso
 from npddp.util import env, guard
 
 __all__ = ["ALGORITHMS", "BACKENDS", "DEFAULT_TIMEOUT", "DTYPES", "OPS", "TRANSPORTS",
-           "CollectiveMismatchError", "Communicator", "Transport", "Work", "create", "debug_from_env",
+           "CollectiveMismatchError", "Communicator", "Transport", "Work", "check_args_from_env", "create",
+           "debug_from_env",
            "timeout_from_env", "register_algorithm", "backend_names", "load_plugins"]
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
 
-def debug_from_env(environ=None) -> bool:
-    """``NPDDP_DEBUG`` as a bool (unset: False); ValueError naming the valid values otherwise."""
-    raw = (os.environ if environ is None else environ).get("NPDDP_DEBUG", "")
+def _flag(name: str, default: bool, environ=None) -> bool:
+    """Environment variable ``name`` as a bool (unset or empty: ``default``); ValueError naming the valid values."""
+    raw = (os.environ if environ is None else environ).get(name, "")
     value = raw.strip().lower()
     if value not in _TRUE + _FALSE:
-        raise ValueError(f"NPDDP_DEBUG={raw!r} is not understood; valid: 1/true/yes/on or 0/false/no/off (or unset)")
-    return value in _TRUE
+        raise ValueError(f"{name}={raw!r} is not understood; valid: 1/true/yes/on or 0/false/no/off (or unset)")
+    return default if not value else value in _TRUE
+
+
+def debug_from_env(environ=None) -> bool:
+    """``NPDDP_DEBUG`` as a bool (unset: False); ValueError naming the valid values otherwise."""
+    return _flag("NPDDP_DEBUG", False, environ)
+
+
+def check_args_from_env(environ=None) -> bool:
+    """``NPDDP_CHECK_ARGS`` as a bool (unset: True); ValueError naming the valid values otherwise."""
+    return _flag(env.CHECK_ARGS_VARIABLE, True, environ)
 
 
 def timeout_from_env(environ=None) -> float:
@@ -63,7 +78,7 @@ def timeout_from_env(environ=None) -> float:
 
 
 def create(name: str, group=None, debug: bool = False, timeout: float | None = None, *,
-           transport: str = "auto", tuning=None, progress: str = "caller") -> Communicator:
+           transport: str = "auto", tuning=None, progress: str = "caller", check_args: bool | None = None) -> Communicator:
     """Build the backend called ``name`` over ``group`` (default: every rank of the chosen transport).
 
     ``group`` is an mpi4py communicator (transport mpi), a :class:`Transport`, or None. With None,
@@ -76,6 +91,8 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
     ``NPDDP_TIMEOUT``, else ``DEFAULT_TIMEOUT``. ``tuning`` (``auto`` only): a tuning table path.
     ``progress``: ``caller`` (non-blocking work moves when tested or waited on) or ``thread`` (a
     background thread drives it; see :mod:`npddp.comm.wrappers.progress_thread`).
+    ``check_args``: every collective checks that all ranks passed the same kind, dtype, count, op
+    and root (None: ``NPDDP_CHECK_ARGS``, on unless set to 0); every rank must pass the same.
     """
     if progress not in PROGRESS:
         raise ValueError(f"unknown progress {progress!r}; valid: {', '.join(PROGRESS)}")
@@ -85,6 +102,9 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
         raise TypeError(f"debug must be a bool, got {type(debug).__name__}")
     if tuning is not None and name != "auto":
         raise ValueError(f"tuning={tuning!r} applies to backend 'auto' only, not {name!r}")
+    if check_args is not None and not isinstance(check_args, bool):
+        raise TypeError(f"check_args must be a bool or None, got {type(check_args).__name__}")
+    check_args = check_args_from_env() if check_args is None else check_args
     timeout = timeout_from_env() if timeout is None else check_timeout(timeout)
     debug = debug or debug_from_env()
     kind = _transport_of(group, transport)
@@ -99,7 +119,8 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
             raise ValueError("backend 'mpi' runs MPI's own collectives, so it needs transport 'mpi', not "
                              f"{kind!r}; over tcp use a hand-written backend: {', '.join(BACKENDS[1:])}")
         from npddp.comm.mpi import MPICommunicator
-        comm = MPICommunicator(group.comm if is_transport(group) else group, timeout, dup=group is None)
+        comm = MPICommunicator(group.comm if is_transport(group) else group, timeout, dup=group is None,
+                               check_args=check_args)
     else:
         if kind == "mpi" and not is_transport(group):
             from npddp.comm.transports.mpi import MPITransport
@@ -109,6 +130,7 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
             group = transport_from_env(timeout)     # a context of its own, agreed by every rank
         from npddp.comm.registry import build
         comm = build(name, group, timeout, tuning)
+        comm.check_args = check_args
     if debug:
         from npddp.comm.wrappers.debug import DebugCommunicator
         comm = DebugCommunicator(comm)

@@ -7,6 +7,14 @@ unusable afterwards (the pending MPI request cannot be cancelled). With ``timeou
 call is the blocking one (``Allreduce``, ``Bcast``, ...), which waits forever.
 
 ``op="avg"``: MPI sums, then the sum is scaled by 1/N in place (MPI has no average op).
+
+Argument check (on unless ``check_args=False``; ``create`` reads ``NPDDP_CHECK_ARGS``). MPI checks
+nothing: ranks that pass different counts, dtypes or ops get wrong numbers or worse. So before
+each collective every rank all-reduces, with MAX, its call's signature (:mod:`npddp.comm.signature`)
+beside its negation: the maxima equal the negated minima exactly when all ranks agree. Only
+then does the collective run; otherwise one all-gather of the signatures names who passed what,
+and every rank raises the same :class:`CollectiveMismatchError`. The check is one extra small
+all-reduce per call (it also makes the non-blocking calls synchronise when they start).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from npddp.comm import checks as c
+from npddp.comm import signature as sg
 from npddp.comm.p2p.engine import NAP_S, SPIN_ROUNDS, DoneWork
 from npddp.comm.transports.mpi import free_comm
 
@@ -64,7 +73,7 @@ class MPICommunicator(c.Backend):
 
     name = "mpi"
 
-    def __init__(self, mpi_comm=None, timeout: float = c.DEFAULT_TIMEOUT, dup: bool = False):
+    def __init__(self, mpi_comm=None, timeout: float = c.DEFAULT_TIMEOUT, dup: bool = False, check_args: bool = False):
         self.comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
         self._abandoned = [False]  # True once a call timed out: its messages may still come, so never free
         if dup:  # a context of its own (collective), freed with this communicator unless abandoned
@@ -74,6 +83,34 @@ class MPICommunicator(c.Backend):
         self.timeout = timeout
         self._calls = 0
         self._failure: str | None = None
+        #: Whether every collective first checks that all ranks passed the same arguments (see the module docstring).
+        self.check_args = check_args
+        self._sig = np.empty((2, sg.WORDS), dtype=np.int64)      # this call's signature, and its negation
+        self._extremes = np.empty((2, sg.WORDS), dtype=np.int64)  # their maxima over ranks
+
+    def _agree(self, operation: str, buf=None, op=None, root=None) -> None:
+        """With ``check_args``: CollectiveMismatchError on every rank unless all ranks pass this call's signature."""
+        if not self.check_args or self._size == 1:
+            return
+        sig, extremes = self._sig, self._extremes
+        sg.encode(sig[0], operation, self._calls + 1, buf, op, root)
+        np.negative(sig[0], out=sig[1])
+        comm = self.comm
+        self._run(f"{operation} argument check", lambda: comm.Allreduce(sig, extremes, op=MPI.MAX),
+                  lambda: comm.Iallreduce(sig, extremes, op=MPI.MAX))
+        self._calls -= 1   # the check is part of the call it checks
+        np.negative(extremes[1], out=extremes[1])   # the minima
+        if sg.agree(extremes[0], extremes[1]):
+            return
+        every = np.empty((self._size, sg.WORDS), dtype=np.int64)
+        self._run(f"{operation} argument check", lambda: comm.Allgather(sig[0], every),
+                  lambda: comm.Iallgather(sig[0], every))
+        self._calls -= 1
+        mine = every[self._rank]
+        odd = next(r for r in range(self._size) if not sg.agree(every[r], every[0]))
+        text = sg.message(int(mine[1]), 0, every[0], odd, every[odd])
+        self._failure = text
+        raise sg.CollectiveMismatchError(f"[rank {self._rank}] {text}; this communicator is now closed")
 
     def _check_usable(self) -> None:
         if self._failure is not None:
@@ -111,6 +148,8 @@ class MPICommunicator(c.Backend):
     def barrier(self) -> None:
         """MPI_Barrier."""
         comm = self.comm
+        self._check_usable()
+        self._agree("barrier")
         self._run("barrier", comm.Barrier, comm.Ibarrier)
 
     def broadcast(self, buf, root=0):
@@ -118,6 +157,7 @@ class MPICommunicator(c.Backend):
         c.check_buffer(buf)
         root = c.check_rank(root, self._size)
         self._check_usable()
+        self._agree("broadcast", buf, None, root)
         if buf.size:
             comm = self.comm
             self._run("broadcast", lambda: comm.Bcast(buf, root=root), lambda: comm.Ibcast(buf, root=root))
@@ -131,6 +171,7 @@ class MPICommunicator(c.Backend):
             c.check_buffer(buf)
             scale = c.average_scale(op, buf, self._size)
             self._check_usable()
+            self._agree("allreduce", buf, op)
             if buf.size and self._size > 1:
                 self._run("allreduce", lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=mpi_op),
                           lambda: comm.Iallreduce(MPI.IN_PLACE, buf, op=mpi_op))
@@ -141,6 +182,7 @@ class MPICommunicator(c.Backend):
         c.check_out(buf, out)
         scale = c.average_scale(op, buf, self._size)
         self._check_usable()
+        self._agree("allreduce", buf, op)
         if self._size == 1 or buf.size == 0:
             np.copyto(out, buf)
         else:
@@ -156,6 +198,7 @@ class MPICommunicator(c.Backend):
         c.check_buffer(buf)
         scale = c.average_scale(op, buf, self._size)
         self._check_usable()
+        self._agree("iallreduce", buf, op)
         self._calls += 1
         request = self.comm.Iallreduce(MPI.IN_PLACE, buf, op=_MPI_OPS.get(op, MPI.SUM))
         return MPIWork(self, request, buf, "iallreduce", scale)
@@ -169,6 +212,7 @@ class MPICommunicator(c.Backend):
         counts = np.diff(c.block_bounds(flat.size, self._size)).tolist()
         out = np.empty(counts[self._rank], dtype=buf.dtype)
         self._check_usable()
+        self._agree("reduce_scatter", buf, op)
         if self._size == 1:
             np.copyto(out, flat)
         elif flat.size:
@@ -184,6 +228,7 @@ class MPICommunicator(c.Backend):
         c.check_buffer(buf, writable=False)
         out = np.empty((self._size, *buf.shape), dtype=buf.dtype)
         self._check_usable()
+        self._agree("allgather", buf)
         if buf.size:
             comm = self.comm
             self._run("allgather", lambda: comm.Allgather(buf, out), lambda: comm.Iallgather(buf, out))
@@ -195,6 +240,7 @@ class MPICommunicator(c.Backend):
         root = c.check_rank(root, self._size)
         out = np.empty((self._size, *buf.shape), dtype=buf.dtype) if self._rank == root else None
         self._check_usable()
+        self._agree("gather", buf, None, root)
         if buf.size:
             comm = self.comm
             self._run("gather", lambda: comm.Gather(buf, out, root=root), lambda: comm.Igather(buf, out, root=root))
@@ -206,6 +252,7 @@ class MPICommunicator(c.Backend):
         root = c.check_rank(root, self._size)
         out = np.empty(buf.shape[1:], dtype=buf.dtype)
         self._check_usable()
+        self._agree("scatter", buf, None, root)
         if out.size:
             comm, send = self.comm, buf if self._rank == root else None
             self._run("scatter", lambda: comm.Scatter(send, out, root=root),
@@ -234,6 +281,7 @@ class MPICommunicator(c.Backend):
         scale = c.average_scale(op, buf, self._size)   # op avg: MPI sums, the block is scaled on completion
         out = c.check_block_out(buf, out, self._size, self._rank)
         self._check_usable()
+        self._agree("ireduce_scatter", buf, op)
         flat = buf.reshape(-1)
         if self._size == 1 or flat.size == 0:
             np.copyto(out, flat)
@@ -248,6 +296,7 @@ class MPICommunicator(c.Backend):
         c.check_buffer(buf, writable=False)
         out = c.check_stacked_out(buf, out, self._size, self._rank)
         self._check_usable()
+        self._agree("iallgather", buf)
         if buf.size == 0 or self._size == 1:
             if not c.is_row(buf, out, self._rank):
                 out.reshape(self._size, -1)[self._rank] = buf.reshape(-1)

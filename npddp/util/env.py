@@ -101,6 +101,11 @@ def thread_setting(environ=None) -> tuple[int, str] | None:
     return first_positive(THREAD_VARIABLES, environ)
 
 
+#: ``0``/``false``/``no``/``off`` turns off the argument check every collective makes by default
+#: (:mod:`npddp.comm.signature`); for measuring what it costs. Unset: on.
+CHECK_ARGS_VARIABLE = "NPDDP_CHECK_ARGS"
+
+
 #: A directory the launcher (``python -m npddp.run``) gives its ranks: each marks there when it starts to
 #: join the TCP world and when it has joined, so a rank that leaves before joining is noticed at once.
 JOIN_DIR_VARIABLE = "NPDDP_JOIN_DIR"

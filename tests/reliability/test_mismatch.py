@@ -175,3 +175,88 @@ def test_matching_collectives_pass_through_unchanged(backend, world, assert_all_
     same = all(np.array_equal(a, b) for a, b in zip(*results))
     assert_ranks_agree(results[0][0], world)
     assert_all_ranks(same and unwrapped, "debug changed a result or wrapped the Work handle", world)
+
+
+# ----------------------------------------------------------------------------- the default check (no debug mode)
+
+#: Mismatches the default check must catch: name, and how the last rank changes (buffer, op) from the others'.
+KINDS = {
+    "dtype": lambda buf, op: (buf.view(np.int32), op),          # the same bytes, another dtype
+    "count": lambda buf, op: (buf[:-3].copy(), op),
+    "op": lambda buf, op: (buf, "max"),
+}
+#: Collective -> how to call it with (comm, buf, op); the reductions take every kind, the others no op.
+COLLECTIVES = {
+    "allreduce": lambda comm, buf, op: comm.allreduce(buf, op),
+    "iallreduce": lambda comm, buf, op: comm.iallreduce(buf, op).wait(),
+    "reduce_scatter": lambda comm, buf, op: comm.reduce_scatter(buf, op),
+    "allgather": lambda comm, buf, op: comm.allgather(buf),
+    "broadcast": lambda comm, buf, op: comm.broadcast(buf, root=0),
+}
+#: Collectives where a rank may finish its part before the mismatch is found (it raises at its next call).
+_ROOTED = {"broadcast"}
+
+
+def _mismatch_cases():
+    for name in COLLECTIVES:
+        for kind in KINDS:
+            if kind == "op" and name in ("allgather", "broadcast"):
+                continue
+            yield name, kind
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("backend", RUN_BACKENDS, ids=lambda b: f"{b}-backend")
+def test_by_default_every_rank_raises_on_a_mismatch_naming_the_field_and_the_communicator_closes(
+        backend, world, assert_all_ranks, monkeypatch):
+    monkeypatch.delenv("NPDDP_CHECK_ARGS", raising=False)
+    monkeypatch.delenv("NPDDP_DEBUG", raising=False)
+    problems = []
+    for name, kind in _mismatch_cases():
+        comm = create(backend, world.fresh(), timeout=30)
+        odd = comm.rank == comm.size - 1
+        buf, op = np.arange(1, 41, dtype=np.float32), "sum"
+        if odd:
+            buf, op = KINDS[kind](buf, op)
+        error = None
+        try:
+            COLLECTIVES[name](comm, buf, op)
+            if name in _ROOTED:
+                comm.barrier()     # a rank whose part was done before the mismatch was found learns it here
+        except CollectiveMismatchError as exc:
+            error = str(exc)
+        if error is None:
+            problems.append(f"{name}/{kind}: no CollectiveMismatchError on rank {comm.rank}")
+            continue
+        if f"differing fields: {kind}" not in error or f"rank {world.size - 1} called" not in error:
+            problems.append(f"{name}/{kind}: the error does not name the field or the rank: {error}")
+        try:
+            comm.allreduce(np.ones(3))
+            problems.append(f"{name}/{kind}: the communicator still ran a call after the mismatch")
+        except RuntimeError as exc:
+            if "closed" not in str(exc) and "unusable" not in str(exc):
+                problems.append(f"{name}/{kind}: unclear error after the mismatch: {exc}")
+    assert_all_ranks(not problems, "; ".join(problems[:4]), world)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("backend", RUN_BACKENDS, ids=lambda b: f"{b}-backend")
+def test_with_the_check_off_matching_calls_give_the_same_results(backend, world, assert_all_ranks):
+    on, off = create(backend, world.fresh(), check_args=True), create(backend, world.fresh(), check_args=False)
+    assert on.check_args and not off.check_args
+    x = np.arange(1001, dtype=np.float64) * (world.rank + 1)
+    got = [[c.allreduce(x.copy()), c.iallreduce(x.copy(), "max").wait(), c.reduce_scatter(x, "min"),
+            c.allgather(x[:5]), c.broadcast(x.copy(), root=world.size - 1)] for c in (on, off)]
+    same = all(np.array_equal(a, b) for a, b in zip(*got))
+    assert_all_ranks(same, "the check changed a result", world)
+
+
+def test_check_args_comes_from_the_environment_and_is_validated(monkeypatch):
+    from npddp.comm import check_args_from_env
+    assert check_args_from_env({}) is True
+    for value, on in (("0", False), ("off", False), ("1", True), ("", True)):
+        assert check_args_from_env({"NPDDP_CHECK_ARGS": value}) is on
+    with pytest.raises(ValueError, match="NPDDP_CHECK_ARGS='maybe'"):
+        check_args_from_env({"NPDDP_CHECK_ARGS": "maybe"})
+    with pytest.raises(TypeError, match="check_args"):
+        create("ring", check_args="yes")

@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from npddp.comm import checks as c
+from npddp.comm import signature as sg
 from npddp.comm.p2p.engine import Overdue
 from npddp.comm.node import cma
 from npddp.comm.node.memory import LINE, PID, SIZE_WORDS, NodeSync, create_segment
@@ -130,24 +131,41 @@ class NodeGroup:
         self.sized_calls += 1
         return word
 
-    def publish_size(self, word: int, nbytes: int) -> None:
-        """Announce this call's byte count (before arriving at its first barrier)."""
-        self.sync.words[self.sync.me * LINE + word] = nbytes
+    def publish_size(self, word: int, value: int) -> None:
+        """Announce this call's :meth:`size_value` (before arriving at its first barrier)."""
+        self.sync.words[self.sync.me * LINE + word] = value
 
-    def check_sizes(self, call, word: int, nbytes: int) -> None:
-        """After the first barrier: ValueError on every rank when the node's ranks passed different sizes."""
+    @staticmethod
+    def size_value(call, nbytes: int) -> int:
+        """What a call publishes: its byte count, with kind, dtype and op folded in when the call is signed."""
+        return nbytes if call.signature is None else sg.pack(call.signature, nbytes)
+
+    def check_sizes(self, call, word: int, value: int) -> None:
+        """After the first barrier: CollectiveMismatchError (a ValueError) on every rank when the node's ranks
+        passed different sizes, dtypes or ops."""
         sync = self.sync
         words = sync.words
         for i in sync.others:
-            if words[i * LINE + word] != nbytes:
+            if words[i * LINE + word] != value:
                 break
         else:
             return
-        theirs = {sync.ranks[i]: words[i * LINE + word] for i in sync.others}
-        error = ValueError(f"[rank {sync.ranks[sync.me]}] {call.describe()}: the ranks passed different sizes "
-                           f"(this rank {nbytes} bytes; "
-                           + ", ".join(f"rank {r} {v} bytes" for r, v in sorted(theirs.items()))
-                           + "); every rank must pass the same shape and dtype; this communicator is now unusable")
+        signed = call.signature is not None
+        theirs = {sync.ranks[i]: words[i * LINE + word] for i in sync.others if words[i * LINE + word] != value}
+        me = sync.ranks[sync.me]
+        nbytes, mine = sg.unpack(value) if signed else (value, None)
+        parts, fields = [], set()
+        for r, v in sorted(theirs.items()):
+            their_bytes, sig = sg.unpack(v) if signed else (v, None)
+            fields.update(f for f in (sg.differing(mine, sig) if signed else ()) if f != "count")
+            fields.update(["count"] if their_bytes != nbytes else [])
+            parts.append(f"rank {r} called {sg.describe(sig)} of {their_bytes} bytes" if signed
+                         else f"rank {r} {their_bytes} bytes")
+        error = sg.CollectiveMismatchError(
+            f"[rank {me}] {call.describe()}: the ranks passed different sizes, dtypes or ops: "
+            + ", ".join(parts) + f" but rank {me} called " + (f"{sg.describe(mine)} of " if signed else "")
+            + f"{nbytes} bytes; differing fields: {', '.join(f for f in sg.FIELDS if f in fields) or 'count'}"
+            + "; every rank must pass the same shape, dtype and op; this communicator is now closed")
         self.comm._abandon_all(str(error), [], None)
         raise error
 
@@ -250,10 +268,11 @@ class NodeGroup:
         parity, seq, word = self.next_parity(), self.reserve(1), self.size_word()
         views = self.small_views(self.staging_index, parity, src.dtype, src.size)
         np.copyto(views[self.li], src)
-        self.publish_size(word, src.nbytes)
+        value = self.size_value(call, src.nbytes)
+        self.publish_size(word, value)
         self.sync.arrive(seq)
         self.wait(call, seq)
-        self.check_sizes(call, word, src.nbytes)
+        self.check_sizes(call, word, value)
         _reduce_in_order(views, dst, ufunc)
 
     # --- the large path ---------------------------------------------------------------
@@ -370,10 +389,11 @@ class NodeGroup:
         at_src, at_dst = self.places(call, src, dst)
         seq, bounds, word = self.reserve(2), self.bounds(src.size), self.size_word()
         self.publish(src, at_src, at_dst, self.staging_index, bounds)
-        self.publish_size(word, src.nbytes)
+        value = self.size_value(call, src.nbytes)
+        self.publish_size(word, value)
         self.sync.arrive(seq)
         self.wait(call, seq)
-        self.check_sizes(call, word, src.nbytes)
+        self.check_sizes(call, word, value)
         try:
             self.reduce_block(src, ufunc, bounds, push=True, scale=call.take_scale(), dst=dst)
         except ConnectionError as exc:  # a peer whose memory we read or write has died

@@ -65,6 +65,10 @@ class HierCommunicator(ShmCommunicator):
         self._nodes = nodes
         return [r for r in range(self._size) if nodes[r] == nodes[self._rank]]
 
+    def _sub_communicators(self) -> tuple:
+        """The communicator across nodes, which checks its calls as this one does."""
+        return () if self.inter is None else (self.inter,)
+
     def _allreduce_work(self, call, src, dst, ufunc, result):
         return self.path.start(call, src, dst, ufunc, result)
 

@@ -53,13 +53,13 @@ class ShmWork(P2PWork):
                 node.stage_small(self._staging, self._parity, self._src)
             else:
                 node.publish(self._src, self._at_src, self._at_dst, self._staging, self._bounds)
-            node.publish_size(self._word, self._src.nbytes)
+            node.publish_size(self._word, node.size_value(self._call, self._src.nbytes))
             sync.arrive(self._seq)
             self._state = 1
         if self._state == 1:
             if not self._arrived(self._seq, block):
                 return False
-            node.check_sizes(self._call, self._word, self._src.nbytes)
+            node.check_sizes(self._call, self._word, node.size_value(self._call, self._src.nbytes))
             if self._small:
                 node.reduce_small(self._staging, self._parity, self._dst, self._ufunc)
                 return True

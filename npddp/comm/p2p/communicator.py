@@ -27,6 +27,8 @@ from __future__ import annotations
 import numpy as np
 
 from npddp.comm import checks as c
+from npddp.comm import signature as sg
+from npddp.comm.p2p.signed import AbortWatch, SignedTransport
 from npddp.comm.p2p.engine import Call, Context, DoneWork, Overdue, P2PWork, ScratchPool, TagSequence
 from npddp.comm.p2p.ring import ReduceScatterWork, Ring
 
@@ -38,7 +40,8 @@ class P2PCommunicator(c.Backend):
     chain_bytes = 1 << 20
 
     def __init__(self, transport, algorithm, name: str, timeout: float = c.DEFAULT_TIMEOUT):
-        self.transport = transport
+        self.transport = self.wire = transport   # wire: what calls send on (signed while check_args is on)
+        self.watch: AbortWatch | None = None      # the peers' aborts, while check_args is on
         self._rank, self._size = transport.rank, transport.size
         self.name = name
         self.timeout = timeout
@@ -70,15 +73,62 @@ class P2PCommunicator(c.Backend):
     def window(self, value: int) -> None:
         self.context.window = int(value)
 
+    @property
+    def check_args(self) -> bool:
+        """Whether every collective checks that all ranks passed the same kind, dtype, count, op and root
+        (:mod:`npddp.comm.p2p.signed`); ``create`` turns it on unless ``NPDDP_CHECK_ARGS=0``."""
+        return self.wire is not self.transport
+
+    @check_args.setter
+    def check_args(self, on: bool) -> None:
+        if bool(on) == self.check_args:
+            return
+        if self._active:
+            raise RuntimeError("check_args cannot change while non-blocking calls are in flight; wait for them first")
+        if on and self.watch is None and self._size > 1:
+            self.watch = AbortWatch(self.transport)
+        self.wire = SignedTransport(self.transport, self) if on else self.transport
+        self.context.transport = self.wire
+        if not on:
+            self._stranded.append(self.watch)   # its receives stay posted: a peer may still send to them
+            self.watch = None
+        for sub in self._sub_communicators():
+            sub.check_args = on
+
+    def _sub_communicators(self) -> tuple:
+        """Communicators this one runs calls on (hier's across nodes), which check as it does."""
+        return ()
+
     # --- calls, waits and giving up --------------------------------------------------
-    def _begin(self, operation: str, user_tag: int | None = None) -> Call:
-        """Open a call (after its arguments were checked): a fresh collective tag, or the user's tag."""
+    def _begin(self, operation: str, user_tag: int | None = None, buf=None, op=None, root=None) -> Call:
+        """Open a call (after its arguments were checked): a fresh collective tag, or the user's tag.
+
+        With ``check_args``, the call's signature (``buf``'s dtype and count, ``op``, ``root``) is
+        registered under its tag, to go ahead of its first message to each peer."""
         if self._failure is not None:
             raise self.unusable()
         if user_tag is not None:
             return Call(self, operation, None, user_tag)
         tag = self._tags.next()
-        return Call(self, operation, self._tags.count, tag)
+        call = Call(self, operation, self._tags.count, tag)
+        if self.wire is not self.transport:
+            call.signature = self.wire.open(tag, self._tags.count, operation, buf, op, root)
+        return call
+
+    def mismatch(self, number: int, peer: int, mine, theirs) -> sg.CollectiveMismatchError:
+        """After ``peer``'s signature differed from this rank's: tell every rank, close; return the error to raise."""
+        text = sg.message(number, self._rank, mine, peer, theirs)
+        found = np.concatenate(([self._rank, peer], mine, theirs)).astype(np.int64)
+        self.watch.tell_all(found, min(self._timeout, 5.0))
+        self._abandon_all(text, [], found)
+        return sg.CollectiveMismatchError(f"[rank {self._rank}] {text}; this communicator is now closed")
+
+    def heard_abort(self) -> None:
+        """CollectiveMismatchError (and close) if a peer has told this rank of a mismatch."""
+        text = self.watch.heard()
+        if text is not None and self._failure is None:
+            self._abandon_all(text, [], None)
+            raise sg.CollectiveMismatchError(f"[rank {self._rank}] {text}; this communicator is now closed")
 
     def _setup_done(self) -> None:
         """Number the user's collectives from 1, whatever the constructor exchanged before them."""
@@ -150,7 +200,7 @@ class P2PCommunicator(c.Backend):
             c.check_buffer(buf, writable=False)
             dst = c.check_out(buf, out)
         scale = c.average_scale(op, buf, self._size)
-        call = self._begin(operation)
+        call = self._begin(operation, None, buf, op)
         call.scale = scale
         if self._size == 1 or buf.size == 0:
             if dst is not buf:
@@ -180,7 +230,7 @@ class P2PCommunicator(c.Backend):
         """Binomial tree from root; a pipelined chain of chunks for buffers of ``chain_bytes`` or more."""
         c.check_buffer(buf)
         root = c.check_rank(root, self._size)
-        call = self._begin("broadcast")
+        call = self._begin("broadcast", None, buf, None, root)
         if buf.size == 0 or self._size == 1:
             return buf
         if buf.nbytes >= self.chain_bytes and self._size > 2:
@@ -235,7 +285,7 @@ class P2PCommunicator(c.Backend):
         ufunc = c.check_op(op)
         c.check_buffer(buf, writable=False)
         scale = c.average_scale(op, buf, self._size)
-        call = self._begin("reduce_scatter")
+        call = self._begin("reduce_scatter", None, buf, op)
         flat = buf.reshape(-1)
         bounds = c.block_bounds(flat.size, self._size)
         out = np.empty(int(bounds[self._rank + 1] - bounds[self._rank]), dtype=buf.dtype)
@@ -257,7 +307,7 @@ class P2PCommunicator(c.Backend):
     def allgather(self, buf):
         """The ring schedule's second half: each rank's ``buf`` is its block of the stacked result."""
         c.check_buffer(buf, writable=False)
-        call = self._begin("allgather")
+        call = self._begin("allgather", None, buf)
         size, rank = self._size, self._rank
         out = np.empty((size, *buf.shape), dtype=buf.dtype)
         rows = out.reshape(size, -1)  # (size, buf.size)
@@ -271,7 +321,7 @@ class P2PCommunicator(c.Backend):
         """Every rank sends ``buf`` to root, which receives them all at once."""
         c.check_buffer(buf, writable=False)
         root = c.check_rank(root, self._size)
-        call = self._begin("gather")
+        call = self._begin("gather", None, buf, None, root)
         if self._rank != root:
             if buf.size:
                 call.transfer(sends=[(buf, root)])
@@ -287,7 +337,7 @@ class P2PCommunicator(c.Backend):
         """Root sends ``buf[i]`` to each rank i; the others receive their block."""
         c.check_stacked(buf, self._size)
         root = c.check_rank(root, self._size)
-        call = self._begin("scatter")
+        call = self._begin("scatter", None, buf, None, root)
         out = np.empty(buf.shape[1:], dtype=buf.dtype)
         if self._rank == root:
             rows = buf.reshape(self._size, -1)  # (size, block size)
@@ -318,7 +368,7 @@ class P2PCommunicator(c.Backend):
         c.check_buffer(buf, writable=False)
         scale = c.average_scale(op, buf, self._size)
         out = c.check_block_out(buf, out, self._size, self._rank)
-        call = self._begin("ireduce_scatter")
+        call = self._begin("ireduce_scatter", None, buf, op)
         flat = buf.reshape(-1)
         if self._size == 1 or flat.size == 0:
             np.copyto(out, flat)
@@ -329,7 +379,7 @@ class P2PCommunicator(c.Backend):
         """Start :meth:`allgather` into ``out`` of shape ``(size, *buf.shape)``; ``buf`` may be ``out[rank]``."""
         c.check_buffer(buf, writable=False)
         out = c.check_stacked_out(buf, out, self._size, self._rank)
-        call = self._begin("iallgather")
+        call = self._begin("iallgather", None, buf)
         if not c.is_row(buf, out, self._rank):
             out.reshape(self._size, -1)[self._rank] = buf.reshape(-1)
         if buf.size == 0 or self._size == 1:

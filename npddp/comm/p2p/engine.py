@@ -70,7 +70,9 @@ class Context:
 
 
 class TagSequence:
-    """Tags for collectives: ``USER_TAG_LIMIT + (sequence % COLLECTIVE_TAG_SPAN)``, same order on all ranks."""
+    """Tags for collectives: ``USER_TAG_LIMIT + (sequence % (COLLECTIVE_TAG_SPAN - 1))``, same order on all ranks.
+
+    The last tag of the span is kept for aborts (:data:`npddp.comm.p2p.signed.CONTROL_TAG`)."""
 
     __slots__ = ("_seq", "count")
 
@@ -81,7 +83,7 @@ class TagSequence:
     def next(self) -> int:
         """Tag of the next collective."""
         tag = c.USER_TAG_LIMIT + self._seq
-        self._seq = (self._seq + 1) % c.COLLECTIVE_TAG_SPAN
+        self._seq = (self._seq + 1) % (c.COLLECTIVE_TAG_SPAN - 1)
         self.count += 1
         return tag
 
@@ -94,16 +96,19 @@ class Call:
     """One collective (or send/recv) in progress: what to name in errors, its tag, and the deadline of its waits.
 
     ``owner`` is the communicator: it turns an overdue wait or a broken connection into the error
-    to raise (``give_up``, ``fail``) and refuses later calls.
+    to raise (``give_up``, ``fail``) and refuses later calls; its ``wire`` is the transport the
+    call's messages use (signed, :mod:`npddp.comm.p2p.signed`, unless the argument check is off),
+    and each clock read asks its ``watch`` (None when off) whether a peer has aborted.
     """
 
-    __slots__ = ("owner", "transport", "operation", "number", "tag", "expires", "rounds", "scale")
+    __slots__ = ("owner", "transport", "operation", "number", "tag", "expires", "rounds", "scale", "signature")
 
     def __init__(self, owner, operation: str, number: int | None, tag: int):
-        self.owner, self.transport, self.operation, self.number, self.tag = owner, owner.transport, operation, number, tag
+        self.owner, self.transport, self.operation, self.number, self.tag = owner, owner.wire, operation, number, tag
         self.expires = 0.0  # set at the first clock read
         self.rounds = 0     # clock reads so far
         self.scale = 0.0    # op avg: the factor (1/N) still to apply to the result; 0.0: none
+        self.signature = None  # with the argument check on: what every rank must pass alike (signature.WORDS int64s)
 
     def take_scale(self) -> float:
         """The average's factor (0.0: none), which the caller now applies itself, fused into its reduction."""
@@ -120,6 +125,8 @@ class Call:
         """Read the clock (the first read starts the deadline); nap once the wait is long. True past the deadline."""
         now = time.monotonic()
         self.rounds += 1
+        if self.owner.watch is not None:
+            self.owner.heard_abort()
         if not self.expires:
             self.expires = now + self.owner.timeout
             return False

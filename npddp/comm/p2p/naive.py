@@ -62,7 +62,7 @@ class NaiveCommunicator(P2PCommunicator):
         """Root sends ``buf`` to every other rank (all sends posted at once)."""
         c.check_buffer(buf)
         root = c.check_rank(root, self._size)
-        call = self._begin("broadcast")
+        call = self._begin("broadcast", None, buf, None, root)
         if buf.size and self._size > 1:
             if self._rank == root:
                 call.transfer(sends=[(buf, dest) for dest in range(self._size) if dest != root])
@@ -75,7 +75,7 @@ class NaiveCommunicator(P2PCommunicator):
         ufunc = c.check_op(op)
         c.check_buffer(buf, writable=False)
         scale = c.average_scale(op, buf, self._size)
-        call = self._begin("reduce_scatter")
+        call = self._begin("reduce_scatter", None, buf, op)
         flat = buf.reshape(-1)
         bounds = c.block_bounds(flat.size, self._size).tolist()
         out = np.empty(bounds[self._rank + 1] - bounds[self._rank], dtype=buf.dtype)
@@ -102,7 +102,7 @@ class NaiveCommunicator(P2PCommunicator):
     def allgather(self, buf):
         """Rank 0 receives every rank's buffer, then sends the stacked array to every rank."""
         c.check_buffer(buf, writable=False)
-        call = self._begin("allgather")
+        call = self._begin("allgather", None, buf)
         out = np.empty((self._size, *buf.shape), dtype=buf.dtype)
         rows = out.reshape(self._size, -1)  # (size, buf.size)
         rows[self._rank] = buf.reshape(-1)
@@ -122,7 +122,7 @@ class NaiveCommunicator(P2PCommunicator):
         c.check_buffer(buf, writable=False)
         scale = c.average_scale(op, buf, self._size)
         out = c.check_block_out(buf, out, self._size, self._rank)
-        call = self._begin("ireduce_scatter")
+        call = self._begin("ireduce_scatter", None, buf, op)
         flat = buf.reshape(-1)
         if flat.size == 0 or self._size == 1:
             np.copyto(out, flat)
@@ -144,7 +144,7 @@ class NaiveCommunicator(P2PCommunicator):
         """:meth:`allgather` non-blocking: rank 0 receives every buffer, then sends the stack to all."""
         c.check_buffer(buf, writable=False)
         out = c.check_stacked_out(buf, out, self._size, self._rank)
-        call = self._begin("iallgather")
+        call = self._begin("iallgather", None, buf)
         rows = out.reshape(self._size, -1)  # (size, buf.size)
         if not c.is_row(buf, out, self._rank):
             rows[self._rank] = buf.reshape(-1)

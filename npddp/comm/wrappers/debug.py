@@ -26,6 +26,9 @@ from __future__ import annotations
 import numpy as np
 
 from npddp.comm import checks as c
+from npddp.comm.signature import CollectiveMismatchError
+
+__all__ = ["CollectiveMismatchError", "DebugCommunicator", "FINGERPRINT_LENGTH", "describe", "encode", "mismatch"]
 
 #: Collectives in fingerprint order; a fingerprint stores the index.
 OPERATIONS = ("barrier", "broadcast", "allreduce", "iallreduce", "reduce_scatter", "allgather", "gather", "scatter",
@@ -45,10 +48,6 @@ FIELDS = {"sequence": slice(0, 1), "operation": slice(1, 2), "dtype": slice(2, 3
           "op": slice(4, 5), "root": slice(5, 6), "shape": slice(6, 7 + MAX_DIMS)}
 FINGERPRINT_LENGTH = 7 + MAX_DIMS
 _NONE = -1
-
-
-class CollectiveMismatchError(RuntimeError):
-    """Ranks called different collectives (or the same one with different arguments); raised on every rank."""
 
 
 def encode(out: np.ndarray, sequence: int, operation: str, buf=None, op=None, root=None) -> np.ndarray:

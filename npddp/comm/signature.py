@@ -1,0 +1,102 @@
+"""The signature of one collective call: what every rank must pass alike, and the error when they do not.
+
+A signature is ``WORDS`` int64s: the collective's kind, its number, dtype, element count, op
+and root. The hand-written backends send it ahead of the first message of a call to each peer
+(:mod:`npddp.comm.p2p.signed`), the shared-memory path folds it into one word of its control line
+(:func:`pack`), and the ``mpi`` backend agrees on it with one small all-reduce before the data
+(:mod:`npddp.comm.mpi`). A rank that finds a peer's signature differs from its own raises
+:class:`CollectiveMismatchError`, naming both ranks and the fields.
+
+The blocking and non-blocking forms of a collective (``allreduce`` and ``iallreduce``, ...) have
+the same kind: mixing them is allowed and gives the right result. The number is carried for the
+message only: ranks number their calls alike, and a call skipped by one rank shows as a timeout.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from npddp.comm import checks as c
+
+#: Kinds of collectives; the non-blocking forms share their blocking form's code.
+KINDS = ("barrier", "broadcast", "allreduce", "reduce_scatter", "allgather", "gather", "scatter")
+_KIND_CODE = {**{k: i for i, k in enumerate(KINDS)},
+              "iallreduce": 2, "ireduce_scatter": 3, "iallgather": 4}
+_DTYPE_CODE = {name: i for i, name in enumerate(c.DTYPES)}
+_OP_CODE = {name: i for i, name in enumerate(c.REDUCTIONS)}
+#: Field names, in word order.
+FIELDS = ("kind", "number", "dtype", "count", "op", "root")
+WORDS = len(FIELDS)
+_COMPARED = (0, 2, 3, 4, 5)   # every field but the number
+_NONE = -1
+
+
+class CollectiveMismatchError(RuntimeError, ValueError):
+    """Ranks called different collectives (or the same one with different arguments); raised on every rank."""
+
+
+def kind_code(operation: str) -> int:
+    """The kind code of a collective's name (``iallreduce`` counts as ``allreduce``); -1 for others."""
+    return _KIND_CODE.get(operation, _NONE)
+
+
+def encode(out: np.ndarray, operation: str, number: int, buf=None, op=None, root=None) -> np.ndarray:
+    """Write the signature of one call into ``out`` (WORDS int64s); return it."""
+    out[0], out[1] = _KIND_CODE[operation], number
+    if buf is None:
+        out[2] = out[3] = _NONE
+    else:
+        out[2], out[3] = _DTYPE_CODE[buf.dtype.name], buf.size
+    out[4] = _NONE if op is None else _OP_CODE[op]
+    out[5] = _NONE if root is None else root
+    return out
+
+
+def agree(a, b) -> bool:
+    """True when signatures ``a`` and ``b`` agree in every compared field."""
+    return a[0] == b[0] and a[2] == b[2] and a[3] == b[3] and a[4] == b[4] and a[5] == b[5]
+
+
+def differing(a, b) -> list[str]:
+    """Names of the compared fields in which signatures ``a`` and ``b`` differ."""
+    return [FIELDS[i] for i in _COMPARED if a[i] != b[i]]
+
+
+def _value(field: str, word: int) -> str:
+    word = int(word)
+    if word == _NONE:
+        return "none"
+    names = {"kind": KINDS, "dtype": c.DTYPES, "op": c.REDUCTIONS}.get(field)
+    return (names[word] if 0 <= word < len(names) else f"#{word}") if names else str(word)
+
+
+def describe(sig) -> str:
+    """A signature as a call, e.g. ``allreduce(float32, count=10, op=sum)``."""
+    parts = [f"{f}={_value(f, sig[i])}" for i, f in enumerate(FIELDS) if i > 1 and sig[i] != _NONE]
+    return f"{_value('kind', sig[0])}({', '.join(parts)})"
+
+
+def message(number: int, rank: int, mine, peer: int, theirs, found_by: int | None = None) -> str:
+    """The error text: who passed what, and which fields differ."""
+    fields = differing(mine, theirs)
+    where = "" if found_by is None else f" (found by rank {found_by})"
+    return (f"collective #{number} mismatch{where}: rank {peer} called {describe(theirs)} but rank {rank} called "
+            f"{describe(mine)}; differing fields: {', '.join(fields)}")
+
+
+#: :func:`pack`: the low bits hold kind, dtype and op; the byte count sits above them.
+_PACK_BITS = 10
+
+
+def pack(sig, nbytes: int) -> int:
+    """One int64 word for the shared-memory path: ``nbytes``, kind, dtype and op (that path has no root)."""
+    return (nbytes << _PACK_BITS) | (int(sig[0]) & 15) << 6 | (int(sig[2]) & 7) << 3 | (int(sig[4]) & 7)
+
+
+def unpack(word: int) -> tuple[int, list[int]]:
+    """(byte count, signature with kind, dtype and op filled in) of a :func:`pack`-ed word."""
+    sig = [_NONE] * WORDS
+    sig[0], sig[2], sig[4] = (word >> 6) & 15, (word >> 3) & 7, word & 7
+    if sig[4] == 7:
+        sig[4] = _NONE
+    return word >> _PACK_BITS, sig
