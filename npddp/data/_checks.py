@@ -6,8 +6,15 @@ import operator
 
 import numpy as np
 
+from npddp.util.shown import shown
+
 #: Element types accepted for inputs (labels of classification data are always int64).
 FLOAT_DTYPES = ("float16", "float32", "float64")
+
+
+def _typed(value) -> str:
+    """``value`` with its type, as an error message shows it (an array by shape, never in full)."""
+    return shown(value) if isinstance(value, np.ndarray) and value.ndim else f"{type(value).__name__} {shown(value)}"
 
 
 def as_int(value, what: str) -> int:
@@ -17,7 +24,7 @@ def as_int(value, what: str) -> int:
     try:
         return operator.index(value)
     except TypeError:
-        raise TypeError(f"{what} must be an int, got {type(value).__name__} {value!r}") from None
+        raise TypeError(f"{what} must be an int, got {_typed(value)}") from None
 
 
 def check_count(value, what: str, minimum: int = 0) -> int:
@@ -38,7 +45,7 @@ def check_float_dtype(dtype) -> np.dtype:
     try:
         dt = np.dtype(dtype)
     except TypeError:
-        raise TypeError(f"dtype {dtype!r} is not a NumPy dtype; valid dtypes: "
+        raise TypeError(f"dtype {shown(dtype)} is not a NumPy dtype; valid dtypes: "
                         f"{', '.join(FLOAT_DTYPES)}") from None
     if dt.name not in FLOAT_DTYPES:
         raise TypeError(f"dtype must be a float type ({', '.join(FLOAT_DTYPES)}), got {dt}")
@@ -48,5 +55,5 @@ def check_float_dtype(dtype) -> np.dtype:
 def as_real(value, what: str) -> float:
     """``value`` as a Python float; TypeError naming it unless it is a real number (bool excluded)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{what} must be a real number, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{what} must be a real number, got {_typed(value)}")
     return float(value)

@@ -17,6 +17,7 @@ from npddp.data.dataset import Dataset, labels_int64, split_indices
 from npddp.data.mnist import load_mnist
 from npddp.data.synthetic import synthetic_classification, synthetic_regression
 from npddp.data.tokens import load_text_file, load_token_file, synthetic_tokens
+from npddp.util.shown import shown
 
 #: Names ``load_dataset`` knows, besides paths to array files and ``tokens:PATH`` / ``text:PATH``.
 DATASET_NAMES = ("synthetic", "synthetic-image", "regression", "digits", "mnist", "synthetic-tokens")
@@ -56,7 +57,7 @@ def load_dataset(name: str, data_dir: str | None = None, seed: int = 0, dtype=np
     ``tokens:PATH``, ``text:PATH``) take ``context_length`` (and ``vocab_size``) keywords.
     """
     if not isinstance(name, (str, os.PathLike)):
-        raise TypeError(f"dataset name must be a str, got {type(name).__name__} {name!r}")
+        raise TypeError(f"dataset name must be a str, got {type(name).__name__} {shown(name)}")
     name = os.fspath(name)
     if name == "synthetic":
         return synthetic_classification(seed=seed, dtype=dtype, **kwargs)

@@ -2,7 +2,8 @@
 
 PyTorch's ``DistributedSampler`` exactly -- the same indices for every rank and epoch,
 shuffle order included -- with plain ints for ``num_replicas`` and ``rank`` so it is tested
-without MPI (and without torch):
+without MPI (and without torch). ``dataset`` is what PyTorch takes (any object with
+``len()``: an array, a Dataset, a list) or the number of rows itself:
 
 * ``num_samples`` = ``ceil((len - N) / N)`` when ``drop_last`` and ``len % N != 0``, else
   ``ceil(len / N)``; ``total_size = num_samples * N``.
@@ -20,18 +21,38 @@ every row is read at least once per epoch otherwise.
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Sized
+
 import numpy as np
 
 from npddp.data._checks import as_int, check_seed
 from npddp.data.randperm import torch_randperm
+from npddp.util.shown import shown
+
+
+def dataset_length(dataset) -> int:
+    """The rows of ``dataset``: ``len(dataset)``, or the int itself; TypeError (never showing a whole array) otherwise."""
+    if isinstance(dataset, Sized) and not isinstance(dataset, (str, bytes)):
+        try:
+            return len(dataset)
+        except TypeError:      # a 0-d array is Sized by type but has no length
+            pass
+    elif not isinstance(dataset, (str, bytes, bool, np.bool_)):
+        try:
+            return operator.index(dataset)
+        except TypeError:
+            pass
+    raise TypeError(f"dataset must be a sized object (len() gives its rows) or an int, got "
+                    f"{type(dataset).__name__} {shown(dataset)}")
 
 
 class DistributedSampler:
     """Per-rank dataset indices for one epoch, padded or truncated to an equal count per rank."""
 
-    def __init__(self, dataset_len: int, num_replicas: int, rank: int, shuffle: bool = True,
+    def __init__(self, dataset, num_replicas: int, rank: int, shuffle: bool = True,
                  seed: int = 0, drop_last: bool = False):
-        self.dataset_len = as_int(dataset_len, "dataset_len")
+        self.dataset_len = dataset_length(dataset)
         if self.dataset_len < 0:
             raise ValueError(f"dataset_len must be >= 0, got {self.dataset_len}")
         self.num_replicas = as_int(num_replicas, "num_replicas")

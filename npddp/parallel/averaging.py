@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from npddp.util.shown import shown
+
 
 class PeriodicModelAverager:
     """Average parameters over ranks every ``period`` steps once ``warmup_steps`` steps have passed."""
@@ -25,7 +27,7 @@ class PeriodicModelAverager:
     def __init__(self, comm, period: int, warmup_steps: int = 0):
         for name, value, low in (("period", period, 1), ("warmup_steps", warmup_steps, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+                raise ValueError(f"{name} must be an int >= {low}, got {shown(value)}")
         self.comm, self.period, self.warmup_steps = comm, period, warmup_steps
         self.step = 0    # calls of average_parameters so far (restored on resume)
         self.calls = 0   # all-reduces made by the last call

@@ -24,6 +24,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from npddp.util.shown import shown
+
+
 class GradBucket:
     """One bucket as a hook sees it: ``index``, flat ``buffer``, ``parameters`` and ``is_last``."""
 
@@ -149,7 +152,7 @@ class TopKState(HookState):
 
     def __init__(self, comm, ratio: float = 0.01):
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 < ratio <= 1.0:
-            raise ValueError(f"topk ratio must be in (0, 1], got {ratio!r}")
+            raise ValueError(f"topk ratio must be in (0, 1], got {shown(ratio)}")
         self.comm, self.ratio = comm, float(ratio)
         self.errors: dict[int, np.ndarray] = {}  # bucket index -> (n,) what was not sent yet
 

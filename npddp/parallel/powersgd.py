@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from npddp.parallel.hooks import GradBucket, Handle, HookState, allreduce_hook
+from npddp.util.shown import shown
 
 
 class PowerSGDState(HookState):
@@ -33,9 +34,9 @@ class PowerSGDState(HookState):
     def __init__(self, comm, rank: int = 1, start_iter: int = 1000, min_compression_rate: float = 2.0,
                  use_error_feedback: bool = True, warm_start: bool = True, epsilon: float = 0.0, seed: int = 0):
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-            raise ValueError(f"PowerSGD rank must be an int >= 1, got {rank!r}")
+            raise ValueError(f"PowerSGD rank must be an int >= 1, got {shown(rank)}")
         if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 0:
-            raise ValueError(f"PowerSGD start_iter must be an int >= 0, got {start_iter!r}")
+            raise ValueError(f"PowerSGD start_iter must be an int >= 0, got {shown(start_iter)}")
         if (use_error_feedback or warm_start) and start_iter <= 1:
             raise ValueError(f"PowerSGD start_iter must be > 1 with error feedback or warm start, got {start_iter}")
         self.comm, self.rank, self.start_iter = comm, rank, start_iter

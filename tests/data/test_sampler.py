@@ -199,22 +199,46 @@ def test_numpy_ints_accepted():
 # --- errors ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, exc, pattern", [
-    (dict(dataset_len=10, num_replicas=4, rank=4), ValueError, r"0 <= rank < num_replicas=4.*got 4"),
-    (dict(dataset_len=10, num_replicas=4, rank=-1), ValueError, r"0 <= rank < num_replicas=4.*got -1"),
-    (dict(dataset_len=10, num_replicas=0, rank=0), ValueError, r"num_replicas must be >= 1, got 0"),
-    (dict(dataset_len=10, num_replicas=-3, rank=0), ValueError, r"num_replicas must be >= 1, got -3"),
-    (dict(dataset_len=-1, num_replicas=2, rank=0), ValueError, r"dataset_len must be >= 0, got -1"),
-    (dict(dataset_len=10.0, num_replicas=2, rank=0), TypeError, r"dataset_len must be an int.*10.0"),
-    (dict(dataset_len="10", num_replicas=2, rank=0), TypeError, r"dataset_len must be an int.*'10'"),
-    (dict(dataset_len=True, num_replicas=2, rank=0), TypeError, r"dataset_len must be an int.*bool"),
-    (dict(dataset_len=10, num_replicas=2.0, rank=0), TypeError, r"num_replicas must be an int"),
-    (dict(dataset_len=10, num_replicas=2, rank=None), TypeError, r"rank must be an int.*None"),
-    (dict(dataset_len=10, num_replicas=2, rank=0, seed=-1), ValueError, r"seed must be >= 0, got -1"),
-    (dict(dataset_len=10, num_replicas=2, rank=0, seed=1.5), TypeError, r"seed must be an int"),
+    (dict(dataset=10, num_replicas=4, rank=4), ValueError, r"0 <= rank < num_replicas=4.*got 4"),
+    (dict(dataset=10, num_replicas=4, rank=-1), ValueError, r"0 <= rank < num_replicas=4.*got -1"),
+    (dict(dataset=10, num_replicas=0, rank=0), ValueError, r"num_replicas must be >= 1, got 0"),
+    (dict(dataset=10, num_replicas=-3, rank=0), ValueError, r"num_replicas must be >= 1, got -3"),
+    (dict(dataset=-1, num_replicas=2, rank=0), ValueError, r"dataset_len must be >= 0, got -1"),
+    (dict(dataset=10.0, num_replicas=2, rank=0), TypeError, r"dataset must be a sized object.*or an int, got float 10.0"),
+    (dict(dataset="10", num_replicas=2, rank=0), TypeError, r"dataset must be a sized object.*str '10'"),
+    (dict(dataset=True, num_replicas=2, rank=0), TypeError, r"dataset must be a sized object.*bool"),
+    (dict(dataset=10, num_replicas=2.0, rank=0), TypeError, r"num_replicas must be an int"),
+    (dict(dataset=10, num_replicas=2, rank=None), TypeError, r"rank must be an int.*None"),
+    (dict(dataset=10, num_replicas=2, rank=0, seed=-1), ValueError, r"seed must be >= 0, got -1"),
+    (dict(dataset=10, num_replicas=2, rank=0, seed=1.5), TypeError, r"seed must be an int"),
 ])
 def test_constructor_errors(kwargs, exc, pattern):
     with pytest.raises(exc, match=pattern):
         DistributedSampler(**kwargs)
+
+
+def test_sized_dataset_gives_the_row_count():
+    """PyTorch's call, DistributedSampler(dataset, num_replicas, rank): len() of the dataset gives the rows."""
+    rows = np.zeros((10, 3), dtype=np.float32)
+    for dataset in (rows, list(range(10)), range(10)):
+        assert rank_lists_of(dataset, 4) == rank_lists(10, 4)
+    assert DistributedSampler(dataset=rows, num_replicas=4, rank=1, shuffle=False).dataset_len == 10
+
+
+def rank_lists_of(dataset, reps):
+    """Every rank's indices for a sized ``dataset``, as Python lists."""
+    return [DistributedSampler(dataset, reps, r).indices().tolist() for r in range(reps)]
+
+
+@pytest.mark.parametrize("bad", [np.zeros((1024, 64)), np.arange(5000.0)])
+def test_errors_never_print_a_whole_array(bad):
+    """An array where a number belongs is named by shape, not printed in full."""
+    for call in (lambda: DistributedSampler(10, bad, 0), lambda: DistributedSampler(10, 2, bad),
+                 lambda: DistributedSampler(10, 2, 0, seed=bad), lambda: DistributedSampler(10, 2, 0).set_epoch(bad)):
+        with pytest.raises(TypeError) as info:
+            call()
+        text = str(info.value)
+        assert f"ndarray of shape {bad.shape} float64" in text and len(text) < 200, text
 
 
 def test_set_epoch_errors():
