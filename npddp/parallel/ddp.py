@@ -38,6 +38,7 @@ from npddp.nn.module import Module, Parameter, settle_grads
 from npddp.parallel.hooks import GradBucket, Handle, allreduce_hook
 from npddp.parallel.wrapper import DataParallelModule, StepStats
 from npddp.util import tracing
+from npddp.util.shown import shown
 
 #: Default bucket cap in MiB (PyTorch's ``bucket_cap_mb``); the CLI's ``--bucket-mb`` default too.
 BUCKET_CAP_MB = 25.0
@@ -105,10 +106,10 @@ class DistributedDataParallel(DataParallelModule):
 
     def __init__(self, model: Module, comm, sync: str = "overlap", bucket_cap_mb: float = BUCKET_CAP_MB,
                  tracer=None):
-        if sync not in SYNCS:
-            raise ValueError(f"unknown sync {sync!r}; valid: {', '.join(SYNCS)}")
+        if not isinstance(sync, str) or sync not in SYNCS:
+            raise ValueError(f"unknown sync {shown(sync)}; valid: {', '.join(SYNCS)}")
         if not (isinstance(bucket_cap_mb, (int, float)) and bucket_cap_mb > 0):
-            raise ValueError(f"bucket_cap_mb must be a positive number, got {bucket_cap_mb!r}")
+            raise ValueError(f"bucket_cap_mb must be a positive number, got {shown(bucket_cap_mb)}")
         self.module = model
         self.comm = comm
         self.sync = sync
@@ -175,11 +176,14 @@ class DistributedDataParallel(DataParallelModule):
         """Backward through the model, then leave every ``.grad`` averaged over ranks."""
         reducing = self._reducing()
         self._in_backward = reducing and self.sync == "overlap"
+        self._wrapped = True
+        if self._sync_enabled:
+            self._unsynced = False   # what a bypassing backward accumulated is averaged with this step's
         t0 = time.perf_counter()
         try:
             dx = self.module.backward(dout)
         finally:
-            self._in_backward = False
+            self._in_backward = self._wrapped = False
         t1 = time.perf_counter()
         self.stats.backward_s = t1 - t0
         if reducing:
@@ -231,7 +235,8 @@ class DistributedDataParallel(DataParallelModule):
 
     # --- optimizer step and metrics --------------------------------------------------
     def step(self, optimizer) -> None:
-        """Run ``optimizer.step()`` and count the step."""
+        """Run ``optimizer.step()`` and count the step (UnsyncedGradientsError if the gradients were not averaged)."""
+        self._check_synced()
         t0 = time.perf_counter()
         traced = self.tracer.clock()
         optimizer.step()
@@ -242,6 +247,7 @@ class DistributedDataParallel(DataParallelModule):
     # --- pass-throughs ----------------------------------------------------------------
     def zero_grad(self) -> None:
         """Zero every gradient, lazily: backward overwrites them, and a bucket settles the rest before it is sent."""
+        self._unsynced = False
         for p in self._params:
             p.zero_grad()
 

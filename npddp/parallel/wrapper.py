@@ -4,6 +4,14 @@ The model check at construction, which bucket each leaf layer's parameters fall 
 ``no_sync``, metric sums and the pass-throughs to the wrapped model. A subclass sets ``module``,
 ``comm``, ``stats``, ``buckets`` (each with ``params``, ``pending``, ``work``), ``_params``, ``_sync_enabled`` and
 ``_in_backward``, and defines ``_start(bucket)`` and ``_polled(bucket)`` for the grad hook.
+
+The backward check: the grad hook also hears a backward of the wrapped model that did not go
+through the wrapper's ``backward`` (``ddp.module.backward(dloss)``), whose gradients no rank
+averages. Outside ``no_sync`` that marks the wrapper, and its next ``step``, ``forward`` or
+``reduce_metrics`` raises :class:`UnsyncedGradientsError` (a flag test; nothing is read of the
+gradients). Each rank raises on its own, before its next collective; when only some ranks
+made the mistake, the others wait in the all-reduce they started until the exception guard
+(:mod:`npddp.util.guard`) ends the job, or their deadline passes.
 """
 
 from __future__ import annotations
@@ -41,8 +49,25 @@ def _signature(model: Module) -> bytes:
     return "\n".join(lines).encode()
 
 
+class UnsyncedGradientsError(RuntimeError):
+    """The wrapped model's own backward ran where the wrapper's should have: gradients not averaged."""
+
+
 class DataParallelModule:
     """The parts of a data-parallel wrapper that do not depend on how gradients travel."""
+
+    _wrapped = False   # True while the wrapper's own backward runs (when _in_backward alone does not say so)
+    _unsynced = False  # the model's backward ran outside the wrapper's, outside no_sync, since the last sync
+
+    def _check_synced(self) -> None:
+        """Raise UnsyncedGradientsError if a backward since the last averaging bypassed the wrapper."""
+        if self._unsynced:
+            self._unsynced = False
+            raise UnsyncedGradientsError(
+                f"{type(self).__name__}: the model's backward was called directly (e.g. ddp.module.backward(dloss)), "
+                f"so this step's gradients were not averaged over the {self.comm.size} rank(s) and the replicas "
+                "would drift apart; call ddp.backward(dloss) instead (to accumulate without averaging, "
+                "do it inside `with ddp.no_sync():`)")
 
     def _check_same_model(self) -> None:
         """Raise on every rank if any rank's parameter names, shapes or dtypes differ from rank 0's."""
@@ -81,6 +106,8 @@ class DataParallelModule:
         """Grad hook: count down the buckets of ``layer``'s parameters; start full ones (``_start``); poll the
         ones in flight (``_polled`` for each that has finished)."""
         if not self._in_backward:
+            if not self._wrapped and self._sync_enabled:
+                self._unsynced = True      # a backward of the model that bypassed the wrapper
             return
         t0 = time.perf_counter()
         for bucket in self._layer_buckets.get(id(layer), ()):
@@ -94,7 +121,8 @@ class DataParallelModule:
 
     # --- forward / backward ---------------------------------------------------------
     def forward(self, x: np.ndarray) -> np.ndarray:
-        """Run the wrapped model's forward."""
+        """Run the wrapped model's forward (UnsyncedGradientsError after a backward that bypassed the wrapper)."""
+        self._check_synced()
         t0 = time.perf_counter()
         out = self.module.forward(x)
         self.stats = StepStats(forward_s=time.perf_counter() - t0)
@@ -121,6 +149,7 @@ class DataParallelModule:
         An ndarray is updated and returned (summed in float64; any dtype or layout, the sums written
         back into it); a list or number gives a new float64 array. ValueError for a read-only array.
         """
+        self._check_synced()
         if not isinstance(sums, np.ndarray):
             return self.comm.allreduce(np.array(sums, dtype=np.float64))
         if not sums.flags.writeable:
@@ -141,6 +170,22 @@ class DataParallelModule:
     def named_parameters(self):
         """The wrapped model's named parameters."""
         return self.module.named_parameters()
+
+    def state_dict(self) -> dict:
+        """The wrapped model's parameters by name (copies), as ``module.state_dict()`` gives them (no ``module.``
+        prefix, unlike PyTorch's DDP); collective under ZeRO-3, which gathers them first."""
+        with self.full_parameters():
+            return self.module.state_dict()
+
+    def load_state_dict(self, state, strict: bool = True) -> tuple[list[str], list[str]]:
+        """Copy ``state`` (name -> array) into the wrapped model, as ``module.load_state_dict`` does.
+
+        Call it on every rank with the same state, as with PyTorch's DDP: nothing is broadcast,
+        so ranks given different values would stay different. Collective under ZeRO-3 (the
+        values written become each rank's shard). Returns (missing names, unexpected names).
+        """
+        with self.full_parameters():
+            return self.module.load_state_dict(state, strict)
 
     def train(self, mode: bool = True):
         """Set training mode on the wrapped model."""

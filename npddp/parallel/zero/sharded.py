@@ -35,6 +35,7 @@ from npddp.parallel.ddp import BUCKET_CAP_MB, _cut_buckets
 from npddp.parallel.wrapper import DataParallelModule, StepStats
 from npddp.parallel.zero.flat import BufferPool, FlatGroup
 from npddp.util import tracing
+from npddp.util.shown import shown
 
 STAGES = (2, 3)
 
@@ -48,9 +49,9 @@ class ZeroDataParallel(DataParallelModule):
     def __init__(self, model: Module, comm, stage: int = 2, bucket_cap_mb: float = BUCKET_CAP_MB, tracer=None):
         if stage not in STAGES:
             raise ValueError(f"stage must be one of {STAGES} (stage 1 is ZeroRedundancyOptimizer over DDP), "
-                             f"got {stage!r}")
+                             f"got {shown(stage)}")
         if not (isinstance(bucket_cap_mb, (int, float)) and bucket_cap_mb > 0):
-            raise ValueError(f"bucket_cap_mb must be a positive number, got {bucket_cap_mb!r}")
+            raise ValueError(f"bucket_cap_mb must be a positive number, got {shown(bucket_cap_mb)}")
         self.module, self.comm, self.stage = model, comm, stage
         self.bucket_cap_mb = float(bucket_cap_mb)
         self.stats = StepStats()
@@ -168,6 +169,7 @@ class ZeroDataParallel(DataParallelModule):
     # --- optimizer step ------------------------------------------------------------------------
     def step(self, optimizer) -> None:
         """Step the shards; stage 2 then all-gathers every group's values, stage 3 drops stale ones."""
+        self._check_synced()      # the model's own backward reduced nothing
         t0 = time.perf_counter()
         optimizer.step()
         self.steps += 1
@@ -186,6 +188,7 @@ class ZeroDataParallel(DataParallelModule):
 
     def zero_grad(self) -> None:
         """Zero every gradient: the full local ones lazily (backward overwrites them, ``_start`` settles the rest), the shards."""
+        self._unsynced = False
         for g in self.buckets:
             for p in g.params:
                 p.zero_grad()
