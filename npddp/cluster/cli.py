@@ -40,8 +40,8 @@ def _say(text: str) -> None:
 
 def _shape_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", type=int, default=2, metavar="K", help=f"emulated nodes, 1..{MAX_NODES} (default: 2)")
-    p.add_argument("--rate", default="1gbit", help="each link's rate in each direction, tc syntax, or none "
-                                                   "(default: 1gbit)")
+    p.add_argument("--rate", default="1gbit", help="each link's rate in each direction, tc syntax (e.g. 100mbit, "
+                                                   "10gbit), or none: unshaped (default: 1gbit)")
     p.add_argument("--mtu", type=int, default=1500, help="the links' MTU, 576..65535 (default: 1500)")
     p.add_argument("--delay", default=None, help="one-way delay per link, e.g. 1ms (needs the kernel's netem)")
 
@@ -316,7 +316,7 @@ def status(args) -> int:
     for r in records:
         owner = "made by up" if not r.owner_pid else ("running" if r.owned() else "leftover (owner gone)")
         present = sum(ns in live for ns in r.namespaces)
-        print(f"{r.cid}: {r.info.get('nodes')} nodes, rate {r.info.get('rate') or 'unshaped'}, {owner}, "
+        print(f"{r.cid}: {r.info.get('nodes')} nodes, rate {shaping.format_rate(r.info.get('rate'))}, {owner}, "
               f"{present}/{len(r.namespaces)} namespaces present")
     if not records:
         print("no clusters")

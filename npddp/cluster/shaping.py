@@ -23,7 +23,7 @@ _LATENCY = "100ms"
 def parse_rate(text: str) -> float | None:
     """Bits per second for a tc rate like ``1gbit`` (None for ``none``); ValueError naming the valid forms."""
     raw = str(text).strip().lower()
-    if raw in ("none", "0", ""):
+    if raw == "none":
         return None
     m = re.fullmatch(r"(\d+(?:\.\d+)?)([a-z]+)", raw)
     if not m or m.group(2) not in _UNITS or float(m.group(1)) <= 0:
@@ -33,6 +33,16 @@ def parse_rate(text: str) -> float | None:
     if not 8e3 <= bits <= 1e12:
         raise ValueError(f"rate {text!r} is out of range; valid: 1kbps .. 1tbit")
     return bits
+
+
+def format_rate(bits: float | None) -> str:
+    """A rate in the words :func:`parse_rate` reads: ``1gbit`` for 1e9 bits/s, ``none`` for an unshaped link."""
+    if bits is None:
+        return "none"
+    for unit in ("tbit", "gbit", "mbit", "kbit"):
+        if bits >= _UNITS[unit]:
+            return f"{bits / _UNITS[unit]:g}{unit}"
+    return f"{bits:g}bit"
 
 
 def parse_delay(text: str) -> float:

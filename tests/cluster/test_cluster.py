@@ -23,6 +23,9 @@ LAUNCHERS = ("tcp", "mpi")
 @pytest.mark.parametrize("args, words", [
     (["--rate", "1gbt"], "rate '1gbt' is not valid"),
     (["--rate=-3mbit"], "valid: a positive number"),
+    (["--rate", "0"], "rate '0' is not valid; valid: a positive number with a unit"),
+    (["--rate", ""], "rate '' is not valid"),
+    (["--rate", "0gbit"], "rate '0gbit' is not valid"),
     (["--nodes", "0"], "--nodes 0 is out of range"),
     (["--mtu", "100"], "--mtu 100 is out of range"),
     (["--delay", "5"], "delay '5' is not valid"),
@@ -41,6 +44,24 @@ def test_bad_flags_exit_2_with_one_error_line_before_anything_is_made(cluster, o
                                         ("none", None)])
 def test_rates_use_tc_units(text, bits):
     assert shaping.parse_rate(text) == bits
+
+
+@pytest.mark.parametrize("text", ["1gbit", "100mbit", "2.5gbit", "10gbit", "1tbit", "64kbit", "none"])
+def test_a_rate_is_shown_in_the_words_it_was_given(text):
+    assert shaping.format_rate(shaping.parse_rate(text)) == text
+    assert shaping.format_rate(shaping.parse_rate("125mbps")) == "1gbit"
+
+
+def test_status_shows_each_clusters_rate_as_tc_words(cluster, cluster_env, monkeypatch):
+    from npddp.cluster.state import Record
+    monkeypatch.setenv("NPDDP_CLUSTER_STATE", cluster_env["NPDDP_CLUSTER_STATE"])   # records go to the test's own
+    os.makedirs(cluster_env["NPDDP_CLUSTER_STATE"])
+    for cid, rate in (("c1", 1e9), ("c2", None)):
+        Record(cid, [f"npddp-{cid}-node0"], [], "/nonexistent", info={"nodes": 2, "rate": rate}).save()
+    done = cluster("status")
+    lines = sorted(done.stdout.splitlines())
+    assert done.returncode == 0 and lines[0].startswith("c1: 2 nodes, rate 1gbit, made by up"), done.stdout
+    assert lines[1].startswith("c2: 2 nodes, rate none, made by up"), done.stdout
 
 
 def test_without_cap_net_admin_one_line_and_exit_2(cluster_env):
