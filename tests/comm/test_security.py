@@ -207,6 +207,39 @@ def test_without_a_secret_the_world_forms_on_loopback_only():
     check_mesh(out)
 
 
+@pytest.mark.parametrize("address", ["0.0.0.0", "::", "*"])
+def test_without_a_secret_listening_beyond_loopback_is_refused_before_any_socket(monkeypatch, address):
+    monkeypatch.setenv("NPDDP_LISTEN_ADDR", address)
+    port = free_port("127.0.0.1")
+    for rank in (0, 1):       # every rank refuses, before it listens or connects
+        with pytest.raises(RendezvousError, match="NPDDP_LISTEN_ADDR") as exc:
+            connect(LaunchEnv(rank, 2, "127.0.0.1", port, 0, 1, b""), 1)
+        assert "\n" not in str(exc.value) and "loopback" in str(exc.value)
+    with socket.socket() as probe:   # rank 0 never bound the port
+        probe.bind(("127.0.0.1", port))
+
+
+def test_without_a_secret_a_loopback_listen_address_still_forms_the_world(monkeypatch):
+    monkeypatch.setenv("NPDDP_LISTEN_ADDR", "127.0.0.1")
+    threads, out = rendezvous(2, free_port("127.0.0.1"), key=b"")
+    for t in threads:
+        t.join(60)
+    check_mesh(out)
+
+
+def test_the_launcher_refuses_a_listen_address_beyond_loopback_without_a_secret(capsys, monkeypatch):
+    from npddp.process.spawn import parse_args
+    monkeypatch.delenv(handshake.SECRET_VARIABLE, raising=False)
+    monkeypatch.setenv("NPDDP_LISTEN_ADDR", "0.0.0.0")
+    argv = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", "29500", "x.py"]
+    with pytest.raises(SystemExit) as exc:
+        parse_args(argv)
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert exc.value.code == 2 and len(errors) == 1 and "NPDDP_LISTEN_ADDR='0.0.0.0'" in errors[0], errors
+    monkeypatch.setenv(handshake.SECRET_VARIABLE, "shared-secret-of-the-job")
+    assert parse_args(argv).secret == "shared-secret-of-the-job"     # with a secret it may listen anywhere
+
+
 # ----------------------------------------------------------------------------- end to end, under the launcher
 
 SCRIPT = textwrap.dedent("""

@@ -18,7 +18,8 @@ Every connection, at ``MASTER_PORT`` and between ranks, first proves it holds th
 (``NPDDP_JOB_SECRET``) with the challenge-response of :mod:`~npddp.comm.transports.handshake`;
 one that does not is dropped with one line and the rendezvous goes on. Rank 0 listens on
 ``MASTER_ADDR`` only (``NPDDP_LISTEN_ADDR=0.0.0.0`` to listen on every interface). Without a
-secret the world forms only on a loopback ``MASTER_ADDR``: across machines it is refused.
+secret the world forms only on a loopback ``MASTER_ADDR``, and rank 0 listens on loopback only:
+across machines, or with ``NPDDP_LISTEN_ADDR`` beyond loopback, it is refused.
 
 The result is one connected, non-blocking, ``TCP_NODELAY`` socket per peer, wrapped in a
 :class:`~npddp.comm.transports.tcp.TCPWorld` once per process (:func:`world_from_env`). Every message
@@ -272,6 +273,16 @@ def _bind_address(addr: str, environ=None) -> str:
     return _resolve(addr)
 
 
+def listen_refusal(secret, environ=None) -> str | None:
+    """Why ``NPDDP_LISTEN_ADDR`` may not be used by a job without a secret (one line), or None when it may."""
+    chosen = (os.environ if environ is None else environ).get(LISTEN_VARIABLE, "").strip()
+    if secret or not chosen or is_loopback(chosen):
+        return None
+    return (f"{LISTEN_VARIABLE}={chosen!r} would accept ranks from other machines, but the job has no secret "
+            f"({handshake.SECRET_VARIABLE}); valid without a secret: a loopback address (127.0.0.0/8 or ::1), "
+            f"else give every rank the same secret (python -m npddp.run --secret-file FILE)")
+
+
 def connect(env: LaunchEnv, timeout: float) -> tuple[list, list[str]]:
     """Build the full mesh: one connected socket per peer (None for this rank), and every rank's host name."""
     deadline = time.monotonic() + min(timeout, 10 ** 9)
@@ -284,6 +295,9 @@ def connect(env: LaunchEnv, timeout: float) -> tuple[list, list[str]]:
             raise RendezvousError(f"no job secret: across machines (MASTER_ADDR={env.master_addr}) every rank "
                                   f"needs the same {handshake.SECRET_VARIABLE} (python -m npddp.run --secret-file "
                                   "FILE on every machine)")
+        refusal = listen_refusal(env.secret)
+        if refusal:
+            raise RendezvousError(refusal)
         listener = _listener(env.master_addr)
         if env.rank == 0:
             server = _listener(env.master_addr)
