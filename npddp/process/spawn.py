@@ -9,7 +9,8 @@
 Each process gets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
 ``MASTER_ADDR`` and ``MASTER_PORT`` (a free port by default), from which
 ``npddp.comm.create(..., transport="auto")`` builds the TCP mesh, and one BLAS thread unless
-the environment or ``--threads`` says otherwise. When any process fails or is killed, the
+the environment or ``--threads`` says otherwise. Their output reaches the launcher's a whole
+line at a time (:mod:`npddp.process.output`). When any process fails or is killed, the
 others get half a second to exit on their own (a failure every rank agreed on, such as bad
 flags) and are then stopped (SIGTERM, then SIGKILL after ``--grace`` seconds) and the launcher exits
 with the failing rank's code (128 + signal; a specific status beats the 1 its peers exit with); Ctrl-C is forwarded to every process.
@@ -29,18 +30,17 @@ import argparse
 import os
 import queue
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 from npddp.comm.node.names import remove_job_segments
 from npddp.comm.transports.handshake import SECRET_VARIABLE, new_secret
-from npddp.comm.transports.rendezvous import is_loopback
+from npddp.comm.transports.rendezvous import is_loopback, listen_refusal
+from npddp.process import joindir, output
 from npddp.process.job import EXIT_USAGE
 from npddp.util.env import JOIN_DIR_VARIABLE, THREAD_VARIABLES
 
@@ -144,6 +144,9 @@ def _job_secret(p: argparse.ArgumentParser, args, environ=None) -> str:
         return secret
     if args.nnodes == 1:
         return new_secret()
+    refusal = listen_refusal("", environ)
+    if refusal:
+        p.error(refusal)
     if not is_loopback(args.master_addr):
         p.error(f"--nnodes {args.nnodes} needs a secret shared by every machine: --secret-file PATH (the same "
                 f"file everywhere, mode 600) or {SECRET_VARIABLE}")
@@ -183,53 +186,37 @@ def _die_with_parent() -> None:
         pass
 
 
-def _pump(stream, out, tag: bytes) -> None:
-    """Copy ``stream``'s lines to ``out``, each prefixed with ``tag``.
-
-    When ``out`` is gone (``| head`` exited) the lines are read and dropped: a rank never blocks
-    on a full pipe, and the job runs to its end as it would without the pipe.
-    """
-    for line in iter(stream.readline, b""):
-        try:
-            out.write(tag + line)
-            out.flush()
-        except (BrokenPipeError, ValueError, OSError):
-            try:  # from now on this stream goes nowhere (and the exit's flush does not complain)
-                os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
-            except (OSError, ValueError):
-                pass
-    stream.close()
-
-
 class Job:
     """The local processes of one launch: start them, watch them, stop them all when one fails."""
 
-    def __init__(self, args, command: list[str], restart: int = 0):
+    def __init__(self, args, command: list[str], restart: int = 0, outputs=None):
         self.args, self.command, self.restart = args, command, restart
+        self.out, self.err = outputs or output.launcher_outputs()   # the launcher's stdout and stderr
         self.job = secrets.token_hex(6)
         self.procs: list[subprocess.Popen] = []
         self.pumps: list[threading.Thread] = []
         self.stopping = False
         self.join_dir = ""       # where the ranks mark joining and having joined the TCP world
+        self.join: joindir.JoinDir | None = None
 
     def start(self) -> None:
         args = self.args
         port = args.master_port or free_port(args.master_addr)
-        pipe = subprocess.PIPE if args.prefix else None
-        self.join_dir = tempfile.mkdtemp(prefix=f"npddp-join-{self.job}-")
+        self.join = joindir.create(self.job)
+        self.join_dir = self.join.path
         for local in range(args.nproc):  # every process first: preexec_fn is unsafe once threads run
             env = rank_env(args, local, port, self.job)
             env[RESTART_VARIABLE] = str(self.restart)
             env[JOIN_DIR_VARIABLE] = self.join_dir
-            self.procs.append(subprocess.Popen(self.command, env=env, stdout=pipe, stderr=pipe,
-                                               start_new_session=True, preexec_fn=_die_with_parent))
-        if args.prefix:
-            for local, proc in enumerate(self.procs):
-                tag = f"[{args.node_rank * args.nproc + local}] ".encode()
-                for stream, out in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
-                    pump = threading.Thread(target=_pump, args=(stream, out, tag), daemon=True)
-                    pump.start()
-                    self.pumps.append(pump)
+            pipes = [os.pipe(), os.pipe()]   # the rank's stdout and stderr, forwarded whole lines at a time
+            try:
+                self.procs.append(subprocess.Popen(self.command, env=env, stdout=pipes[0][1], stderr=pipes[1][1],
+                                                   start_new_session=True, preexec_fn=_die_with_parent))
+            finally:
+                for _, write_end in pipes:
+                    os.close(write_end)
+            tag = f"[{args.node_rank * args.nproc + local}] ".encode() if args.prefix else b""
+            self.pumps += [output.start(read_end, out, tag) for (read_end, _), out in zip(pipes, (self.out, self.err))]
 
     def signal_all(self, sig: int) -> None:
         for proc in self.procs:
@@ -252,8 +239,8 @@ class Job:
         self.remove_join_dir()
 
     def remove_join_dir(self) -> None:
-        if self.join_dir:
-            shutil.rmtree(self.join_dir, ignore_errors=True)
+        if self.join is not None:
+            self.join.remove()
 
     def _marked(self, stage: str, local: int) -> bool:
         return os.path.exists(os.path.join(self.join_dir, f"{stage}-{self.args.node_rank * self.args.nproc + local}"))
@@ -275,9 +262,9 @@ class Job:
             waiting = [] if settle else self._waiting_for(left)
             if waiting:  # a rank exited 0 before joining: the others would wait for it until their timeout
                 base = self.args.node_rank * self.args.nproc
-                sys.stderr.write(f"{PROG}: rank {base + left[0]} exited with code 0 before joining the job, while "
-                                 f"rank{'s' * (len(waiting) > 1)} {', '.join(str(base + j) for j in waiting)} "
-                                 f"wait{'s' * (len(waiting) == 1)} for it; stopping every rank\n")
+                self.err.say(f"{PROG}: rank {base + left[0]} exited with code 0 before joining the job, while "
+                             f"rank{'s' * (len(waiting) > 1)} {', '.join(str(base + j) for j in waiting)} "
+                             f"wait{'s' * (len(waiting) == 1)} for it; stopping every rank\n")
                 self.stop()
                 remove_job_segments(self.job)
                 return 1
@@ -297,15 +284,15 @@ class Job:
             stopped = [self.args.node_rank * self.args.nproc + j for j, p in enumerate(self.procs)
                        if p.poll() is None and _is_stopped(p.pid)]
             if stopped:  # the others timed out waiting for it: it is the cause, not the one that gave up
-                sys.stderr.write(f"{PROG}: rank{'s' * (len(stopped) > 1)} {', '.join(map(str, stopped))} "
-                                 f"{'are' if len(stopped) > 1 else 'is'} stopped (e.g. SIGSTOP or a debugger), "
-                                 f"so rank {rank} {_describe(code)}; stopping every rank\n")
+                self.err.say(f"{PROG}: rank{'s' * (len(stopped) > 1)} {', '.join(map(str, stopped))} "
+                             f"{'are' if len(stopped) > 1 else 'is'} stopped (e.g. SIGSTOP or a debugger), "
+                             f"so rank {rank} {_describe(code)}; stopping every rank\n")
                 self.stop()
             elif any(p.poll() is None for p in self.procs):
-                sys.stderr.write(f"{PROG}: rank {rank} {_describe(code)}; stopping the other ranks\n")
+                self.err.say(f"{PROG}: rank {rank} {_describe(code)}; stopping the other ranks\n")
                 self.stop()
             else:
-                sys.stderr.write(f"{PROG}: rank {rank} {_describe(code)}\n")
+                self.err.say(f"{PROG}: rank {rank} {_describe(code)}\n")
         for pump in self.pumps:
             pump.join(timeout=1.0)
         self.remove_join_dir()
@@ -358,9 +345,11 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     command = [sys.executable, "-u"] + (["-m", args.module] if args.module else []) + args.program
     current: list[Job] = []
+    outputs = output.launcher_outputs()
+    err = outputs[1]
 
     def forward(signum, frame):  # Ctrl-C or a kill of the launcher: stop every rank the same way
-        sys.stderr.write(f"{PROG}: interrupted ({signal.Signals(signum).name}), stopping every rank\n")
+        err.say(f"{PROG}: interrupted ({signal.Signals(signum).name}), stopping every rank\n")
         if current:
             current[0].stop(signum)
             remove_job_segments(current[0].job)
@@ -370,18 +359,18 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, forward)
     restart = 0
     while True:
-        job = Job(args, command, restart)
+        job = Job(args, command, restart, outputs)
         current[:] = [job]
         job.start()
         code = job.watch()
         if code == 0 or code in _FINAL or restart >= args.max_restarts:
             if code and args.max_restarts:
-                sys.stderr.write(f"{PROG}: the job failed after {restart} restart{'s' * (restart != 1)}"
-                                 f"{' (exit 2: not restarted)' if code in _FINAL else ''}; giving up\n")
+                err.say(f"{PROG}: the job failed after {restart} restart{'s' * (restart != 1)}"
+                        f"{' (exit 2: not restarted)' if code in _FINAL else ''}; giving up\n")
             return code
         restart += 1
-        sys.stderr.write(f"{PROG}: restarting every rank ({restart} of {args.max_restarts}, "
-                         f"{RESTART_VARIABLE}={restart})\n")
+        err.say(f"{PROG}: restarting every rank ({restart} of {args.max_restarts}, "
+                f"{RESTART_VARIABLE}={restart})\n")
 
 
 if __name__ == "__main__":
