@@ -4,16 +4,21 @@ Layout, for ``--checkpoint run.h5`` saved at step 12 on 2 ranks::
 
     run.h5                              the index: a checkpoint file (same root attributes, /optimizer
                                         scalars, /rng, /ddp, /progress, checksums) with ``sharded`` true,
-                                        no parameters, and /shards (files, sizes, crc32, stage) and
-                                        /layout (parameter names, shapes, dtypes, optimizer buffers)
-    run.h5.step-00000012/
+                                        no parameters, and /shards (directory, files, sizes, crc32, stage)
+                                        and /layout (parameter names, shapes, dtypes, optimizer buffers)
+    run.h5.step-00000012-9f3a61c0/      this save's generation: step and a token drawn by rank 0
         rank-00000-of-00002.h5          rank 0's chunks: /params/<k>, /optimizer/<buffer>/<k>, and
         rank-00001-of-00002.h5          /layout rows (parameter, start, length, chunk k, offset in chunk)
 
-A shard file carries its rank, world size, stage and step. Each is written atomically and the
-index, naming every shard's size and whole-file CRC-32, replaces the previous index only after
-all shards are on disk; older step directories are removed after that, so a crash at any
-moment leaves a complete set. :func:`npddp.train.checkpoint.read` assembles the whole-model
+The index stores its directory as a suffix of its own file name (``.step-00000012-9f3a61c0``),
+so a copy ``backup.h5`` reads ``backup.h5.step-00000012-9f3a61c0/``, never the original's.
+A shard file carries its rank, world size, stage and step. Every save writes a new directory,
+so no file the current index names is touched: each shard is written atomically, the index
+naming every shard's size and whole-file CRC-32 replaces the previous index only after all
+shards are on disk, and only then are the other step directories of this index removed (the
+previous generation, one a crash left without an index, or one of another world size), so a
+crash or a failed write at any moment leaves a complete set. Indexes of the earlier layout
+(``run.h5.step-00000012/`` named in ``files``) are still read, and replaced by the next save. :func:`npddp.train.checkpoint.read` assembles the whole-model
 state from the shards (so resume at any world size or stage, ``npddp.evaluate`` and
 ``load_model`` take it as any checkpoint); a missing or damaged shard is a CheckpointError naming it.
 """
@@ -22,6 +27,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
 import shutil
 import zlib
 
@@ -30,7 +37,7 @@ import numpy as np
 from npddp.parallel.zero import ZeroRedundancyOptimizer
 from npddp.process.job import EXIT_WRITE, JobError
 from npddp.train import checkpoint, state
-from npddp.train.agree import agree
+from npddp.train.agree import agree, share_text
 from npddp.train.shardread import SHARD_FORMAT
 from npddp.util.atomicfile import atomic_h5
 from npddp.util.runinfo import SCHEMA_VERSION
@@ -38,9 +45,13 @@ from npddp.util.runinfo import SCHEMA_VERSION
 _ROW = 5                                      # layout row: parameter, start, length, chunk, offset
 
 
-def step_dir(path, step: int) -> str:
-    """The directory of the shard files of ``step`` beside the index ``path``."""
-    return f"{os.fspath(path)}.step-{step:08d}"
+#: The name of a step directory after its index's name: the step, then (this layout) a generation token.
+_STEP_DIR = re.compile(r"\.step-\d{8}(-[0-9a-f]{8})?")
+
+
+def step_dir(path, step: int, generation: str = "") -> str:
+    """The directory of the shard files of ``step`` (of save ``generation``) beside the index ``path``."""
+    return f"{os.fspath(path)}.step-{step:08d}" + (f"-{generation}" if generation else "")
 
 
 def shard_name(rank: int, size: int) -> str:
@@ -123,7 +134,7 @@ def save(comm, path, *, stage: int, named_params, engine, optimizer, **collect_k
     """
     path, named_params = os.fspath(path), list(named_params)
     step = int(collect_kwargs["position"][2])
-    directory = step_dir(path, step)
+    directory = step_dir(path, step, share_text(comm, secrets.token_hex(4) if comm.rank == 0 else ""))
     name = shard_name(comm.rank, comm.size)
     rows, values, chunks, scalars, buffers = local_chunks(comm, engine, optimizer)
     meta = state.collect(comm, named_params=[], optimizer=_Scalars(scalars), **collect_kwargs)
@@ -148,8 +159,9 @@ def save(comm, path, *, stage: int, named_params, engine, optimizer, **collect_k
             layout = {"names": [names[id(p)] for p in params], "order": [n for n, _ in named_params],
                       "shapes": [list(p.data.shape) for p in params],
                       "dtypes": [p.data.dtype.name for p in params], "buffers": list(buffers)}
-            files = [f"{os.path.basename(directory)}/{shard_name(r, comm.size)}" for r in range(comm.size)]
-            _write_index(path, meta, stage=stage, files=files, table=np.asarray(table), layout=layout)
+            files = [shard_name(r, comm.size) for r in range(comm.size)]
+            _write_index(path, meta, stage=stage, directory=directory[len(path):], files=files,
+                         table=np.asarray(table), layout=layout)
         except OSError as exc:
             message = f"cannot write {path}: {exc.strerror or exc}; the previous checkpoint is kept, training stopped"
         if message is None:
@@ -161,12 +173,17 @@ def save(comm, path, *, stage: int, named_params, engine, optimizer, **collect_k
         raise JobError(message, EXIT_WRITE)
 
 
-def _write_index(path: str, meta, *, stage: int, files: list, table: np.ndarray, layout: dict) -> None:
-    """Rank 0: the index file, written atomically once every shard is on disk."""
+def _write_index(path: str, meta, *, stage: int, directory: str, files: list, table: np.ndarray,
+                 layout: dict) -> None:
+    """Rank 0: the index file, written atomically once every shard is on disk.
+
+    ``directory``: the shard directory as a suffix of the index's file name; ``files``: names in it.
+    """
 
     def extra(f) -> None:
         f.attrs["sharded"] = True
         g = f.create_group("shards")
+        g.attrs["directory"] = directory
         g.attrs["files"] = json.dumps(files)
         g.attrs["stage"] = int(stage)
         g.create_dataset("sizes", data=table[:, 0].astype(np.int64))
@@ -178,10 +195,14 @@ def _write_index(path: str, meta, *, stage: int, files: list, table: np.ndarray,
     checkpoint.write(path, meta, extra=extra)
 
 
-def remove_old_steps(path: str, keep: str) -> None:
-    """Remove the step directories of ``path`` other than ``keep`` (after the index naming ``keep`` is in place)."""
-    parent, head = os.path.dirname(path) or ".", os.path.basename(path) + ".step-"
+def remove_old_steps(path, keep: str) -> None:
+    """Remove the step directories of ``path`` other than ``keep`` (after the index naming ``keep`` is in place).
+
+    Only directories named as this index's step directories are removed (either layout).
+    """
+    path = os.fspath(path)
+    parent, head = os.path.dirname(path) or ".", os.path.basename(path)
     for entry in os.scandir(parent):
-        tail = entry.name[len(head):]
-        if entry.name.startswith(head) and tail.isdigit() and entry.name != os.path.basename(keep) and entry.is_dir():
+        if (entry.name.startswith(head) and _STEP_DIR.fullmatch(entry.name[len(head):])
+                and entry.name != os.path.basename(keep) and entry.is_dir(follow_symlinks=False)):
             shutil.rmtree(entry.path, ignore_errors=True)

@@ -3,6 +3,9 @@
 :func:`assemble` checks every shard file against the size and CRC-32 its index records, then
 copies each shard's chunks into the whole parameters and optimizer buffers by the shard's
 layout rows; a missing, truncated, damaged or foreign shard is a :class:`ShardError` naming it.
+The shard directory is the index's own file name plus the suffix the index stores, so a copy
+of the index under another name reads its own copy of the directory (or is refused when there
+is none); an index of the earlier layout names its files relative to the index's folder.
 """
 
 from __future__ import annotations
@@ -40,6 +43,22 @@ def _shard_problem(shard: str, size: int, crc: int) -> str | None:
     return None
 
 
+def _shard_folder(path: str, attrs) -> str:
+    """The folder the index at ``path`` names its shard files in; ShardError when it does not exist."""
+    suffix = attrs.get("directory")
+    if suffix is None:                       # the earlier layout: "<index name>.step-N/<shard>" beside the index
+        return os.path.dirname(path)
+    suffix = suffix.decode() if isinstance(suffix, bytes) else str(suffix)
+    if not suffix.startswith(".step-") or os.sep in suffix:
+        raise ShardError(f"checkpoint {path!r} names its shard directory {suffix!r}; valid: a suffix .step-N-...")
+    folder = path + suffix
+    if not os.path.isdir(folder):
+        raise ShardError(f"checkpoint {path!r}: its shard directory {folder!r} does not exist (a sharded "
+                         "checkpoint is the index and that directory: copy or move both, the directory named "
+                         "after the index)")
+    return folder
+
+
 def assemble(path, f, ckpt):
     """The whole-model Checkpoint of the sharded index ``f`` at ``path`` (``ckpt``: what the index holds)."""
     import h5py
@@ -54,12 +73,12 @@ def assemble(path, f, ckpt):
     world = len(files)
     if world != ckpt.world_size or len(sizes) != world or len(crcs) != world:
         raise ShardError(f"checkpoint {path!r} lists {world} shard files for world size {ckpt.world_size}")
+    folder = _shard_folder(path, g.attrs)
     full = [np.zeros(int(np.prod(s)), dtype=d) for s, d in zip(shapes, dtypes)]
     state_full = {b: [None] * len(full) for b in buffers}
     covered = [0] * len(full)
-    base = os.path.dirname(path)
     for r, rel in enumerate(files):
-        shard = os.path.join(base, rel)
+        shard = os.path.join(folder, rel)
         where = f"checkpoint {path!r}: shard {shard!r} (rank {r} of {world})"
         problem = _shard_problem(shard, int(sizes[r]), int(crcs[r]))
         if problem:

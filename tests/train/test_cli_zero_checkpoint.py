@@ -32,6 +32,11 @@ def step_dirs(cwd, name="z.h5") -> list[str]:
     return sorted(e for e in os.listdir(cwd) if e.startswith(name + ".step-"))
 
 
+def steps_saved(cwd, name="z.h5") -> list[int]:
+    """The steps of the shard directories beside the index ``name`` (``name.step-<step>-<generation>``)."""
+    return [int(d[len(name) + 6:].split("-")[0]) for d in step_dirs(cwd, name)]
+
+
 def one_error(proc) -> str:
     """The single ``error:`` line of a failed run (exit 2)."""
     assert proc.returncode == 2, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
@@ -48,20 +53,21 @@ def test_each_rank_writes_its_shard_and_a_resume_at_the_same_world_size_is_bit_i
     whole.mkdir(), parts.mkdir()
     ok(train(whole, *flags, "--zero", stage, "--checkpoint", "z.h5", n=n, launcher=launcher))
     ok(train(parts, *flags, "--zero", stage, "--checkpoint", "z.h5", "--max-steps", "3", n=n, launcher=launcher))
-    assert step_dirs(parts) == ["z.h5.step-00000003"]
-    shards = sorted(os.listdir(parts / "z.h5.step-00000003"))
+    assert steps_saved(parts) == [3]
+    folder = parts / step_dirs(parts)[0]
+    shards = sorted(os.listdir(folder))
     assert shards == [shardfiles.shard_name(r, n) for r in range(n)]
     for r, name in enumerate(shards):
-        with h5py.File(parts / "z.h5.step-00000003" / name, "r") as f:
+        with h5py.File(folder / name, "r") as f:
             assert (f.attrs["format"], f.attrs["rank"], f.attrs["world_size"], f.attrs["stage"], f.attrs["step"]) \
                    == (shardfiles.SHARD_FORMAT, r, n, stage, 3)
             assert "params" in f and "optimizer" in f and f["layout"].shape[1] == 5
     with h5py.File(parts / "z.h5", "r") as f:                  # the index holds no parameter
         assert f.attrs["sharded"] and len(f["params"]) == 0 and list(f["shards"]["sizes"][()]) == \
-            [os.path.getsize(parts / "z.h5.step-00000003" / s) for s in shards]
+            [os.path.getsize(folder / s) for s in shards]
     proc = ok(train(parts, "--checkpoint", "z.h5", "--resume", "--progress", "none", n=n, launcher=launcher))
     assert "bit-identical to an uninterrupted run" in proc.stdout, proc.stdout
-    assert step_dirs(parts) == step_dirs(whole) and len(step_dirs(parts)) == 1   # the step-3 set is gone
+    assert steps_saved(parts) == steps_saved(whole) and len(step_dirs(parts)) == 1   # the step-3 set is gone
     a, b = whole_state(whole / "z.h5"), whole_state(parts / "z.h5")
     assert sorted(a) == sorted(b)
     for key in a:
@@ -77,7 +83,7 @@ def ddp_gpt(tmp_path_factory):
 
 def test_written_on_three_ranks_resumed_on_two_with_another_stage_reaches_ddps_parameters(tmp_path, ddp_gpt):
     ok(train(tmp_path, *GPT, "--zero", "1", "--checkpoint", "z.h5", "--max-steps", "5", n=3))
-    assert len(os.listdir(tmp_path / "z.h5.step-00000005")) == 3
+    assert steps_saved(tmp_path) == [5] and len(os.listdir(tmp_path / step_dirs(tmp_path)[0])) == 3
     ok(train(tmp_path, "--checkpoint", "z.h5", "--resume", "--zero", "3", "--progress", "none", n=2))
     assert len(os.listdir(tmp_path / step_dirs(tmp_path)[0])) == 2
     assert relative(params_of(tmp_path / "z.h5"), ddp_gpt) < 1e-12
@@ -147,8 +153,8 @@ def test_a_crash_between_the_shards_and_the_index_leaves_the_previous_set_loadab
     proc = subprocess.run([_mpirun(), "-n", "2", sys.executable, "crash.py", *flags], cwd=tmp_path, env=_env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0, proc.stdout
-    assert step_dirs(tmp_path) == ["z.h5.step-00000003", "z.h5.step-00000006"]   # the new shards, no index
-    assert len(os.listdir(tmp_path / "z.h5.step-00000006")) == 2
+    assert steps_saved(tmp_path) == [3, 6]                     # the new shards, no index
+    assert len(os.listdir(tmp_path / step_dirs(tmp_path)[1])) == 2
     assert checkpoint.read(str(tmp_path / "z.h5")).step == 3
     ok(train(tmp_path, "--checkpoint", "z.h5", "--resume", "--progress", "none"))
     whole = tmp_path / "whole"
@@ -156,7 +162,7 @@ def test_a_crash_between_the_shards_and_the_index_leaves_the_previous_set_loadab
     ok(train(whole, *MLP, "--zero", "3", "--checkpoint", "z.h5", "--checkpoint-every", "3"))
     a, b = whole_state(whole / "z.h5"), whole_state(tmp_path / "z.h5")
     assert all(np.array_equal(a[k], b[k]) for k in a) and sorted(a) == sorted(b)
-    assert step_dirs(tmp_path) == step_dirs(whole)
+    assert steps_saved(tmp_path) == steps_saved(whole)
 
 
 def test_a_shard_write_that_fails_is_one_line_exit_4_and_the_previous_set_survives(tmp_path):
@@ -174,12 +180,15 @@ def test_a_shard_write_that_fails_is_one_line_exit_4_and_the_previous_set_surviv
 
 
 def test_only_other_step_directories_of_the_same_index_are_removed(tmp_path):
-    for name in ["z.h5.step-00000003", "z.h5.step-00000006", "y.h5.step-00000003", "z.h5.step-x"]:
+    for name in ["z.h5.step-00000003", "z.h5.step-00000006-0123abcd", "z.h5.step-00000006-89abcdef",
+                 "y.h5.step-00000003-0123abcd", "z.h5.step-x", "z.h5.step-00000006-mine", "z.h5.old.step-00000003"]:
         (tmp_path / name).mkdir()
         (tmp_path / name / "rank-00000-of-00001.h5").write_bytes(b"x")
     (tmp_path / "z.h5.step-00000009").write_bytes(b"a file, not a directory")
-    shardfiles.remove_old_steps(str(tmp_path / "z.h5"), keep=shardfiles.step_dir(tmp_path / "z.h5", 6))
-    assert sorted(os.listdir(tmp_path)) == ["y.h5.step-00000003", "z.h5.step-00000006", "z.h5.step-00000009",
-                                            "z.h5.step-x"]
+    shardfiles.remove_old_steps(str(tmp_path / "z.h5"), keep=shardfiles.step_dir(tmp_path / "z.h5", 6, "89abcdef"))
+    foreign = ["y.h5.step-00000003-0123abcd", "z.h5.old.step-00000003"]
+    assert sorted(os.listdir(tmp_path)) == sorted([*foreign, "z.h5.step-00000006-89abcdef", "z.h5.step-00000009",
+                                                   "z.h5.step-x", "z.h5.step-00000006-mine"])
     shardfiles.remove_old_steps(str(tmp_path / "z.h5"), keep="")
-    assert sorted(os.listdir(tmp_path)) == ["y.h5.step-00000003", "z.h5.step-00000009", "z.h5.step-x"]
+    assert sorted(os.listdir(tmp_path)) == sorted([*foreign, "z.h5.step-00000009", "z.h5.step-x",
+                                                   "z.h5.step-00000006-mine"])
