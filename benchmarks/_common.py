@@ -104,6 +104,12 @@ class RankParser(argparse.ArgumentParser):
         if self.verbose:
             super()._print_message(message, file)
 
+    def error(self, message):
+        """argparse's error; an unknown backend's also says that a --plugin module registers more."""
+        if "unknown backend" in message and "--plugin" not in message:
+            message += f" ({PLUGIN_HINT})"
+        super().error(message)
+
 
 def names(valid) -> callable:
     """argparse type: a comma-separated list of distinct names from ``valid``."""
@@ -111,7 +117,9 @@ def names(valid) -> callable:
         items = tuple(t.strip() for t in text.split(","))
         bad = [t for t in items if t not in valid]
         if bad:
-            raise argparse.ArgumentTypeError(f"unknown name {bad[0]!r}; valid: {', '.join(valid)}")
+            from npddp.comm import BACKENDS
+            hint = f" ({PLUGIN_HINT})" if set(BACKENDS) <= set(valid) else ""
+            raise argparse.ArgumentTypeError(f"unknown name {bad[0]!r}; valid: {', '.join(valid)}{hint}")
         if len(set(items)) != len(items):
             raise argparse.ArgumentTypeError(f"{text!r} names something twice")
         return items
@@ -273,6 +281,8 @@ def format_table(rows: list[dict], spec) -> str:
     return "\n".join(lines)
 
 
+#: What an unknown backend's error adds: where algorithms of one's own come from.
+PLUGIN_HINT = "an algorithm of your own: --plugin MODULE registers it"
 PLUGIN_HELP = ("import MODULE first (a dotted name or a .py path; repeatable): it registers all-reduce "
                "algorithms (npddp.comm.register_algorithm) that the backend lists then accept")
 

@@ -15,13 +15,22 @@ import argparse
 
 from npddp.comm import backend_names, create, load_plugins
 from npddp.comm.contract import PROPERTIES, run_contract
+from npddp.util import env
 
 PROG = "python -m npddp.check"
 
 
+class _RankZeroParser(argparse.ArgumentParser):
+    """An ArgumentParser whose help, usage and errors rank 0 alone prints; every rank exits alike."""
+
+    def _print_message(self, message, file=None):
+        if env.world_rank() == 0:
+            super()._print_message(message, file)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     """The options; ``--plugin`` modules are imported before ``--backend`` is checked."""
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p = _RankZeroParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="import MODULE (a dotted name or a .py path) first; it registers algorithms (repeatable)")
     p.add_argument("--backend", required=True, metavar="NAME", help="the backend to check")

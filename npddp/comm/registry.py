@@ -112,6 +112,8 @@ def load_plugins(modules) -> None:
                 importlib.import_module(module)
         except ImportError as exc:
             raise ValueError(f"--plugin {module!r} cannot be imported: {exc}") from None
+        except Exception as exc:       # the module's own code failed while it was imported
+            raise ValueError(f"--plugin {module!r} raised {type(exc).__name__} while imported: {exc}") from None
 
 
 def backend_names() -> tuple:

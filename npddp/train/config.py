@@ -68,6 +68,14 @@ def default_backend(transport: str, environ=None) -> tuple[str, str]:
     return "auto", "not started by MPI" if transport == "auto" else "--transport tcp"
 
 
+def backend_name(text: str) -> str:
+    """The value of ``--backend``: a built-in backend or one a ``--plugin`` module registered."""
+    if text not in backend_names():
+        raise ValueError(f"invalid choice: {text!r} (choose from {', '.join(backend_names())}; an algorithm "
+                         "of your own needs --plugin MODULE, which registers it)")
+    return text
+
+
 def resume_text(text: str) -> str:
     """The value of ``--resume VALUE``: only ``auto``."""
     if text != "auto":
@@ -344,6 +352,8 @@ def build_parser(help_file=None) -> argparse.ArgumentParser:
             else:
                 kwargs["type"] = next(a for a in typing.get_args(kind) if a is not type(None)) \
                     if typing.get_origin(kind) is typing.Union else kind
+            if f.name == "backend":
+                kwargs["type"] = _checked(backend_name)     # its error names --plugin, which registers more
             if meta["choices"]:
                 kwargs["choices"] = backend_names() if f.name == "backend" else meta["choices"]
                 kwargs["metavar"] = "{" + ",".join(meta["choices"]) + "}"

@@ -55,6 +55,8 @@ def check_config(cfg: Config, world_size: int) -> None:
         bad = [v for v in getattr(cfg, name) if v < 1]
         if bad:
             raise ConfigError(f"{flag(name)} takes positive integers, got {bad[0]}")
+    if not cfg.resume:           # a checkpoint's settings were accepted when it was written
+        _check_model_flags(cfg)
     if cfg.batch_size < world_size:
         raise ConfigError(f"--batch-size {cfg.batch_size} is smaller than the world size {world_size}: "
                           "every rank needs at least one row per step")
@@ -78,6 +80,24 @@ def check_config(cfg: Config, world_size: int) -> None:
     _check_zero(cfg)
     _check_dataset(cfg)
     _check_files(cfg)
+
+
+#: Flags only some built-in models read, and those models.
+MODEL_FLAGS = {"hidden": ("mlp", "cnn"), "channels": ("cnn",), "model_size": ("gpt",),
+               "context_length": ("gpt",), "vocab_size": ("gpt",)}
+
+
+def _check_model_flags(cfg: Config) -> None:
+    """A flag set away from its default for a built-in model that does not read it is an error naming its model."""
+    if cfg.model not in {m for models in MODEL_FLAGS.values() for m in models}:
+        return                   # a registered model may read any setting
+    defaults = Config()
+    for name, models in MODEL_FLAGS.items():
+        value = getattr(cfg, name)
+        if cfg.model not in models and value != getattr(defaults, name):
+            shown = " ".join(map(str, value)) if isinstance(value, list) else value
+            raise ConfigError(f"{flag(name)} {shown} applies to --model {' or '.join(models)}; --model "
+                              f"{cfg.model} does not read it")
 
 
 #: What ``--inject-fault RANK:STEP:KIND`` does on that rank and step.

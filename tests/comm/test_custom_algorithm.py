@@ -160,3 +160,21 @@ def test_training_cli_trains_and_resumes_on_a_plugin_backend(tmp_path):
     again = subprocess.run([*cmd, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "done: epoch 2/2" in again.stdout, again.stdout + again.stderr
     assert "backend custom_ring" in again.stdout, again.stdout
+
+
+def test_an_unknown_backend_says_a_plugin_registers_more_in_the_benchmarks(capsys):
+    from benchmarks import allreduce, ddp
+    for parse in (ddp.parse_config, allreduce.parse_config):
+        with pytest.raises(SystemExit):
+            parse(["--backends", "ring,not_registered"], verbose=True)
+        err = capsys.readouterr().err
+        assert "'not_registered'" in err and "--plugin MODULE registers it" in err, err
+
+
+def test_check_cli_under_mpirun_prints_a_bad_backend_once_and_every_rank_exits_2():
+    from tests.train.test_cli import _env, _mpirun
+    run = subprocess.run([_mpirun(), "-n", "2", sys.executable, "-m", "npddp.check", "--backend", "nosuch"],
+                         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and run.stdout == "", run.stdout + run.stderr
+    assert run.stderr.count("usage: python -m npddp.check") == 1, run.stderr
+    assert run.stderr.count("error: --backend 'nosuch' is unknown") == 1, run.stderr

@@ -269,6 +269,8 @@ def bad_inputs(tmp_path_factory):
     os.mkfifo(d / "fifo.h5")
     np.savez(d / "good.npz", X=np.zeros((20, 3)), y=np.zeros(20, int))
     (d / "cut.npz").write_bytes((d / "good.npz").read_bytes()[:200])
+    (d / "plug").mkdir()                         # its own directory: importing it may leave a __pycache__ there
+    (d / "plug" / "boom.py").write_text("raise RuntimeError('boom while registering')\n")
     np.save(d / "renamed.npy", np.zeros((20, 3)))
     (d / "renamed.npy").rename(d / "renamed.npz")
     with h5py.File(d / "nested.h5", "w") as f:
@@ -316,6 +318,10 @@ BAD = [
     pytest.param(2, ["--metrics", "keep.h5"], "--metrics 'keep.h5' exists and is not an npddp metrics file; refusing",
                  id="metrics-over-checkpoint"),
     pytest.param(2, ["--metrics", "nodir/m.h5"], "--metrics 'nodir/m.h5': directory", id="metrics-no-dir"),
+    pytest.param(2, ["--plugin", "plug/boom.py"], "--plugin 'plug/boom.py' raised RuntimeError while imported: boom "
+                 "while registering", id="plugin-raises"),
+    pytest.param(2, ["--backend", "custom_ring"], "an algorithm of your own needs --plugin MODULE", id="no-plugin"),
+    pytest.param(2, ["--model-size", "small"], "--model-size small applies to --model gpt", id="gpt-flag-on-mlp"),
 ]
 
 
