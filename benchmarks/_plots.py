@@ -67,25 +67,55 @@ def _series(df, keys):
 
 
 #: A fixed colour per backend (and algorithm of the same name), the same in every figure; the
-#: no-comm ceiling is black. Other names get a colour of their own from their letters.
+#: no-comm ceiling is black. Other names (a user's algorithms, MPI's own as ``mpi:<algorithm>``)
+#: get a colour from their letters, moved on to a free one where two names of one figure meet.
 BACKEND_COLOURS = {"mpi": "#1f77b4", "ring": "#ff7f0e", "naive": "#7f7f7f", "rd": "#2ca02c",
                    "rabenseifner": "#9467bd", "tree": "#8c564b", "auto": "#d62728", "shm": "#e377c2",
                    "hier": "#17becf", "gloo": "#bcbd22", NO_COMM: "#000000"}
-_SPARE = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354")
+_SPARE = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354",
+          "#5254a3", "#8ca252", "#bd9e39", "#ad494a", "#a55194", "#6b6ecf", "#b5cf6b", "#e7ba52",
+          "#d6616b", "#ce6dbd", "#756bb1", "#636363")
+
+
+def _base_name(name) -> str:
+    """A backend's name without its transport (``ring/tcp`` -> ``ring``)."""
+    return str(name).split("/")[0]
 
 
 def backend_colour(name: str) -> str:
     """The colour of a backend in every figure: fixed for npddp's own, stable from the name for others."""
-    name = str(name).split("/")[0]
+    name = _base_name(name)
     if name in BACKEND_COLOURS:
         return BACKEND_COLOURS[name]
     return _SPARE[zlib.crc32(name.encode()) % len(_SPARE)]
 
 
-def _colours(df, keys) -> dict:
-    """A colour per series without its place: its backend's (in- and out-of-place of one backend share it)."""
+def backend_colours(names) -> dict:
+    """{name: colour} for the backends of one figure: :func:`backend_colour`, but no two names share a spare colour.
+
+    Names are placed in sorted order, each on its own colour or the next free spare one, so a
+    set of names gets the same colours whatever order the rows come in.
+    """
+    names = sorted({_base_name(n) for n in names})
+    out = {n: BACKEND_COLOURS[n] for n in names if n in BACKEND_COLOURS}
+    taken = set()
+    for name in (n for n in names if n not in BACKEND_COLOURS):
+        start = _SPARE.index(backend_colour(name))
+        free = [c for c in _SPARE[start:] + _SPARE[:start] if c not in taken] or [_SPARE[start]]
+        out[name] = free[0]
+        taken.add(free[0])
+    return out
+
+
+def _colours(df, keys, names=None) -> dict:
+    """A colour per series without its place: its backend's (in- and out-of-place of one backend share it).
+
+    ``names``: every backend of the figure's data (default: those of ``df``), so that a backend keeps
+    its colour in the figures of one dump that draw some of its backends only.
+    """
     keys = [k for k in keys if k != "place"]
-    return {label: backend_colour(part["backend"].iloc[0]) for label, part in _series(df, keys)}
+    palette = backend_colours(df["backend"] if names is None else names)
+    return {label: palette[_base_name(part["backend"].iloc[0])] for label, part in _series(df, keys)}
 
 
 def _style(label: str, colours: dict) -> dict:
@@ -150,7 +180,7 @@ def sweep_ratio(df, meta: dict, baseline: str):
     fig = _figure(9, 5, f"{meta['collective']} time relative to {baseline}, {meta['dtype']}", meta)
     ax = fig.add_subplot()
     ref = base.groupby(["place", "buffers", "bytes"])["time_median_s"].median()
-    colours = _colours(others, _sweep_keys(others))
+    colours = _colours(others, _sweep_keys(others), names=df["backend"])
     for label, part in _sweep_series(others):
         part = part.sort_values("bytes")
         ratio = part["time_median_s"].to_numpy() / ref.reindex(

@@ -17,6 +17,9 @@ printed with pandas; per kind:
   x alpha + fraction x bytes / beta`` with the algorithm's own steps and fraction when it has
   a cost model, the ring's otherwise: benchmarks/_costmodel.py); plots ``<stem>_busbw`` (bus
   bandwidth vs size with p10-p90 bands) and ``<stem>_ratio`` (time / baseline's, 1.0 line).
+  A sweep of MPI's own algorithms (benchmarks/mpi_algorithms.py: backends ``mpi:<algorithm>``)
+  joins the first other sweep of its collective, world size, dtype and op (stem ``<a>+<b>``);
+  alone, its ratios divide by ``mpi:default`` when ``--baseline mpi`` is not in it.
 * ``ddp_breakdown`` (benchmarks/ddp.py): the rows; plot ``<stem>_breakdown`` (per model,
   each step split into forward / backward / comm issued inside backward / exposed comm /
   optimizer as % of the step, ms on the bars, DDP efficiency at the end).
@@ -60,6 +63,8 @@ from benchmarks import _costmodel as cm
 from benchmarks import _timeline
 
 PROG = "report.py"
+#: How benchmarks/mpi_algorithms.py names MPI's own algorithms in the backend column: ``mpi:<algorithm>``.
+MPI_ALGORITHM = "mpi:"
 FORMATS = ("png", "svg")
 EXIT_BAD = 2
 
@@ -109,6 +114,38 @@ def sweep_tables(df, meta: dict, baseline: str) -> str:
                                       sort=False).reindex(index=sizes).to_string()]
     parts.append(f"#wrong total: {int(df['wrong'].sum())}")
     return "\n".join(parts)
+
+
+def is_mpi_algorithms(df) -> bool:
+    """True for a sweep of MPI's own algorithms alone (benchmarks/mpi_algorithms.py: backends ``mpi:<algorithm>``)."""
+    return bool(len(df)) and all(str(b).startswith(MPI_ALGORITHM) for b in df["backend"])
+
+
+def join_mpi_algorithms(dumps) -> list:
+    """The dumps, each sweep of MPI's own algorithms joined to the first other sweep with its collective, world size,
+    dtype and op (so its ``mpi:*`` rows are drawn beside npddp's); one that has no such partner stays alone."""
+    import pandas as pd
+
+    same = ("kind", "collective", "world_size", "dtype", "op")
+    out = list(dumps)
+    for entry in list(out):
+        path, meta, df = entry
+        if meta["kind"] != "allreduce_sweep" or not is_mpi_algorithms(df):
+            continue
+        partner = next((i for i, (p, m, d) in enumerate(out) if p != path and not is_mpi_algorithms(d)
+                        and all(m.get(k) == meta.get(k) for k in same)), None)
+        if partner is not None:
+            p, m, d = out[partner]
+            out[partner] = (f"{Path(p).stem}+{Path(path).name}", m, pd.concat([d, df], ignore_index=True))
+            out.remove(entry)
+    return out
+
+
+def resolve_baseline(df, baseline: str) -> str:
+    """``baseline``, or ``<baseline>:default`` when only that is in the sweep (MPI's default choice, as mpi_algorithms.py names it)."""
+    names = set(df["backend"])
+    default = f"{baseline}:default"
+    return default if baseline not in names and default in names else baseline
 
 
 def sweep_fits(df, meta: dict) -> dict:
@@ -272,7 +309,7 @@ def figures(plots, dumps, baseline: str) -> list:
         stem, kind = Path(path).stem, meta["kind"]
         if kind == "allreduce_sweep":
             out.append((f"{stem}_busbw", plots.sweep_busbw(df, meta)))
-            ratio = plots.sweep_ratio(df, meta, baseline)
+            ratio = plots.sweep_ratio(df, meta, resolve_baseline(df, baseline))
             out += [(f"{stem}_ratio", ratio)] if ratio is not None else []
         elif kind == "ddp_breakdown":
             out.append((f"{stem}_breakdown", plots.breakdown(df, meta)))
@@ -289,7 +326,7 @@ def print_dumps(dumps, baseline: str):
         if kind == "allreduce_sweep":
             fits = sweep_fits(df, meta)
             local_fits[Path(path).name] = fits
-            print(f"{sweep_tables(df, meta, baseline)}\n{fits_table(fits, meta)}\n")
+            print(f"{sweep_tables(df, meta, resolve_baseline(df, baseline))}\n{fits_table(fits, meta)}\n")
             if meta["collective"] == "allreduce":
                 algorithms += list(df["algorithm"])
         elif kind == "ddp_breakdown":
@@ -329,7 +366,7 @@ def main(argv=None) -> int:
         for line in problems:
             print(f"{PROG}: error: {line}", file=sys.stderr)
         return EXIT_BAD
-    dumps = [(path, results.read_meta(path), results.read_table(path)) for path in args.dumps]
+    dumps = join_mpi_algorithms([(path, results.read_meta(path), results.read_table(path)) for path in args.dumps])
     local_fits, breakdowns, algorithms = print_dumps(dumps, args.baseline)
     rate, source = compute_rate(breakdowns, args.compute_ms, args.compute_params)
     found = algorithms or list(cm.ALLREDUCE_MODELS)

@@ -1,0 +1,492 @@
+"""Each MPI library's own all-reduce algorithms, forced one at a time, beside the library's default choice.
+
+    python benchmarks/mpi_algorithms.py -n 4 -b 1K -e 64M -f 4 --out mpi_algorithms.h5
+    python benchmarks/mpi_algorithms.py -n 2 --algorithms ring,tree -b 1K -e 64K -f 8 --iters 5 --out a.h5
+    python benchmarks/mpi_algorithms.py -n 4 --backends ring,rabenseifner --out both.h5  # npddp's in the same dump
+    python benchmarks/mpi_algorithms.py --list                         # what the active MPI lets a user force
+    python benchmarks/report.py mpi_algorithms.h5 ar.h5                # drawn beside npddp's algorithms
+
+MPI's ``Allreduce`` is not one algorithm: each library picks one of several by size and lets a
+user force one through environment variables (:data:`LIBRARIES`, one entry per library). This
+script finds the active library (mpi4py's ``MPI.Get_library_version`` in a small subprocess),
+then runs benchmarks/allreduce.py (backend ``mpi`` only) under ``-n`` ranks once with none of
+the library's variables set (``mpi:default``) and once per algorithm with its variables set
+(``mpi:<algorithm>``), each a fresh job of the mpirun beside this Python (else the one on PATH)
+with a time limit (``--timeout``). Every flag this script does not know goes to allreduce.py
+unchanged (sizes, iterations, dtype, buffers, ...); ``--backends`` adds npddp backends to the
+default run, so one dump holds both.
+
+Every run is checked: allreduce.py's ``#wrong`` must be 0; a run that fails, times out or
+returns wrong results is reported in the summary (its rows, if any, stay in the dump) and the
+other runs still go on. A forced algorithm whose median time differs from the default's at no
+size by more than the larger p10-p90 spread of the two runs is marked "suspect: not honoured?"
+(the library may ignore the variable for these arguments, or fall back; MPICH says when it falls
+back, and the summary counts those notices).
+
+Output: one summary line per run, then ``--out`` writes one ``allreduce_sweep`` dump of every
+run's rows whose ``backend`` reads ``mpi:<algorithm>`` (``algorithm`` the same), with the
+library's name (``mpi_library``), its family (``mpi_family``) and each run's variables and status
+(``mpi_algorithms``, JSON) as attributes; ``--csv`` the same rows as CSV. Exit status: 0 when
+every run ran and was exact, 1 otherwise, 2 on bad arguments or a library not in the table.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if not __package__:  # run by path: the repository root stands in for this folder, so `benchmarks` imports as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from npddp.process.cleanup import Watch
+from npddp.util.runinfo import library_name
+
+from benchmarks import _common as bc
+from benchmarks import results
+
+PROG = "mpi_algorithms.py"
+KIND = "allreduce_sweep"
+ALLREDUCE = Path(__file__).resolve().with_name("allreduce.py")
+DEFAULT = "default"
+#: The ``backend`` of MPI's rows: ``mpi:<algorithm>``.
+PREFIX = "mpi:"
+EXIT_BAD = 2
+_GRACE_S = 3.0          # between SIGTERM and SIGKILL of a run past its limit
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One algorithm a library lets a user force: its name, the variables that force it, what it is."""
+
+    name: str
+    env: dict
+    about: str
+    component: str = ""     # an Open MPI coll component it needs (skipped where the build lacks it)
+
+
+@dataclass(frozen=True)
+class Library:
+    """How one MPI library names and forces its all-reduce algorithms."""
+
+    family: str
+    marker: str                         # text in the first line of its version string
+    source: str                         # where the list comes from
+    algorithms: tuple
+    launcher_args: tuple = ()           # always given to its mpirun
+    root_args: tuple = ()               # given when running as root
+    fallback_notice: str = ""           # what it prints when a forced algorithm cannot run
+    probe: tuple = ()                   # command listing a component (with {component}); empty output: absent
+
+    def all_variables(self) -> set:
+        """Every variable an algorithm of this library sets (unset for the default run)."""
+        return {k for a in self.algorithms for k in a.env}
+
+
+def _mpich(name: str, about: str) -> Algorithm:
+    """An MPICH algorithm: the MPIR-level choice, with the device's own collectives off so it is used."""
+    return Algorithm(name, {"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": name, "MPIR_CVAR_DEVICE_COLLECTIVES": "none",
+                            "MPIR_CVAR_COLLECTIVE_FALLBACK": "print"}, about)
+
+
+def _tuned(value: int, name: str, about: str) -> Algorithm:
+    """An Open MPI coll/tuned algorithm, forced by dynamic rules, with han (which would take precedence) off."""
+    return Algorithm(name, {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
+                            "OMPI_MCA_coll_tuned_allreduce_algorithm": str(value), "OMPI_MCA_coll": "^han"}, about)
+
+
+def _han(name: str, about: str) -> Algorithm:
+    """An Open MPI coll/han algorithm (hierarchical: node, then across nodes), han given the highest priority."""
+    return Algorithm(f"han_{name}", {"OMPI_MCA_coll_han_priority": "100",
+                                     "OMPI_MCA_coll_han_use_allreduce_algorithm": name}, about, component="han")
+
+
+def _intel(value: int, name: str, about: str) -> Algorithm:
+    """An Intel MPI preset."""
+    return Algorithm(name, {"I_MPI_ADJUST_ALLREDUCE": str(value)}, about)
+
+
+#: Per library: the variables that force each all-reduce algorithm, and the source of the list.
+LIBRARIES = (
+    Library("MPICH", "MPICH", "mpivars (MPICH 5.0.2's own list of MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM values)", (
+        _mpich("auto", "MPIR-level selection (with the device's override off)"),
+        _mpich("nb", "the non-blocking algorithm, waited for"),
+        _mpich("smp", "node-aware: reduce on the node, across nodes, broadcast on the node"),
+        _mpich("recursive_doubling", "recursive doubling"),
+        _mpich("recursive_multiplying", "recursive multiplying (radix MPIR_CVAR_ALLREDUCE_RECURSIVE_MULTIPLYING_KVAL)"),
+        _mpich("reduce_scatter_allgather", "Rabenseifner's reduce-scatter then all-gather"),
+        _mpich("tree", "pipelined tree (MPIR_CVAR_ALLREDUCE_TREE_TYPE)"),
+        _mpich("recexch", "recursive exchange"),
+        _mpich("ring", "ring"),
+        _mpich("k_reduce_scatter_allgather", "k-port reduce-scatter then all-gather"),
+        _mpich("ccl", "a vendor collective library (CCL), where MPICH was built with one"),
+    ), fallback_notice="cannot be applied"),
+    Library("Open MPI", "Open MPI", "ompi_info --all (Open MPI 5.0.11: coll_tuned_allreduce_algorithm, "
+                                   "coll_han_use_allreduce_algorithm, the coll components)", (
+        _tuned(1, "basic_linear", "reduce to rank 0, then broadcast, both linear"),
+        _tuned(2, "nonoverlapping", "tuned reduce, then tuned broadcast"),
+        _tuned(3, "recursive_doubling", "recursive doubling"),
+        _tuned(4, "ring", "ring"),
+        _tuned(5, "segmented_ring", "ring in segments (coll_tuned_allreduce_algorithm_segmentsize)"),
+        _tuned(6, "rabenseifner", "Rabenseifner's reduce-scatter then all-gather"),
+        _han("simple", "han's simple: reduce on the node, all-reduce across nodes, broadcast on the node"),
+        _han("reproducible", "han's reproducible order of reduction"),
+        Algorithm("xhc", {"OMPI_MCA_coll_xhc_priority": "100"}, "XPMEM-based hierarchical collectives",
+                  component="xhc"),
+    ), launcher_args=("--oversubscribe",), root_args=("--allow-run-as-root",),
+        probe=("ompi_info", "--param", "coll", "{component}", "--parsable")),
+    Library("Intel MPI", "Intel(R) MPI", "Intel MPI Developer Reference, I_MPI_ADJUST family (the numbered list of "
+                                         "the 2020 Update 2 edition; 2021 editions list the same algorithms)", (
+        _intel(1, "recursive_doubling", "recursive doubling"),
+        _intel(2, "rabenseifner", "Rabenseifner's"),
+        _intel(3, "reduce_bcast", "reduce, then broadcast"),
+        _intel(4, "topo_reduce_bcast", "topology-aware reduce, then broadcast"),
+        _intel(5, "binomial_gather_scatter", "binomial gather and scatter"),
+        _intel(6, "topo_binomial_gather_scatter", "topology-aware binomial gather and scatter"),
+        _intel(7, "shumilin_ring", "Shumilin's ring"),
+        _intel(8, "ring", "ring"),
+        _intel(9, "knomial", "k-nomial"),
+        _intel(10, "topo_shm_flat", "topology-aware, shared-memory based, flat"),
+        _intel(11, "topo_shm_knomial", "topology-aware, shared-memory based, k-nomial"),
+        _intel(12, "topo_shm_knary", "topology-aware, shared-memory based, k-ary"),
+    )),
+)
+
+
+def detect(version: str) -> Library | None:
+    """The library whose marker is in the first line of ``version`` (MPI_Get_library_version); None if none."""
+    first = library_name(version)
+    return next((lib for lib in LIBRARIES if lib.marker in first), None)
+
+
+def library_version(python: str = sys.executable) -> str:
+    """The active MPI's version string, from a subprocess that loads mpi4py without initialising MPI."""
+    code = ("import mpi4py, sys; mpi4py.rc.initialize = mpi4py.rc.finalize = False; from mpi4py import MPI; "
+            "sys.stdout.write(MPI.Get_library_version())")
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"cannot load mpi4py's MPI: {done.stderr.strip().splitlines()[-1:] or done.returncode}")
+    return done.stdout
+
+
+def find_program(name: str) -> str | None:
+    """``name`` beside this Python (the virtual environment's), else on PATH; None when neither has it."""
+    return shutil.which(name, path=os.path.dirname(sys.executable)) or shutil.which(name)
+
+
+def present(lib: Library, algorithm: Algorithm) -> bool:
+    """False when the algorithm needs a component the library's probe does not list."""
+    if not algorithm.component or not lib.probe:
+        return True
+    program = find_program(lib.probe[0])
+    if program is None:
+        return True          # cannot tell: let the run say
+    command = [program, *(a.format(component=algorithm.component) for a in lib.probe[1:])]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    return bool(done.stdout.strip())
+
+
+# ----------------------------------------------------------------------------- runs
+
+@dataclass
+class Run:
+    """One relaunch of allreduce.py: which algorithm, its variables, and what came of it."""
+
+    backend: str
+    algorithm: Algorithm | None         # None: the default run
+    status: str = "not run"
+    code: int | None = None
+    seconds: float = 0.0
+    dump: str = ""
+    fallbacks: int = 0
+    log: str = ""
+
+    @property
+    def env(self) -> dict:
+        """The variables this run sets."""
+        return {} if self.algorithm is None else dict(self.algorithm.env)
+
+    @property
+    def ok(self) -> bool:
+        """True when the run ended normally with exact results."""
+        return self.status == "ok"
+
+
+def plan(lib: Library, names) -> list[Run]:
+    """The default run, then one run per algorithm of ``names`` (all when None), in the table's order."""
+    wanted = [a for a in lib.algorithms if names is None or a.name in names]
+    return [Run(PREFIX + DEFAULT, None)] + [Run(PREFIX + a.name, a) for a in wanted]
+
+
+def run_environment(lib: Library, run: Run, launcher: str) -> dict:
+    """This environment without any of the library's algorithm variables, plus the run's; the launcher's folder first on PATH."""
+    environ = {k: v for k, v in os.environ.items() if k not in lib.all_variables()}
+    environ.update(run.env)
+    environ["PATH"] = os.pathsep.join([os.path.dirname(launcher), environ.get("PATH", "")])
+    return environ
+
+
+def relaunch(command: list, env: dict, limit_s: float, workdir: Path, name: str) -> tuple[int | None, str, float]:
+    """Run ``command`` in a session of its own, stopped after ``limit_s``; (exit status or None if stopped, output, s).
+
+    Shared-memory segments a failed job leaves are removed (npddp.process.cleanup's Watch).
+    """
+    log = workdir / f"{name}.log"
+    stopped = threading.Event()
+    with open(log, "w") as out:
+        watch = Watch(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+        def stop():
+            """Terminate the run's process group, then kill it if it lingers."""
+            stopped.set()
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                if watch.proc is None or watch.proc.poll() is not None:
+                    return
+                try:
+                    os.killpg(watch.proc.pid, sig)
+                except ProcessLookupError:
+                    return
+                time.sleep(_GRACE_S)
+        timer = threading.Timer(limit_s, stop)
+        t0 = time.perf_counter()
+        timer.start()
+        try:
+            code = watch.run()
+        finally:
+            timer.cancel()
+        seconds = time.perf_counter() - t0
+        watch.clean(1 if stopped.is_set() else code)
+    return (None if stopped.is_set() else code), log.read_text(errors="replace"), seconds
+
+
+def launch_command(lib: Library, launcher: str, nproc: int, args: list) -> list:
+    """The launcher command of one run of allreduce.py."""
+    extra = lib.launcher_args + (lib.root_args if os.geteuid() == 0 else ())
+    return [launcher, *extra, "-n", str(nproc), sys.executable, str(ALLREDUCE), *args]
+
+
+def judge(run: Run, code: int | None, log: str, limit_s: float, lib: Library) -> None:
+    """Set ``run.status`` from its exit status and output."""
+    run.code, run.log = code, log
+    run.fallbacks = log.count(lib.fallback_notice) if lib.fallback_notice else 0
+    if code is None:
+        run.status = f"timed out after {limit_s:g} s"
+    elif code == 0:
+        run.status = "ok"
+    elif code == 1 and "# Wrong values" in log and "FAILED" in log:
+        run.status = "wrong results"
+    else:
+        run.status = f"failed (exit {code})"
+
+
+# ----------------------------------------------------------------------------- merging and checking
+
+def dump_rows(path) -> tuple[list[dict], np.ndarray, dict]:
+    """(rows as dicts of Python values, raw times (rows, iters), attributes) of one allreduce_sweep dump."""
+    table, meta = results.read_table(path), results.read_meta(path)
+    columns = {name: np.asarray(values) for name, values in table.items()}
+    count = len(next(iter(columns.values())))
+    rows = [{k: (v[i] if isinstance(v[i], str) else v[i].item()) for k, v in columns.items()} for i in range(count)]
+    try:
+        raw = results.read_raw(path, "time_s")
+    except KeyError:
+        raw = np.full((count, 1), np.nan)
+    return rows, raw, meta
+
+
+def merge(runs: list[Run]) -> tuple[list[dict], np.ndarray, dict]:
+    """Every run's rows, the ``mpi`` backend's renamed ``mpi:<algorithm>``; their raw times; the first dump's attributes."""
+    rows, raws, meta = [], [], {}
+    for run in runs:
+        if not run.dump:
+            continue
+        mine, raw, attrs = dump_rows(run.dump)
+        meta = meta or attrs
+        for row in mine:
+            if row["backend"] == "mpi":
+                row["backend"] = row["algorithm"] = run.backend
+        rows += mine
+        raws.append(raw)
+    width = max((r.shape[1] for r in raws), default=1)
+    padded = [np.pad(r, ((0, 0), (0, width - r.shape[1])), constant_values=np.nan) for r in raws]
+    return rows, (np.concatenate(padded) if padded else np.zeros((0, width))), meta
+
+
+def honoured(rows: list[dict], backend: str) -> bool | None:
+    """Whether ``backend``'s median time differs from mpi:default's at some size and place by more than the spread.
+
+    The spread is the larger p10-p90 width of the two rows compared; None when there is nothing to compare.
+    """
+    default = {(r["place"], r["buffers"], r["bytes"]): r for r in rows if r["backend"] == PREFIX + DEFAULT}
+    seen = False
+    for r in rows:
+        d = default.get((r["place"], r["buffers"], r["bytes"]))
+        if r["backend"] != backend or d is None:
+            continue
+        seen = True
+        spread = max(r["time_p90_s"] - r["time_p10_s"], d["time_p90_s"] - d["time_p10_s"])
+        if abs(r["time_median_s"] - d["time_median_s"]) > spread:
+            return True
+    return None if not seen else False
+
+
+def ratios(rows: list[dict], backend: str) -> tuple[float, float] | None:
+    """(smallest, largest) median time / mpi:default's over the sizes and places both measured; None without any."""
+    default = {(r["place"], r["buffers"], r["bytes"]): r["time_median_s"] for r in rows
+               if r["backend"] == PREFIX + DEFAULT}
+    found = [r["time_median_s"] / default[k] for r in rows if r["backend"] == backend
+             and (k := (r["place"], r["buffers"], r["bytes"])) in default]
+    return (min(found), max(found)) if found else None
+
+
+def summary(runs: list[Run], rows: list[dict]) -> list[str]:
+    """One line per run: its backend, status, #wrong, time / default's over sizes, and notes."""
+    lines = [f"# {'backend':<34} {'status':<24} {'#wrong':>7} {'time/default':>13}  note"]
+    for run in runs:
+        mine = [r for r in rows if r["backend"] == run.backend]
+        wrong = sum(r["wrong"] for r in mine)
+        span = ratios(rows, run.backend)
+        cell = "" if span is None else f"{span[0]:.2f}-{span[1]:.2f}"
+        notes = []
+        if run.backend != PREFIX + DEFAULT and mine and honoured(rows, run.backend) is False:
+            notes.append("suspect: not honoured? (no size differs from default by more than the spread)")
+        if run.fallbacks:
+            notes.append(f"the library printed {run.fallbacks} fallback notice(s)")
+        lines.append(f"  {run.backend:<34} {run.status:<24} {wrong if mine else '-':>7} {cell:>13}  {'; '.join(notes)}")
+    return lines
+
+
+def variables_text(env: dict) -> str:
+    """``A=1 B=2``, or ``(none)``."""
+    return " ".join(f"{k}={v}" for k, v in env.items()) or "(none)"
+
+
+# ----------------------------------------------------------------------------- CLI
+
+def build_parser(lib_names=()) -> argparse.ArgumentParser:
+    """This script's own flags; every other flag goes to allreduce.py."""
+    p = argparse.ArgumentParser(prog=PROG, allow_abbrev=False,
+                                description="Time the active MPI's own all-reduce algorithms, each forced in turn, "
+                                            "with benchmarks/allreduce.py (its flags pass through).")
+    p.add_argument("-n", "--nproc", type=bc.int_at_least(1), default=2, help="ranks of each run (default 2)")
+    p.add_argument("--algorithms", default="",
+                   help="comma-separated algorithms to force (default: every one the library offers; see --list)")
+    p.add_argument("--backends", default="", help="npddp backends timed beside MPI in the default run (allreduce.py's "
+                                                  "names, comma-separated; default none)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds each run may take (default 600)")
+    p.add_argument("--out", default="", help="write the merged HDF5 dump here")
+    p.add_argument("--csv", default="", help="write its rows as CSV here")
+    p.add_argument("--list", action="store_true", help="print the active library's algorithms and variables, and exit")
+    return p
+
+
+def child_args(passthrough: list, backends: str, default_run: bool) -> list:
+    """allreduce.py's flags of one run: the user's, the backends, its own dump (added by the caller)."""
+    names = ["mpi"] + [b for b in backends.split(",") if b.strip() and b.strip() != "mpi"] if default_run else ["mpi"]
+    forced = [] if default_run else ["--transports", "mpi"]
+    return [*passthrough, "--backends", ",".join(b.strip() for b in names), *forced]
+
+
+def main(argv=None) -> int:
+    """Detect the library, run every algorithm, print the summary, write the dump; see the module docstring."""
+    parser = build_parser()
+    args, passthrough = parser.parse_known_args(argv)
+    if not args.timeout > 0:
+        parser.error(f"--timeout must be > 0 seconds, got {args.timeout}")
+    for flag in ("--collective", "--out", "--csv"):
+        if any(a == flag or a.startswith(flag + "=") for a in passthrough):
+            parser.error(f"{flag}: this script times allreduce only and writes its own dump (--out, --csv)")
+    for option, path in (("--out", args.out), ("--csv", args.csv)):
+        if path and not bc.out_ok(path):
+            parser.error(f"{option} {path!r}: cannot write there (no such directory, not writable, or a directory)")
+    try:
+        version = library_version()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        parser.error(str(e))
+    lib = detect(version)
+    if lib is None:
+        parser.error(f"unknown MPI library {library_name(version)!r}; known: "
+                     f"{', '.join(lib.family for lib in LIBRARIES)}")
+    valid = [a.name for a in lib.algorithms]
+    names = [n.strip() for n in args.algorithms.split(",") if n.strip()] or None
+    bad = [n for n in names or () if n not in valid]
+    if bad or (names is not None and len(set(names)) != len(names)):
+        parser.error(f"--algorithms: {bad[0] if bad else args.algorithms!r} is not one of {lib.family}'s "
+                     f"(each once): {', '.join(valid)}")
+    if args.list:
+        print(f"# {library_name(version)} ({lib.family}); source: {lib.source}")
+        for a in lib.algorithms:
+            print(f"  {PREFIX + a.name:<34} {variables_text(a.env)}\n  {'':<34} {a.about}")
+        return 0
+    launcher = find_program("mpirun") or find_program("mpiexec")
+    if launcher is None:
+        parser.error("no mpirun or mpiexec beside this Python or on PATH")
+    return measure(lib, version, plan(lib, names), launcher, args, passthrough, argv)
+
+
+def measure(lib: Library, version: str, runs: list[Run], launcher: str, args, passthrough, argv) -> int:
+    """Run each of ``runs`` (the default first: bad flags end everything there), then summarise and write."""
+    print(f"# {library_name(version)}: {len(runs)} runs of allreduce.py on {args.nproc} ranks with {launcher}",
+          flush=True)
+    with tempfile.TemporaryDirectory(prefix="mpi-algorithms-") as tmp:
+        workdir = Path(tmp)
+        for i, run in enumerate(runs):
+            label = run.backend.removeprefix(PREFIX)
+            if run.algorithm is not None and not present(lib, run.algorithm):
+                run.status = "skipped: not in this build"
+                print(f"# {run.backend}: {run.status}", flush=True)
+                continue
+            dump = workdir / f"{label}.h5"
+            command = launch_command(lib, launcher, args.nproc,
+                                     child_args(passthrough, args.backends, i == 0) + ["--out", str(dump)])
+            code, log, seconds = relaunch(command, run_environment(lib, run, launcher), args.timeout, workdir, label)
+            judge(run, code, log, args.timeout, lib)
+            run.seconds = seconds
+            run.dump = str(dump) if code in (0, 1) and dump.exists() else ""
+            print(f"# {run.backend} ({variables_text(run.env)}): {run.status}, {seconds:.1f} s", flush=True)
+            if i == 0 and code == EXIT_BAD:
+                sys.stderr.write(log)
+                return EXIT_BAD          # allreduce.py refused the flags: every run would
+            if not run.ok:
+                tail = [line for line in log.strip().splitlines() if line.strip()][-5:]
+                print("\n".join(f"#   | {line}" for line in tail), flush=True)
+        rows, raw, meta = merge(runs)
+        print("\n".join(summary(runs, rows)))
+        if rows:
+            write(args, lib, version, runs, rows, raw, meta, argv)
+    return 0 if all(r.ok or r.status.startswith("skipped") for r in runs) else 1
+
+
+def write(args, lib: Library, version: str, runs: list[Run], rows: list[dict], raw: np.ndarray, meta: dict,
+          argv) -> None:
+    """The merged dump (``--out``) and CSV (``--csv``), each if asked for."""
+    record = [{"backend": r.backend, "variables": r.env, "status": r.status, "seconds": round(r.seconds, 2),
+               "fallback_notices": r.fallbacks, "honoured": honoured(rows, r.backend)} for r in runs]
+    backends = list(dict.fromkeys(r["backend"] for r in rows))
+    if args.out:
+        results.write_dump(args.out, KIND, rows, world_size=args.nproc, backends=backends, raw={"time_s": raw},
+                           attrs={"collective": meta["collective"], "dtype": meta["dtype"], "op": meta["op"],
+                                  "places": meta.get("places", []), "mpi_library": library_name(version),
+                                  "mpi_family": lib.family, "mpi_algorithms": json.dumps(record),
+                                  "mpi_algorithms_source": lib.source,
+                                  "argv": json.dumps(list(sys.argv[1:] if argv is None else argv))})
+        print(f"# wrote {args.out} (--out)")
+    if args.csv:
+        results.write_csv(args.csv, KIND, rows)
+        print(f"# wrote {args.csv} (--csv)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
