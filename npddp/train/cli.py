@@ -45,7 +45,7 @@ from npddp.parallel import builtin as hooks
 from npddp.parallel.ddp import DistributedDataParallel
 from npddp.train.inputs import dataset_name, load_data, scaling_warning
 from npddp.util import env, tracing
-from npddp.process.job import EXIT_USAGE, JobError, open_communicator, run_main
+from npddp.process.job import EXIT_USAGE, EXIT_WRITE, JobError, open_communicator, run_main
 from npddp.train.models import build_model
 from npddp.optim import make_optimizer
 from npddp.train.console import Printer
@@ -133,7 +133,7 @@ def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
     if comm.rank == 0 and not message:
         message = outputs.check_outputs(cfg.checkpoint, cfg.metrics, bool(cfg.resume), cfg.overwrite)
     if comm.rank == 0 and not message and cfg.trace:
-        message = tracing.unwritable(cfg.trace)
+        message = tracing.unwritable(cfg.trace, cfg.overwrite, bool(cfg.resume))
     message = agree(comm, message)
     if message:
         raise JobError(message, EXIT_USAGE)
@@ -192,25 +192,19 @@ def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
     except BaseException as exc:
         _trace_failure(ddp.tracer, exc, comm.rank, out)
         raise
-    _close_trace(ddp.tracer, out)
+    ddp.tracer.close()                         # collective: the trace, if the traced steps have not ended
     out.summary(summary(cfg, status, trainer, trained, time.perf_counter() - started))
+    failure = agree(comm, ddp.tracer.failure)
+    if failure:
+        raise JobError(f"{failure} (training finished; the checkpoint and metrics are written)", EXIT_WRITE)
     return 0
 
 
 def _trace_failure(tracer, exc: BaseException, rank: int, out: Printer) -> None:
     """Failure path: this rank's trace events go into the file (no communication)."""
-    try:
-        tracer.write_partial(f"rank {rank}: {type(exc).__name__}: {exc}")
-    except OSError as err:
-        out.warn(f"the trace could not be written: {err}")
-
-
-def _close_trace(tracer, out: Printer) -> None:
-    """Write the trace if the traced steps have not ended yet (collective)."""
-    try:
-        tracer.close()
-    except OSError as err:
-        out.warn(f"the trace could not be written: {err}")
+    tracer.write_partial(f"rank {rank}: {type(exc).__name__}: {exc}")
+    if tracer.failure:
+        out.warn(tracer.failure)
 
 
 def main(argv=None) -> int:

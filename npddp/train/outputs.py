@@ -10,9 +10,8 @@ them (see :mod:`npddp.util.atomicfile`). Both run on rank 0 only.
 from __future__ import annotations
 
 import os
-import stat
 
-from npddp.util.atomicfile import remove_stale_temps
+from npddp.util.atomicfile import remove_stale_temps, target_problem
 from npddp.train.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from npddp.train.metrics import FORMAT as METRICS_FORMAT
 from npddp.train.console import format_bytes
@@ -45,26 +44,14 @@ def check_output(name: str, path: str | None, resuming: bool = False, overwrite:
     if path is None:
         return None
     where = f"{_flag(name)} {path!r}"
-    parent = os.path.dirname(os.path.abspath(path))
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        mode = None
-    except OSError as exc:
-        return f"{where}: {exc.strerror or exc}"
-    if mode is not None and stat.S_ISDIR(mode):
-        return f"{where} is a directory"
-    if mode is not None and not stat.S_ISREG(mode):
-        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
-        return f"{where} is {kind}, not a regular file; refusing to use it (choose a file path)"
-    if not os.path.isdir(parent):
-        return f"{where}: directory {parent!r} does not exist"
-    if not os.access(parent, os.W_OK):
-        return f"{where}: directory {parent!r} is not writable"
-    if mode is not None and not resuming and _format_of(path) != KINDS[name]:
+    problem = target_problem(where, path)
+    if problem:
+        return problem
+    exists = os.path.lexists(path)
+    if exists and not resuming and _format_of(path) != KINDS[name]:
         return (f"{where} exists and is not an npddp {name} file; refusing to replace it (move it "
                 "away or choose another path)")
-    if mode is not None and not resuming and not overwrite:
+    if exists and not resuming and not overwrite:
         return (f"{where} already holds a {name} (of an earlier run, perhaps of another model); refusing "
                 f"to overwrite it: pass --resume to continue it, --overwrite to replace it, or choose "
                 "another path")

@@ -125,6 +125,31 @@ def write_bytes_atomic(target, data) -> None:
     _fsync_dir(target.parent)
 
 
+def target_problem(where: str, path) -> str | None:
+    """Why ``path`` (named ``where`` in the message) cannot be replaced by an atomic write, or None.
+
+    Refused: a directory, anything that is not a regular file (a FIFO would block, a device such
+    as /dev/null would be replaced by a regular file), a missing or read-only directory.
+    """
+    parent = os.path.dirname(os.path.abspath(path))
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        return f"{where}: {exc.strerror or exc}"
+    if mode is not None and stat.S_ISDIR(mode):
+        return f"{where} is a directory"
+    if mode is not None and not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        return f"{where} is {kind}, not a regular file; refusing to use it (choose a file path)"
+    if not os.path.isdir(parent):
+        return f"{where}: directory {parent!r} does not exist"
+    if not os.access(parent, os.W_OK):
+        return f"{where}: directory {parent!r} is not writable"
+    return None
+
+
 def _check_target(path) -> Path:
     """``path`` as a Path whose directory exists and that is not itself a directory."""
     if not isinstance(path, (str, os.PathLike)):

@@ -3,18 +3,24 @@
 The file must load as JSON, hold both ranks, nest on every track, and have every layer's
 backward and every bucket's all-reduce in each traced step; with ``--sync overlap`` an
 all-reduce starts before backward ends. A failure inside the traced steps still leaves a
-valid file.
+valid file. The path follows the checkpoint's rules: no FIFO, device or foreign file is
+replaced, an earlier trace only with ``--overwrite``, and a trace that cannot be written is one
+line and exit 4 once training is done.
 """
 
 import json
+import os
 import re
+import stat
 import subprocess
 import sys
 
 import pytest
 
 from npddp.nn import mlp
+from npddp.train import checkpoint
 from tests.train.test_cli import TINY, _env, _mpirun, ok, train
+from tests.train.test_cli_failures import _error_line
 from tests.util.test_trace import nesting_problems, x_events
 
 FLAGS = [*TINY, "--epochs", "1", "--bucket-mb", "0.004"]
@@ -95,3 +101,74 @@ def test_bad_trace_flags_are_one_line_exit_2(tmp_path):
     assert proc.returncode == 2 and "5:2" in proc.stderr + proc.stdout
     proc = train(tmp_path, "--trace", "missing/t.json", *FLAGS)
     assert proc.returncode == 2 and "does not exist" in proc.stderr + proc.stdout
+
+
+def test_an_existing_file_is_refused_unless_it_is_a_trace_and_overwrite_is_given(tmp_path):
+    source = tmp_path / "t.json"
+    source.write_text("print('a user file')\n")
+    for extra in ([], ["--overwrite"]):
+        proc = train(tmp_path, "--trace", "t.json", *FLAGS, *extra)
+        assert proc.returncode == 2 and "is not an npddp trace" in _error_line(proc)
+        assert source.read_text() == "print('a user file')\n"
+    source.unlink()
+    ok(train(tmp_path, "--trace", "t.json", *FLAGS))
+    first = source.read_bytes()
+    proc = train(tmp_path, "--trace", "t.json", *FLAGS)
+    assert proc.returncode == 2 and "already holds a trace" in _error_line(proc) and "--overwrite" in proc.stderr
+    assert source.read_bytes() == first
+    ok(train(tmp_path, "--trace", "t.json", *FLAGS, "--overwrite"))
+    assert source.read_bytes() != first and json.loads(source.read_text())["otherData"]["complete"] is True
+
+
+def _special(tmp_path, kind: str):
+    """A FIFO, or a character device like /dev/null (1, 3) made here (skipped where mknod is not allowed)."""
+    path = tmp_path / kind
+    try:
+        if kind == "fifo":
+            os.mkfifo(path)
+        else:
+            os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip(f"this user may not create a {kind}")
+    return path
+
+
+@pytest.mark.parametrize("kind, what", [("fifo", "a FIFO"), ("device", "a device")])
+def test_a_fifo_or_device_is_refused_before_training_and_left_alone(tmp_path, kind, what):
+    path = _special(tmp_path, kind)
+    mode = path.stat().st_mode
+    proc = train(tmp_path, "--trace", path.name, *FLAGS, "--overwrite")
+    assert proc.returncode == 2 and what in _error_line(proc) and "not a regular file" in proc.stderr
+    assert "epoch" not in proc.stdout and path.stat().st_mode == mode
+    env = {**_env(), "NPDDP_TRACE": path.name}                         # the variable's tracer refuses it too
+    proc = subprocess.run([_mpirun(), "-n", "2", sys.executable, "-m", "npddp.train", *FLAGS], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 4 and what in proc.stderr and path.stat().st_mode == mode, proc.stderr
+
+
+#: The training CLI on a disk that is full for the trace: every other file is written.
+TRACE_DISK_FULL = """
+import errno, sys
+from npddp.train import cli
+from npddp.util.tracing import recorder
+real = recorder.write_bytes_atomic
+
+def full(target, data):
+    if str(target).endswith(".json"):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    return real(target, data)
+
+recorder.write_bytes_atomic = full
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_trace_that_cannot_be_written_is_one_line_exit_4_after_training_with_the_checkpoint_written(tmp_path):
+    (tmp_path / "full.py").write_text(TRACE_DISK_FULL)
+    command = [_mpirun(), "-n", "2", sys.executable, "full.py", *FLAGS, "--trace", "t.json", "--checkpoint", "c.h5"]
+    proc = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    line = _error_line(proc)
+    assert "cannot write the trace t.json: No space left on device" in line and "training finished" in line, line
+    assert "done: epoch 1/1" in proc.stdout and checkpoint.read(tmp_path / "c.h5").step == 12
+    assert not (tmp_path / "t.json").exists()

@@ -134,6 +134,21 @@ def merge_into(existing: dict | None, parts: list[RankPart], base: dict) -> dict
     return fresh
 
 
+def format_of(path) -> str | None:
+    """The ``otherData.format`` of the regular JSON trace file at ``path``, or None (not a trace, unreadable)."""
+    head = b'{"traceEvents"'
+    try:
+        with open(path, "rb") as f:
+            if f.read(len(head)) != head:
+                return None
+            f.seek(0)
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    other = doc.get("otherData") if isinstance(doc, dict) else None
+    return other.get("format") if isinstance(other, dict) else None
+
+
 def encode(doc: dict) -> bytes:
     """The JSON bytes of a trace document."""
     return json.dumps(doc, separators=(",", ":")).encode()

@@ -11,6 +11,12 @@ window does; :meth:`Tracer.write_partial` is the failure path: no communication,
 events merged into the file under a lock on its directory (each rank that gets there adds
 its own), never half a file.
 
+Writing never raises and never replaces what is not a trace: a path that is not a regular file
+(a FIFO, a device such as /dev/null) or holds a file that is not an npddp trace is left alone,
+and a write that fails (a full disk, a file-size limit) keeps the previous file; either way
+:attr:`Tracer.failure` holds one line saying why, for the caller to report once training is
+done (the training CLI exits 4; a tracer from ``NPDDP_TRACE`` prints it as a warning).
+
 :data:`NULL` is the tracer of an untraced run: every method does nothing, and the layers are
 not wrapped at all (:meth:`npddp.nn.Module.trace_layers`), so the hot path is unchanged.
 
@@ -27,12 +33,13 @@ import fcntl
 import json
 import os
 import secrets
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from npddp.util.atomicfile import write_bytes_atomic
+from npddp.util.atomicfile import target_problem, write_bytes_atomic
 from npddp.util.tracing import chrome
 
 #: Environment variables that turn tracing on for any script using DDP.
@@ -63,21 +70,28 @@ def steps_text(text: str) -> str:
     return f"{first}:{last}"
 
 
-def unwritable(path) -> str | None:
-    """Why a trace cannot be written to ``path`` (a message), or None when it can."""
-    target = Path(path)
-    folder = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        return f"--trace {path}: is a directory"
-    if not folder.is_dir():
-        return f"--trace {path}: the directory {folder} does not exist"
-    if not os.access(folder, os.W_OK):
-        return f"--trace {path}: the directory {folder} is not writable"
+def unwritable(path, overwrite: bool = True, resuming: bool = False, flag: str = "--trace") -> str | None:
+    """Why a trace cannot be written to ``path`` (a message naming ``flag``), or None when it can.
+
+    Refused: what :func:`npddp.util.atomicfile.target_problem` refuses, an existing file that is
+    not an npddp trace, and (``overwrite`` and ``resuming`` false) an existing trace.
+    """
+    where = f"{flag} {os.fspath(path)!r}"
+    problem = target_problem(where, path)
+    if problem or not os.path.lexists(path):
+        return problem
+    if chrome.format_of(path) != chrome.FORMAT:
+        return f"{where} exists and is not an npddp trace; refusing to replace it (move it away or choose another path)"
+    if not overwrite and not resuming:
+        return (f"{where} already holds a trace (of an earlier run); refusing to overwrite it: pass --overwrite "
+                "to replace it, or choose another path")
     return None
 
 
 class NullTracer:
     """The tracer of an untraced run: records nothing, writes nothing."""
+
+    failure = None
 
     enabled = False
     recording = False
@@ -166,8 +180,11 @@ class Tracer:
 
     enabled = True
 
-    def __init__(self, path, comm, steps=DEFAULT_STEPS, capacity: int = CAPACITY, meta: dict | None = None):
+    def __init__(self, path, comm, steps=DEFAULT_STEPS, capacity: int = CAPACITY, meta: dict | None = None,
+                 flag: str = "--trace", warn: bool = False):
         self.path = Path(path)
+        self.flag, self.warn = flag, warn      # how messages name the path; print a failure at once
+        self.failure: str | None = None        # why the file could not be written (rank 0's write, or this rank's)
         self.first, self.last = parse_steps(steps) if isinstance(steps, str) else tuple(steps)
         if not 1 <= self.first <= self.last:
             raise ValueError(f"trace steps {steps!r}: need 1 <= first <= last")
@@ -300,7 +317,8 @@ class Tracer:
                 comm.recv(raw, source=peer, tag=_TAG)
             names = raw.tobytes()[:nbytes].decode().split("\n") if nbytes else []
             parts.append(chrome.RankPart(peer, events, names, offset, rtt, dropped))
-        write_bytes_atomic(self.path, chrome.encode(chrome.document(parts, self._base(True))))
+        if not self._refused():
+            self._write(chrome.encode(chrome.document(parts, self._base(True))))
 
     def write_partial(self, reason: str) -> None:
         """Failure path, no communication: merge this rank's events into the file (under a lock)."""
@@ -308,13 +326,36 @@ class Tracer:
             return
         self.written, self.recording = True, False
         base = {**self._base(False, reason), "failed_ranks": [self.comm.rank]}
-        with _locked(self.path.parent):
-            try:
-                existing = json.loads(self.path.read_bytes())
-            except (OSError, ValueError):
-                existing = None
-            doc = chrome.merge_into(existing, [self._part()], base)
-            write_bytes_atomic(self.path, chrome.encode(doc))
+        if self._refused():
+            return
+        try:
+            with _locked(self.path.parent):
+                try:
+                    existing = json.loads(self.path.read_bytes())
+                except (OSError, ValueError):
+                    existing = None
+                self._write(chrome.encode(chrome.merge_into(existing, [self._part()], base)))
+        except OSError as exc:
+            self._fail(f"cannot write the trace {self.path}: {exc.strerror or exc}")
+
+    def _refused(self) -> bool:
+        """True (and :attr:`failure` set) when the path is not one a trace may replace."""
+        problem = unwritable(self.path, flag=self.flag)
+        if problem:
+            self._fail(f"{problem}; the trace is not written")
+        return problem is not None
+
+    def _write(self, data: bytes) -> None:
+        """Replace the file with ``data`` atomically; a failure is kept in :attr:`failure`, not raised."""
+        try:
+            write_bytes_atomic(self.path, data)
+        except OSError as exc:
+            self._fail(f"cannot write the trace {self.path}: {exc.strerror or exc}; the previous file is kept")
+
+    def _fail(self, message: str) -> None:
+        self.failure = message
+        if self.warn:
+            print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
@@ -339,4 +380,4 @@ def from_env(comm, environ=None, meta: dict | None = None):
         parse_steps(steps)
     except ValueError as exc:
         raise ValueError(f"{STEPS_VARIABLE}: {exc}") from None
-    return Tracer(path, comm, steps, meta=meta)
+    return Tracer(path, comm, steps, meta=meta, flag=TRACE_VARIABLE, warn=True)
