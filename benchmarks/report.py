@@ -340,32 +340,50 @@ def print_dumps(dumps, baseline: str):
     return local_fits, breakdowns, list(dict.fromkeys(algorithms))
 
 
-def main(argv=None) -> int:
-    """Check every dump, print the tables, write the plots; 2 on a bad dump or argument."""
-    args = build_parser().parse_args(argv)
-    traces = [p for p in args.dumps if _timeline.is_trace(p)]
-    if traces:
-        code, written = _timeline.report(traces, args.outdir, args.format, args.dpi, not args.no_plots, args.trace_step)
-        print("wrote " + ", ".join(str(p) for p in written) if written else "", end="\n" if written else "")
-        args.dumps = [p for p in args.dumps if not _timeline.is_trace(p)]
-        if code or not args.dumps:
-            return code
+def trace_problems(paths, step: int | None, plots: bool) -> list[str]:
+    """One line per trace that cannot be read, or lacks the ``--trace-step`` its timeline would show."""
+    problems = []
+    for path in paths:
+        try:
+            doc = _timeline.load(path)
+            if plots or step is not None:
+                _timeline.pick_step(doc, step)
+        except ValueError as exc:
+            problems.append(str(exc) if str(exc).startswith(str(path)) else f"{path}: --trace-step: {exc}")
+    return problems
+
+
+def input_problems(args, traces) -> list[str]:
+    """Every bad trace, dump and argument, each one line, found before anything is printed or drawn."""
+    problems = trace_problems(traces, args.trace_step, not args.no_plots)
+    if not args.dumps:
+        return problems
     if not (args.compute_ms > 0 and args.bucket_mb > 0):
-        print(f"{PROG}: error: --compute-ms and --bucket-mb must be > 0", file=sys.stderr)
-        return EXIT_BAD
+        return [*problems, "--compute-ms and --bucket-mb must be > 0"]
     if Path(args.outdir).exists() and not Path(args.outdir).is_dir() and not args.no_plots:
-        print(f"{PROG}: error: --outdir {args.outdir!r} exists and is not a directory", file=sys.stderr)
-        return EXIT_BAD
+        return [*problems, f"--outdir {args.outdir!r} exists and is not a directory"]
     try:
         import pandas as pd  # noqa: F401  (read_table returns DataFrames only with it)
     except ImportError:
-        print(f"{PROG}: error: the report needs pandas (pip install pandas)", file=sys.stderr)
-        return EXIT_BAD
-    problems = [line for path in args.dumps for line in results.check(path)]
+        return [*problems, "the report needs pandas (pip install pandas)"]
+    return problems + [line for path in args.dumps for line in results.check(path)]
+
+
+def main(argv=None) -> int:
+    """Check every dump, trace and argument, then print the tables and write the plots; 2 on bad input."""
+    args = build_parser().parse_args(argv)
+    traces = [p for p in args.dumps if _timeline.is_trace(p)]
+    args.dumps = [p for p in args.dumps if not _timeline.is_trace(p)]
+    problems = input_problems(args, traces)
     if problems:
         for line in problems:
             print(f"{PROG}: error: {line}", file=sys.stderr)
         return EXIT_BAD
+    if traces:
+        code, written = _timeline.report(traces, args.outdir, args.format, args.dpi, not args.no_plots, args.trace_step)
+        print("wrote " + ", ".join(str(p) for p in written) if written else "", end="\n" if written else "")
+        if code or not args.dumps:
+            return code
     dumps = join_mpi_algorithms([(path, results.read_meta(path), results.read_table(path)) for path in args.dumps])
     local_fits, breakdowns, algorithms = print_dumps(dumps, args.baseline)
     rate, source = compute_rate(breakdowns, args.compute_ms, args.compute_params)

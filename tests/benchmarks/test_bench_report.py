@@ -399,3 +399,29 @@ def test_breakdown_table_shows_the_bare_ceiling_only_when_measured(dumps, tmp_pa
     assert table[0].split()[-1] == "bare_efficiency"
     bare_row = next(line for line in table[1:] if line.split()[2] == "bare")
     assert float(bare_row.split()[-1]) == 1.0
+
+
+def _trace(path):
+    """A two-rank trace of step 1 (backward, one bucket's all-reduce, optimizer) written to ``path``."""
+    import json
+    from npddp.util.tracing import chrome
+    events = np.array([[0, chrome.COMPUTE, 100_000, 500_000, 1], [1, chrome.COMM, 300_000, 700_000, 1],
+                       [2, chrome.OPTIMIZER, 800_000, 900_000, 1]], dtype=np.int64)
+    names = ["backward", 'all-reduce bucket 0\x1f{"bucket": 0}', "optimizer step"]
+    doc = chrome.document([chrome.RankPart(r, events, names) for r in (0, 1)], {"job": 1, "trace_steps": [1, 1]})
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("plots", [[], ["--no-plots"]], ids=["plots", "no-plots"])
+def test_a_trace_step_not_in_the_trace_is_one_line_before_any_table(dumps, tmp_path, capsys, plots):
+    trace = _trace(tmp_path / "t.json")
+    out_dir = tmp_path / "plots"
+    assert report.main([str(dumps["ddp_breakdown"]), str(trace), "--trace-step", "99", "--outdir", str(out_dir),
+                        *plots]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and not out_dir.exists(), out
+    assert err.splitlines() == [f"report.py: error: {trace}: --trace-step: step 99 is not in the trace; "
+                                "traced steps: [1]"], err
+    assert report.main([str(trace), "--trace-step", "1", "--no-plots"]) == 0    # the step it has: its summary
+    assert "all-reduce bucket 0" in capsys.readouterr().out
