@@ -147,3 +147,55 @@ def test_describe_prints_one_line_per_column():
         lines = results.describe(name).splitlines()
         assert len(lines) == 2 + len(kind.columns)
         assert [line.split("`")[1] for line in lines[2:]] == list(kind.names)
+
+
+OUTSIDE = """
+import sys
+import npddp
+from npddp.results import check, read_meta, read_table
+assert "pandas" not in sys.modules and "matplotlib" not in sys.modules, "imported at import time"
+table = read_table(sys.argv[1])
+print(read_meta(sys.argv[1])["kind"], list(table)[:2], check(sys.argv[1]))
+try:
+    import benchmarks
+except ImportError:
+    print("no benchmarks package here")
+"""
+
+
+@pytest.mark.parametrize("kind", ["allreduce_sweep", "ddp_breakdown"])
+def test_a_dump_reads_from_a_directory_outside_the_checkout(tmp_path, kind):
+    """``from npddp.results import read_table`` needs the installed package only, not the repository root."""
+    import subprocess
+    import sys
+
+    path = write(tmp_path / "d.h5", kind)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", OUTSIDE, str(path)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    names = list(KINDS[kind].names)[:2]
+    assert done.stdout.splitlines() == [f"{kind} {names} []", "no benchmarks package here"]
+
+
+def test_the_installed_reader_is_the_benchmarks_reader():
+    import npddp.results
+
+    assert results.read_table is npddp.results.read_table and results.check is npddp.results.check
+    assert npddp.results.KINDS is KINDS
+
+
+def test_the_analysis_example_prints_a_dumps_table(tmp_path):
+    """examples/analyse_dumps.py, given a dump, runs outside the checkout and prints its table."""
+    import subprocess
+    import sys
+
+    path = write(tmp_path / "ar.h5", "allreduce_sweep")
+    example = Path(__file__).resolve().parents[2] / "examples" / "analyse_dumps.py"
+    done = subprocess.run([sys.executable, str(example), str(path)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("ar.h5: allreduce_sweep on 1 rank(s)") and lines[1].startswith("2 rows; columns: collective")
+    header = lines[2].split()
+    assert header[0] == "bytes" and header[1:] == sorted({valid_row("allreduce_sweep", i)["backend"] for i in (0, 1)})
