@@ -61,9 +61,10 @@ def check_output(name: str, path: str | None, resuming: bool = False, overwrite:
 def check_outputs(checkpoint: str | None, metrics: str | None, resuming: bool, overwrite: bool = True) -> str | None:
     """The first problem with the checkpoint or metrics path, or None (``--resume`` reads the checkpoint itself).
 
-    ``overwrite=False`` refuses an existing checkpoint unless ``resuming``.
+    ``overwrite=False`` refuses an existing checkpoint or metrics file unless ``resuming``.
     """
-    return check_output("checkpoint", checkpoint, resuming, overwrite) or check_output("metrics", metrics)
+    return check_output("checkpoint", checkpoint, resuming, overwrite) or \
+        check_output("metrics", metrics, resuming, overwrite)
 
 
 def remove_stale(paths) -> list[str]:

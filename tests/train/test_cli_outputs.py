@@ -1,0 +1,19 @@
+"""The files a new run writes follow one rule: an earlier run's file is replaced only with ``--overwrite``
+(or continued with ``--resume``), and a foreign file never; here the ``--metrics`` file."""
+
+from tests.train.test_cli import TINY, ok, train
+from tests.train.test_cli_failures import _error_line
+
+FLAGS = [*TINY, "--epochs", "1", "--max-steps", "2", "--progress", "none"]
+
+
+def test_a_new_run_replaces_an_earlier_metrics_file_only_with_overwrite(tmp_path):
+    ok(train(tmp_path, *FLAGS, "--metrics", "m.h5", n=None))
+    first = (tmp_path / "m.h5").read_bytes()
+    proc = train(tmp_path, *FLAGS, "--metrics", "m.h5", n=None)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = _error_line(proc)
+    assert "--metrics 'm.h5' already holds a metrics" in line and "--overwrite" in line, line
+    assert (tmp_path / "m.h5").read_bytes() == first
+    ok(train(tmp_path, *FLAGS, "--metrics", "m.h5", "--overwrite", n=None))
+    assert (tmp_path / "m.h5").read_bytes() != first
