@@ -77,7 +77,7 @@ def test_state_dict_is_the_modules_and_loads_back(kind, how):
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("kind, how", [("ddp", "overlap"), ("zero", 3)])
 def test_state_dict_round_trip_on_every_rank(kind, how):
-    comm = create("mpi", world_raw())
+    comm = create("ring", world_raw())
     _, ddp, opt = build(comm, kind, how)
     ddp.zero_grad()
     ddp.backward(loss_grad(ddp, comm.rank))
@@ -139,7 +139,7 @@ def test_no_sync_and_the_wrappers_backward_pass(kind, how):
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("kind, how", [("ddp", s) for s in SYNCS] + [("zero", 3)])
 def test_every_rank_raises_when_every_rank_bypasses(kind, how):
-    comm = create("mpi", world_raw())
+    comm = create("ring", world_raw())
     _, ddp, opt = build(comm, kind, how)
     ddp.zero_grad()
     ddp.module.backward(loss_grad(ddp, comm.rank))

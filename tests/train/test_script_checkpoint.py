@@ -152,7 +152,7 @@ def test_load_names_what_does_not_fit(tmp_path):
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("kind", ["ddp", 3])
 def test_save_and_load_on_every_rank(kind, agreed_tmpdir):
-    comm = create("mpi", world_raw())
+    comm = create("ring", world_raw())
     ddp, opt = train_mlp(comm, kind=kind)
     path = agreed_tmpdir / f"ranks-{kind}.h5"
     save_checkpoint(path, ddp, opt, config=MLP_CONFIG, input_shape=(64,), num_classes=10, epoch=1)
