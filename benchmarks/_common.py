@@ -24,6 +24,7 @@ import re
 import numpy as np
 
 from benchmarks.columns import COLLECTIVES, NO_COMM
+from npddp.util.atomicfile import target_problem
 
 GB = 1e9
 #: The transport every backend uses today; the sweep's ``transport`` column.
@@ -151,19 +152,19 @@ def int_at_least(low: int) -> callable:
 
 
 def out_ok(path: str) -> bool:
-    """True if ``path``'s directory exists and is writable and ``path`` is not a directory."""
-    directory = os.path.dirname(os.path.abspath(path))
-    return os.path.isdir(directory) and os.access(directory, os.W_OK) and not os.path.isdir(path)
+    """True if ``path`` may be replaced: a regular file or nothing, in a writable directory (no FIFO, no device)."""
+    return target_problem(repr(path), path) is None
 
 
 def check_out(paths: dict, world, parser: argparse.ArgumentParser) -> None:
     """Exit 2 on every rank if rank 0 cannot write one of ``paths`` ({option: path}; one broadcast)."""
-    bad = [option for option, path in paths.items() if path and not out_ok(path)] if world.Get_rank() == 0 else []
-    flags = np.array([option in bad for option in paths], dtype=np.int8)
+    problems = {option: target_problem(f"{option} {path!r}", path) if path else None for option, path in paths.items()}
+    flags = np.array([problems[option] is not None if world.Get_rank() == 0 else False for option in paths],
+                     dtype=np.int8)
     world.Bcast(flags, root=0)
     for (option, path), flag in zip(paths.items(), flags):
         if flag:
-            parser.error(f"{option} {path!r}: its directory does not exist or is not writable")
+            parser.error(problems[option] or f"{option} {path!r} cannot be written")
 
 
 # ----------------------------------------------------------------------------- communicators

@@ -9,6 +9,7 @@ import itertools
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -292,7 +293,15 @@ def test_one_rank_sweep_prints_the_table_and_writes_the_layout(tmp_path, capsys)
 def test_bad_out_directory_exits_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         bd.main(TINY + ["--out", str(tmp_path / "missing" / "x.h5")], mpi_comm=MPI.COMM_SELF)
-    assert e.value.code == 2 and "does not exist or is not writable" in capsys.readouterr().err
+    assert e.value.code == 2 and "does not exist" in capsys.readouterr().err
+
+
+def test_a_fifo_at_out_exits_2_and_is_left_alone(tmp_path, capsys):
+    os.mkfifo(tmp_path / "x.h5")
+    with pytest.raises(SystemExit) as e:
+        bd.main(TINY + ["--out", str(tmp_path / "x.h5")], mpi_comm=MPI.COMM_SELF)
+    assert e.value.code == 2 and "is a FIFO, not a regular file" in capsys.readouterr().err
+    assert stat.S_ISFIFO(os.stat(tmp_path / "x.h5").st_mode)
 
 
 def _mpirun():
