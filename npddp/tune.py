@@ -38,6 +38,7 @@ from npddp.comm.p2p.auto import FORMAT, VERSION, candidates, check_table, hier_p
 from npddp.comm.registry import node_group
 from npddp.comm.transports.base import resolve_transport
 from npddp.process.job import abort_on_exception
+from npddp.util.atomicfile import target_problem, write_bytes_atomic
 
 PROG = "python -m npddp.tune"
 #: Rounds every size runs at least, so that a round-to-round spread exists.
@@ -86,7 +87,22 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--max-rounds {args.max_rounds} is out of range; valid: {MIN_ROUNDS} or more")
     if not 0 < args.tolerance < 1:
         p.error(f"--tolerance {args.tolerance} is out of range; valid: 0 < fraction < 1")
+    problem = target_problem(f"--out {args.out!r}", args.out)
+    if problem:
+        p.error(problem)
+    if os.path.lexists(args.out) and not _is_table(args.out):
+        p.error(f"--out {args.out!r} exists and is not an npddp tuning table; refusing to replace it (move it "
+                "away or choose another path)")
     return args
+
+
+def _is_table(path: str) -> bool:
+    """True when ``path`` holds an npddp tuning table (JSON with its ``format``)."""
+    try:
+        with open(path, "rb") as f:
+            return json.load(f).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def steps_from(sizes: list[int], winners: list[str]) -> list:
@@ -209,12 +225,12 @@ def main(argv=None) -> int:
             "dtype_measured": args.dtype, "sizes": sizes, "winners": winners, "notes": notes, "table": table}
     check_table(data, transport, size, "shm" in comms, "hier" in comms)
     if rank == 0:
-        tmp = f"{args.out}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, args.out)
+        try:
+            write_bytes_atomic(args.out, json.dumps(data, indent=1).encode())
+        except OSError as exc:
+            print(f"error: cannot write {args.out}: {exc.strerror or exc}; the previous file is kept",
+                  file=sys.stderr, flush=True)
+            return 4
         print(f"# wrote {args.out}: " + ", ".join(f"<= {m} B: {a}" if m else f"above: {a}" for m, a in table["*"]))
         print(f"# use it: NPDDP_TUNING={args.out} (or create('auto', tuning='{args.out}'))")
     timer.barrier()

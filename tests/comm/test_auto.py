@@ -7,6 +7,8 @@ the property tests (``BACKENDS`` includes ``auto``); here: which algorithm it pi
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 import warnings
@@ -157,6 +159,21 @@ def test_the_tuner_refuses_bad_round_options(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         parse_args(argv)
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind, message", [("fifo", "is a FIFO, not a regular file"),
+                                           ("source", "exists and is not an npddp tuning table")])
+def test_the_tuner_refuses_an_out_path_it_would_destroy(tmp_path, kind, message, capsys):
+    from npddp.tune import parse_args
+    out = tmp_path / "t.json"
+    if kind == "fifo":
+        os.mkfifo(out)
+    else:
+        out.write_text("print('a user file')\n")
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--out", str(out)])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert stat.S_ISFIFO(os.stat(out).st_mode) if kind == "fifo" else out.read_text() == "print('a user file')\n"
 
 
 @pytest.mark.parametrize("size", [2, 3, 4, 8])
