@@ -64,12 +64,18 @@ def test_status_shows_each_clusters_rate_as_tc_words(cluster, cluster_env, monke
     assert lines[1].startswith("c2: 2 nodes, rate none, made by up"), done.stdout
 
 
-def test_without_cap_net_admin_one_line_and_exit_2(cluster_env):
+def test_without_cap_net_admin_one_line_and_exit_2(cluster_env, tmp_path):
     if subprocess.run(["setpriv", "--version"], capture_output=True).returncode:
         pytest.skip("setpriv is missing: cannot drop CAP_NET_ADMIN")
+    tools = tmp_path / "bin"   # stand-ins for ip, tc and unshare: only the missing privilege is under test here
+    tools.mkdir()
+    for tool in ("ip", "tc", "unshare"):
+        (tools / tool).write_text("#!/bin/sh\nexit 1\n")
+        (tools / tool).chmod(0o755)
+    env = {**cluster_env, "PATH": os.pathsep.join([str(tools), cluster_env.get("PATH", os.defpath)])}
     done = subprocess.run(["setpriv", "--inh-caps=-net_admin", "--bounding-set=-net_admin", sys.executable, "-m",
                            "npddp.cluster", "--", "python", JOB, "nodes"], capture_output=True, text=True,
-                          env=cluster_env, cwd=ROOT, timeout=60)
+                          env=env, cwd=ROOT, timeout=60)
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
     assert "CAP_NET_ADMIN" in done.stderr
 
