@@ -38,8 +38,11 @@ def next_token_probs(logits: np.ndarray, temperature: float = 1.0, top_k: int = 
 
 
 def generate(model, prompt, num_tokens: int, temperature: float = 1.0, top_k: int = 0,
-             seed: int = 0) -> np.ndarray:
-    """``prompt`` (1-D integer tokens, at least one) followed by ``num_tokens`` sampled tokens (int64)."""
+             seed: int = 0, on_token=None) -> np.ndarray:
+    """``prompt`` (1-D integer tokens, at least one) followed by ``num_tokens`` sampled tokens (int64).
+
+    ``on_token(token)``, when given, is called with each sampled token as soon as it is drawn.
+    """
     vocab, context = model.vocab_size, model.context_length
     check_sampling(num_tokens, temperature, top_k, vocab)
     tokens = np.asarray(prompt)
@@ -57,4 +60,6 @@ def generate(model, prompt, num_tokens: int, temperature: float = 1.0, top_k: in
         logits = model.forward(window)[0, -1]                              # (V,)
         p = next_token_probs(logits, temperature, top_k)
         out[n] = int(np.argmax(p)) if top_k == 1 else int(rng.choice(vocab, p=p))
+        if on_token is not None:
+            on_token(int(out[n]))
     return out

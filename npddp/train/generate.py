@@ -12,6 +12,7 @@ Prints the prompt followed by what was sampled; exit 0, or 2 with one ``error: .
 from __future__ import annotations
 
 import argparse
+import codecs
 import sys
 
 import numpy as np
@@ -21,6 +22,8 @@ from npddp.process.job import EXIT_USAGE, JobError, run_main
 from npddp.train import checkpoint
 
 PROG = "python -m npddp.generate"
+#: Most tokens one run samples (one forward pass each; the output array holds them all).
+MAX_TOKENS = 1_000_000
 
 
 class _Parser(argparse.ArgumentParser):
@@ -35,13 +38,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", metavar="PATH.h5", help="a checkpoint written by python -m npddp.train --model gpt")
     p.add_argument("--prompt", default="\n", metavar="TEXT",
                    help="the text to continue (token ids separated by spaces for non-text data) (default: a newline)")
-    p.add_argument("--tokens", type=int, default=200, metavar="N", help="tokens to sample (default: 200)")
+    p.add_argument("--tokens", type=token_count, default=200, metavar="N",
+                   help=f"tokens to sample, 0..{MAX_TOKENS} (default: 200)")
     p.add_argument("--temperature", type=float, default=1.0, metavar="T",
                    help="divides the logits: below 1 sharper, above 1 flatter; > 0 (default: 1.0)")
     p.add_argument("--top-k", type=int, default=0, metavar="K",
                    help="sample among the K most likely tokens; 0: all, 1: greedy (default: 0)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="random seed of the sampling (default: 0)")
     return p
+
+
+def token_count(text: str) -> int:
+    """argparse type of ``--tokens``: an integer in [0, MAX_TOKENS]."""
+    try:
+        count = int(text)
+    except ValueError:
+        count = None
+    if count is None or not 0 <= count <= MAX_TOKENS:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, {MAX_TOKENS}], got {text!r}")
+    return count
 
 
 def is_text(config: dict) -> bool:
@@ -55,10 +70,13 @@ def encode(prompt: str, text: bool, vocab: int) -> np.ndarray:
         ids = np.frombuffer(prompt.encode("utf-8"), dtype=np.uint8).astype(np.int64)
     else:
         try:
-            ids = np.array([int(t) for t in prompt.replace(",", " ").split()], dtype=np.int64)
+            values = [int(t) for t in prompt.replace(",", " ").split()]
         except ValueError:
             raise JobError(f"--prompt {prompt!r}: this model was not trained on text: give token ids "
                            f"in [0, {vocab - 1}] separated by spaces") from None
+        if values and not all(0 <= v < vocab for v in values):     # checked as Python ints: any size
+            raise JobError(f"--prompt token ids must be in [0, {vocab - 1}], got {min(values)}..{max(values)}")
+        ids = np.array(values, dtype=np.int64)
     if ids.size == 0:
         raise JobError("--prompt is empty: give at least one character (or token id)")
     if ids.min() < 0 or ids.max() >= vocab:
@@ -73,12 +91,43 @@ def decode(tokens: np.ndarray, text: bool) -> str:
     return " ".join(str(int(t)) for t in tokens)
 
 
+class Stream:
+    """Prints tokens as they are sampled, flushed each time: what :func:`decode` of them all would print.
+
+    Text goes through an incremental UTF-8 decoder, so a character split over tokens is printed
+    whole once its last byte arrives; ids are separated by spaces.
+    """
+
+    def __init__(self, text: bool, file):
+        self.file, self.text, self.started = file, text, False
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace") if text else None
+
+    def tokens(self, tokens) -> None:
+        """Print ``tokens`` (the prompt) in one write."""
+        if self.text:
+            self._write(self.decoder.decode(np.asarray(tokens).astype(np.uint8).tobytes()))
+        else:
+            self._write(("" if not self.started else " ") + decode(np.asarray(tokens), False))
+            self.started = self.started or len(tokens) > 0
+
+    def token(self, token: int) -> None:
+        """Print one sampled token."""
+        self.tokens([token])
+
+    def close(self) -> None:
+        """The rest of a split character (if any) and the final newline."""
+        self._write((self.decoder.decode(b"", final=True) if self.text else "") + "\n")
+
+    def _write(self, chunk: str) -> None:
+        if chunk:
+            self.file.write(chunk)
+            self.file.flush()
+
+
 def run(argv=None) -> int:
     """Parse, load, sample and print; the exit status."""
     try:
         args = build_parser().parse_args(argv)
-        if args.tokens < 0:
-            raise JobError(f"--tokens must be an integer >= 0, got {args.tokens}")
         try:
             ckpt = checkpoint.read(args.checkpoint)
         except checkpoint.CheckpointError as exc:
@@ -97,8 +146,10 @@ def run(argv=None) -> int:
     except JobError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return exc.code
-    out = generate(model, prompt, args.tokens, args.temperature, args.top_k, args.seed)
-    print(decode(out, text), flush=True)
+    write = Stream(text, sys.stdout)
+    write.tokens(prompt)
+    generate(model, prompt, args.tokens, args.temperature, args.top_k, args.seed, on_token=write.token)
+    write.close()
     return 0
 
 
