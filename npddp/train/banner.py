@@ -12,8 +12,12 @@ from npddp.train.console import format_bytes
 
 
 def header(cfg: Config, comm, ds, model_text: str, model, ddp, trainer, env: dict,
-           thread_line: str, default_why: str = "") -> list[str]:
-    """The lines rank 0 prints before training; ``default_why``: why the default backend is not mpi."""
+           thread_line: str, default_why: str = "", nodes=()) -> list[str]:
+    """The lines rank 0 prints before training.
+
+    ``default_why``: why the default backend is not mpi; ``nodes``: each rank's node (a line
+    when there is more than one).
+    """
     per_rank = cfg.batch_size // comm.size
     nbytes = model.num_bytes()
     scaled = f", --normalize {cfg.normalize}" if cfg.normalize != "none" else ""
@@ -21,6 +25,7 @@ def header(cfg: Config, comm, ds, model_text: str, model, ddp, trainer, env: dic
     where = f"MPI {env.get('mpi_library', '?')}" if kind == "mpi" else "TCP sockets, no MPI"
     why = f" (default: {default_why})" if default_why else ""
     lines = [f"npddp.train: {comm.size} rank{'s' * (comm.size > 1)}, backend {cfg.backend} over {kind}{why}, {where}",
+             *([nodes_line(nodes)] if len(set(nodes)) > 1 else []),
              thread_line,
              f"model: {model_text}; {model.num_parameters():,} parameters ({cfg.dtype}, {format_bytes(nbytes)})",
              f"sync: {cfg.sync}, {len(ddp.buckets)} bucket{'s' * (len(ddp.buckets) > 1)}, comm hook "
@@ -39,6 +44,28 @@ def header(cfg: Config, comm, ds, model_text: str, model, ddp, trainer, env: dic
         lines.append(f"resuming {cfg.checkpoint} at epoch {trainer.epochs_done + 1}, batch "
                      f"{trainer.batches_done} done (step {trainer.step})")
     return lines
+
+
+def nodes_line(nodes) -> str:
+    """``nodes: 2 x 2 ranks (node0: 0,1; node1: 2,3)`` from each rank's node; ranges as ``0-7``."""
+    members: dict = {}
+    for rank, node in enumerate(nodes):
+        members.setdefault(node, []).append(rank)
+    sizes = {len(ranks) for ranks in members.values()}
+    count = f"{len(members)} x {len(nodes) // len(members)} ranks" if len(sizes) == 1 else \
+        f"{len(members)} with {len(nodes)} ranks"
+    return f"nodes: {count} (" + "; ".join(f"node{i}: {_ranks_text(r)}" for i, r in enumerate(members.values())) + ")"
+
+
+def _ranks_text(ranks: list) -> str:
+    """``0,1`` or ``0-7`` (runs of three or more consecutive ranks as ranges)."""
+    parts, start = [], 0
+    for i in range(1, len(ranks) + 1):
+        if i == len(ranks) or ranks[i] != ranks[i - 1] + 1:
+            run = ranks[start:i]
+            parts.append(f"{run[0]}-{run[-1]}" if len(run) >= 3 else ",".join(map(str, run)))
+            start = i
+    return ",".join(parts)
 
 
 def transport_of(comm) -> str:

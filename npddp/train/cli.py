@@ -40,6 +40,7 @@ from npddp.train.agree import agree
 from npddp.train.banner import header, summary, transport_of
 from npddp.train.config import Config, ConfigError, default_backend, load_plugins, parse_args
 from npddp.train.validate import check_config
+from npddp.comm.node.memory import node_ids
 from npddp.comm.transports.base import resolve_transport
 from npddp.parallel import builtin as hooks
 from npddp.parallel.ddp import DistributedDataParallel
@@ -161,7 +162,7 @@ def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
             resume.restore_into(trainer, ckpt, saved, out)
     chosen = "" if "backend" in given or cfg.resume else default_backend(cfg.transport)[1]
     for line in header(cfg, comm, ds, model_text, model, ddp, trainer, env, threads.describe(n_threads, why),
-                       chosen):
+                       chosen, _nodes(comm)):
         out.info(line)
     if cfg.zero:
         out.info(sharding.memory_line(cfg.zero, ddp, optimizer))
@@ -198,6 +199,16 @@ def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
     if failure:
         raise JobError(f"{failure} (training finished; the checkpoint and metrics are written)", EXIT_WRITE)
     return 0
+
+
+def _nodes(comm) -> list[int]:
+    """Each rank's node (collective); JobError on a bad NPDDP_RANKS_PER_NODE, alike on every rank."""
+    if comm.size == 1:
+        return [0]
+    try:
+        return node_ids(comm)
+    except ValueError as exc:
+        raise JobError(str(exc), EXIT_USAGE) from None
 
 
 def _trace_failure(tracer, exc: BaseException, rank: int, out: Printer) -> None:

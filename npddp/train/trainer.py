@@ -224,7 +224,9 @@ class Trainer:
                 ddp.backward(loss_fn.backward())
             self.check_gradients()
             ddp.step(self.optimizer)
+            averaged = time.perf_counter()
             if averager is not None and averager.average_parameters(ddp.parameters()):
+                ddp.stats.comm_exposed_s += time.perf_counter() - averaged    # nothing hides it: all exposed
                 ddp.stats.comm_calls += averager.calls
                 ddp.stats.comm_bytes += averager.bytes
                 self.check_parameters(collective=False)          # identical right after averaging

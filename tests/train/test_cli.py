@@ -156,6 +156,14 @@ def test_the_metrics_file_has_step_and_epoch_columns_and_the_run_as_attributes(r
     assert table.shape == (24, len(STEP_COLUMNS))
 
 
+def test_local_sgd_counts_the_time_it_spends_averaging_as_communication(tmp_path):
+    ok(train(tmp_path, *TINY, "--local-sgd", "3", "--metrics", "m.h5"))
+    steps = read_metrics(tmp_path / "m.h5")["steps"]
+    averaged = steps["comm_calls"] > 0
+    assert averaged.sum() == 8, steps["comm_calls"]                      # every third of 24 steps
+    assert np.all(steps["comm_exposed_s"][averaged] > 0) and np.all(steps["comm_exposed_s"][~averaged] == 0)
+
+
 def test_the_default_model_and_data_learn_well_above_chance_in_one_epoch(tmp_path):
     proc = ok(train(tmp_path, "--epochs", "1"))
     assert "model: mlp 64-256-256-10" in proc.stdout and "data: synthetic, 32768 train" in proc.stdout

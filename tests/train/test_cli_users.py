@@ -65,3 +65,14 @@ def test_under_npddp_run_the_default_backend_is_auto_over_tcp_and_the_security_p
 def test_under_mpirun_the_default_backend_stays_mpi_and_the_header_says_nothing_more(tmp_path):
     proc = ok(train(tmp_path, *TINY, "--epochs", "1"))
     assert proc.stdout.startswith("npddp.train: 2 ranks, backend mpi over mpi, MPI ")
+
+
+def test_a_run_across_pretended_nodes_says_where_the_ranks_are_and_one_node_says_nothing(tmp_path):
+    import subprocess
+    import sys
+    command = [_mpirun(), "-n", "4", sys.executable, "-m", "npddp.train", *TINY, "--epochs", "1", "--backend", "ring"]
+    across = ok(subprocess.run(command, cwd=tmp_path, env={**_env(), "NPDDP_RANKS_PER_NODE": "2"},
+                               capture_output=True, text=True, timeout=120))
+    assert across.stdout.splitlines()[1] == "nodes: 2 x 2 ranks (node0: 0,1; node1: 2,3)", across.stdout
+    alone = ok(subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120))
+    assert "nodes:" not in alone.stdout and alone.stdout.splitlines()[1].startswith("threads: ")

@@ -99,3 +99,14 @@ def test_only_rank_0_prints_and_quiet_keeps_only_the_summary_and_problems(rank, 
     expected_out = "" if rank else ("done\n" if quiet else "header\ndone\n")
     assert out.getvalue() == expected_out
     assert err.getvalue() == ("" if rank else "warning: careful\nerror: bad\n")
+
+
+@pytest.mark.parametrize("nodes, line", [
+    ([0, 0, 1, 1], "nodes: 2 x 2 ranks (node0: 0,1; node1: 2,3)"),
+    ([0] * 8 + [1] * 8, "nodes: 2 x 8 ranks (node0: 0-7; node1: 8-15)"),
+    ([0, 0, 0, 1], "nodes: 2 with 4 ranks (node0: 0-2; node1: 3)"),
+    ([0, 1, 0, 1], "nodes: 2 x 2 ranks (node0: 0,2; node1: 1,3)"),
+])
+def test_the_header_line_of_a_run_across_nodes_lists_each_nodes_ranks(nodes, line):
+    from npddp.train.banner import nodes_line
+    assert nodes_line(nodes) == line
