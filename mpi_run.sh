@@ -34,6 +34,14 @@ Shared memory:
   behind are removed (only this job's, on this node).  NPDDP_SHM_WATCH=0 turns it off.
   After a bare mpirun: `python -m npddp.process.cleanup clean` removes your orphaned segments.
 
+Stopping:
+  The job runs under `python -m npddp.process.supervise`, which takes this script's pid:
+  SIGINT/SIGTERM/SIGHUP to that pid stop mpirun and its ranks within seconds (mpirun gets
+  SIGKILL 5 s after the signal if it is still there) and are never followed by a restart;
+  a SIGKILL of that pid makes mpirun stop its ranks too. Where npddp cannot be imported, the
+  script runs mpirun itself: SIGINT/SIGTERM still stop it, but after a SIGKILL of the script
+  kill the job's process group instead (kill -- -PGID).
+
 Examples:
   ./mpi_run.sh -n 4 python -m npddp.train --backend ring
   ./mpi_run.sh -n 2 python benchmarks/allreduce.py --out ar.h5
@@ -100,25 +108,21 @@ fi
 
 echo "+ $mpirun ${args[*]} $*" >&2
 [[ "$dry_run" == 1 ]] && exit 0
-run_once() {
-  if [[ "$npddp_ok" == 1 && "${NPDDP_SHM_WATCH:-1}" != 0 ]]; then
-    "$python" -m npddp.process.cleanup run -- "$mpirun" "${args[@]}" "$@"
-  else
-    "$mpirun" "${args[@]}" "$@"
-  fi
-}
 export NPDDP_RESTART_COUNT=0
-if [[ "$max_restarts" == 0 ]]; then
-  if [[ "$npddp_ok" == 1 && "${NPDDP_SHM_WATCH:-1}" != 0 ]]; then
-    exec "$python" -m npddp.process.cleanup run -- "$mpirun" "${args[@]}" "$@"
-  fi
-  exec "$mpirun" "${args[@]}" "$@"
+if [[ "$npddp_ok" == 1 ]]; then
+  watch=(); [[ "${NPDDP_SHM_WATCH:-1}" == 0 ]] && watch=(--no-watch)
+  exec "$python" -m npddp.process.supervise --max-restarts "$max_restarts" ${watch[@]+"${watch[@]}"} -- "$mpirun" "${args[@]}" "$@"
 fi
-trap 'exit 130' INT
-trap 'exit 143' TERM
+if [[ "$max_restarts" == 0 ]]; then exec "$mpirun" "${args[@]}" "$@"; fi
+# Without npddp (plain bash): mpirun runs in the background so that a signal stops it at once.
+child=""
+stop() { [[ -n "$child" ]] && kill "-$1" "$child" 2>/dev/null; wait "$child" 2>/dev/null; exit "$2"; }
+trap 'stop INT 130' INT
+trap 'stop TERM 143' TERM
 while :; do
   status=0
-  run_once "$@" || status=$?
+  "$mpirun" "${args[@]}" "$@" & child=$!
+  wait "$child" || status=$?
   if [[ "$status" == 0 || "$status" == 2 || "$NPDDP_RESTART_COUNT" -ge "$max_restarts" ]]; then
     [[ "$status" != 0 ]] && echo "mpi_run.sh: the job failed (exit $status) after $NPDDP_RESTART_COUNT restart(s); giving up" >&2
     exit "$status"

@@ -62,30 +62,12 @@ def end_job(code: int, report: str) -> None:
     guard.end_job(world, code, f"[rank {world.Get_rank()}] {report.format(size=world.Get_size())}")
 
 
-def exit_status(code) -> int:
-    """The process exit status Python gives ``SystemExit(code)``: None -> 0, an int as is, anything else 1."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return int(code) & 0xFF
-    return 1
+exit_status = guard.exit_status
 
 
 def abort_on_exception(exit_code: int = EXIT_FAILED) -> None:
     """Make an unhandled exception, or ``sys.exit(n != 0)``, on this rank end the whole job."""
-    if not getattr(sys.exit, "_npddp_wrapped", False):
-        original_exit = sys.exit
-
-        def exit_all(status=None):
-            code = exit_status(status)
-            if code:
-                message = f" ({status})" if not isinstance(status, int) and status is not None else ""
-                end_job(code, f"exit status {code}{message}, ending all {{size}} ranks\n")
-            original_exit(status)
-
-        exit_all._npddp_wrapped = True
-        sys.exit = exit_all
-
+    guard.install_exit_hook(world_of=_world)
     guard.install_hook(exit_code, world_of=_world)
 
 

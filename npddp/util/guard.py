@@ -69,7 +69,40 @@ def install(environ=None) -> None:
     environ = os.environ if environ is None else environ
     if abort_enabled(environ) and not getattr(sys.excepthook, MARK, False):
         install_hook()
+        install_exit_hook()
     share_threads(environ)
+
+
+def exit_status(code) -> int:
+    """The process exit status Python gives ``SystemExit(code)``: None -> 0, an int as is, anything else 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return int(code) & 0xFF
+    return 1
+
+
+def install_exit_hook(world_of=None) -> None:
+    """Make ``sys.exit(n)`` with ``n`` non-zero on one rank of an MPI job end every rank with status ``n``.
+
+    Without it the other ranks wait for it in their next collective until the timeout (MPI's
+    finalize on the leaving rank waits for them too). Over TCP without MPI the launcher ends the job.
+    """
+    if getattr(sys.exit, MARK, False):
+        return
+    original_exit, world_of = sys.exit, world_of or mpi_world
+
+    def exit_all(status=None):
+        code = exit_status(status)
+        world = world_of() if code else None
+        if world is not None and world.Get_size() > 1:
+            detail = f" ({status})" if not isinstance(status, int) and status is not None else ""
+            end_job(world, code, f"[rank {world.Get_rank()}] exit status {code}{detail}, "
+                                 f"ending all {world.Get_size()} ranks\n")
+        original_exit(status)
+
+    setattr(exit_all, MARK, True)
+    sys.exit = exit_all
 
 
 def share_threads(environ=None) -> int | None:

@@ -103,3 +103,29 @@ def test_ctrl_c_of_the_whole_job_prints_one_interrupted_line_and_exits_130(scrip
     assert code == 130, out
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
     assert len([line for line in out.splitlines() if "interrupted" in line]) == 1, out
+
+
+EXIT_SCRIPT = """
+import sys, time
+import numpy as np
+from npddp.comm import create
+comm = create(sys.argv[1])
+if comm.rank == 1:
+    time.sleep(0.3)
+    sys.exit(int(sys.argv[2]))
+x = np.ones(1000)
+while True:
+    comm.allreduce(x)
+"""
+
+
+@pytest.mark.parametrize("launcher, backend", [("mpirun", "ring"), ("mpirun", "mpi"), ("npddp.run", "ring")])
+def test_sys_exit_with_a_code_on_rank_1_of_a_plain_script_ends_the_job_with_that_code(tmp_path, launcher, backend):
+    script = tmp_path / "exit_script.py"
+    script.write_text(EXIT_SCRIPT)
+    started = time.monotonic()
+    done = subprocess.run(_command(launcher, script, backend, "3"), env=job_env(NPDDP_TIMEOUT="60"),
+                          capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - started
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert took < ENDS_WITHIN, f"{took:.1f} s (the others waited for their timeout)"
