@@ -52,6 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from npddp.process.cleanup import Watch
+from npddp.util.atomicfile import target_problem
 from npddp.util.runinfo import library_name
 
 from benchmarks import _common as bc
@@ -260,14 +261,14 @@ def relaunch(command: list, env: dict, limit_s: float, workdir: Path, name: str)
                     return
                 time.sleep(_GRACE_S)
         timer = threading.Timer(limit_s, stop)
-        t0 = time.perf_counter()
+        t0, code = time.perf_counter(), 1
         timer.start()
         try:
-            code = watch.run()
+            code = watch.run()          # a Ctrl-C reaches the job, then this process
         finally:
             timer.cancel()
+            watch.clean(1 if stopped.is_set() else code)
         seconds = time.perf_counter() - t0
-        watch.clean(1 if stopped.is_set() else code)
     return (None if stopped.is_set() else code), log.read_text(errors="replace"), seconds
 
 
@@ -408,8 +409,9 @@ def main(argv=None) -> int:
         if any(a == flag or a.startswith(flag + "=") for a in passthrough):
             parser.error(f"{flag}: this script times allreduce only and writes its own dump (--out, --csv)")
     for option, path in (("--out", args.out), ("--csv", args.csv)):
-        if path and not bc.out_ok(path):
-            parser.error(f"{option} {path!r}: cannot write there (no such directory, not writable, or a directory)")
+        problem = target_problem(f"{option} {path!r}", path) if path else None
+        if problem:
+            parser.error(problem)
     try:
         version = library_version()
     except (RuntimeError, OSError, subprocess.SubprocessError) as e:

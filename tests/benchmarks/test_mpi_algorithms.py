@@ -97,7 +97,8 @@ def no_runs(monkeypatch):
     (["--timeout", "0"], r"--timeout must be > 0 seconds, got 0.0"),
     (["-n", "0"], r"argument -n/--nproc"),
     (["--collective", "broadcast"], r"--collective: this script times allreduce only"),
-    (["--out", "/no/such/dir/a.h5"], r"--out '/no/such/dir/a.h5': cannot write there"),
+    (["--out", "/no/such/dir/a.h5"], r"--out '/no/such/dir/a.h5': directory '/no/such/dir' does not exist"),
+    (["--csv", "/dev/null"], r"--csv '/dev/null' is a device, not a regular file"),
 ])
 def test_bad_arguments_are_one_error_line_and_exit_2_before_any_run(no_runs, capsys, argv, says):
     with pytest.raises(SystemExit) as e:
