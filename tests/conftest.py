@@ -15,9 +15,13 @@ serial tests are deselected (the serial and ``mpirun`` runs cover them).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import tempfile
 import time
 import weakref
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -218,18 +222,29 @@ def assert_ranks_agree_on_all():
     return check_ranks_agree_on_all
 
 
-@pytest.fixture
-def agreed_tmpdir():
-    """A fresh directory made by rank 0 of the world, its path shared with every rank as bytes."""
-    import tempfile
-    from pathlib import Path
-
-    g = as_group()
+@contextlib.contextmanager
+def agreed_directory(group=None):
+    """A fresh directory made by rank 0 of ``group``, its path shared with every rank as bytes; removed by
+    rank 0 once every rank is done with it."""
+    g = as_group(group)
     buf = np.zeros(4096, dtype=np.uint8)
     if g.rank == 0:
         raw = tempfile.mkdtemp(prefix="npddp-test-").encode()
         buf[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
-    return Path(bytes(g.allgather(buf)[0]).rstrip(b"\0").decode())
+    path = Path(bytes(g.allgather(buf)[0]).rstrip(b"\0").decode())
+    try:
+        yield path
+    finally:
+        g.barrier()
+        if g.rank == 0:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def agreed_tmpdir():
+    """A fresh directory shared by every rank of the world (see :func:`agreed_directory`)."""
+    with agreed_directory() as path:
+        yield path
 
 
 class Idle(Module):

@@ -3,28 +3,76 @@
 # 2, 3 and 4 ranks (the benchmark scripts' at 2); the communicator tests over TCP (python -m npddp.run, no MPI) at 2, 3 and 4 ranks;
 # and hier and auto (which composes hier there) across pretended nodes (NPDDP_RANKS_PER_NODE=2, 4 ranks) on both transports.
 # Exits non-zero if any run fails.  Extra arguments go to every pytest run.
+#
+# Each run has a time limit (seconds, below; NPDDP_TEST_LIMIT_SCALE=2 doubles them all on a slow machine).  At its
+# limit a run's process group gets SIGTERM, and SIGKILL NPDDP_PART_GRACE_S (30) seconds later; when a run ends, any
+# process it left behind (found by the NPDDP_TEST_PART token every process of the run inherits, so also those
+# that left its group, e.g. ranks in sessions of their own) is killed.  A SIGINT/SIGTERM/SIGHUP to this script stops
+# the running run the same way and exits 128 + N.  Sourcing this file defines the functions only.
 set -u
+GRACE_S=${NPDDP_PART_GRACE_S:-30}
+SCALE=${NPDDP_TEST_LIMIT_SCALE:-1}
+failed=()
+part_pid="" part_token="" part_name=""
+
+sweep() {  # sweep TOKEN: end every process still carrying NPDDP_TEST_PART=TOKEN (SIGTERM, then SIGKILL)
+  local pids i sig
+  for sig in TERM KILL; do
+    pids=$(grep -lsxzF "NPDDP_TEST_PART=$1" /proc/[0-9]*/environ | cut -d/ -f3)
+    [[ -z $pids ]] && return 0
+    [[ $sig == TERM ]] && echo "=== $part_name: killing the $(wc -w <<< "$pids") process(es) it left behind: $pids"
+    kill -"$sig" $pids 2>/dev/null
+    for ((i = 0; i < 20; i++)); do
+      grep -qsxzF "NPDDP_TEST_PART=$1" /proc/[0-9]*/environ || return 0
+      sleep 0.1
+    done
+  done
+}
+
+run() {  # run NAME LIMIT_S COMMAND...: one run under its limit, its name recorded if it fails
+  local name=$1 limit=$2 status=0; shift 2
+  limit=$(( limit * SCALE ))
+  part_name=$name part_token="$name-$$-$RANDOM$RANDOM"
+  echo "=== $name (limit $limit s): $*"
+  # timeout makes its own process group: at the limit it signals that whole group
+  NPDDP_TEST_PART=$part_token timeout --kill-after="$GRACE_S" "$limit" "$@" &
+  part_pid=$!
+  wait "$part_pid" || status=$?
+  part_pid=""
+  sweep "$part_token"
+  if [[ $status == 124 || $status == 137 ]]; then echo "=== $name: stopped at its limit of $limit s"; fi
+  [[ $status == 0 ]] || failed+=("$name")
+}
+
+interrupted() {  # interrupted SIGNAL: stop the running run (its group, then what it left) and exit 128 + N
+  local code=$(( 128 + $(kill -l "$1") ))
+  trap '' INT TERM HUP
+  echo "=== interrupted by SIG$1: stopping ${part_name:-nothing}"
+  if [[ -n $part_pid ]]; then
+    kill -TERM "$part_pid" 2>/dev/null    # timeout passes it to the run's group, SIGKILL after the grace
+    wait "$part_pid"
+  fi
+  [[ -n $part_token ]] && sweep "$part_token"
+  exit "$code"
+}
+for sig in INT TERM HUP; do trap "interrupted $sig" "$sig"; done
+
+[[ "${BASH_SOURCE[0]}" == "$0" ]] || return 0
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONUNBUFFERED=1
 TCP_TESTS=(tests/comm tests/reliability/test_timeouts.py tests/reliability/test_mismatch.py)
 TCP_TESTS+=(tests/parallel/test_zero.py)   # ZeRO stages equal DDP over TCP too
-failed=()
-run() {  # run NAME COMMAND...: one run, its name recorded if it fails
-  local name=$1; shift
-  echo "=== $name: $*"
-  timeout 600 "$@" || failed+=("$name")
-}
-run serial python -m pytest -q -m "not mpi" "$@"
-run mpi-1 python -m pytest -q --with-mpi -m mpi tests/parallel/test_ddp.py -k "not overlap_starts and not mismatched" "$@"
-run mpi-2 ./mpi_run.sh -n 2 python -m pytest -q --with-mpi -m mpi "$@"
+run serial 1500 python -m pytest -q -m "not mpi" "$@"
+run mpi-1 300 python -m pytest -q --with-mpi -m mpi tests/parallel/test_ddp.py -k "not overlap_starts and not mismatched" "$@"
+run mpi-2 1200 ./mpi_run.sh -n 2 python -m pytest -q --with-mpi -m mpi "$@"
 for k in 3 4; do  # the benchmark scripts' own tests run at N = 2 only
-  run "mpi-$k" ./mpi_run.sh -n "$k" python -m pytest -q --with-mpi -m mpi --ignore=tests/benchmarks "$@"
+  run "mpi-$k" 1200 ./mpi_run.sh -n "$k" python -m pytest -q --with-mpi -m mpi --ignore=tests/benchmarks "$@"
 done
 for k in 2 3 4; do
-  run "tcp-$k" python -m npddp.run --nproc "$k" -m pytest -q -p no:pytest_mpi "${TCP_TESTS[@]}" "$@"
+  run "tcp-$k" 600 python -m npddp.run --nproc "$k" -m pytest -q -p no:pytest_mpi "${TCP_TESTS[@]}" "$@"
 done
-NPDDP_RANKS_PER_NODE=2 run hier-mpi-4 ./mpi_run.sh -n 4 python -m pytest -q --with-mpi -m mpi -k "hier or auto" tests/comm "$@"
-NPDDP_RANKS_PER_NODE=2 run hier-tcp-4 python -m npddp.run --nproc 4 -m pytest -q -p no:pytest_mpi -k "hier or auto" tests/comm "$@"
+NPDDP_RANKS_PER_NODE=2 run hier-mpi-4 600 ./mpi_run.sh -n 4 python -m pytest -q --with-mpi -m mpi -k "hier or auto" tests/comm "$@"
+NPDDP_RANKS_PER_NODE=2 run hier-tcp-4 600 python -m npddp.run --nproc 4 -m pytest -q -p no:pytest_mpi -k "hier or auto" tests/comm "$@"
 # The comm contract across emulated nodes (python -m npddp.cluster; needs CAP_NET_ADMIN, else skipped with the
 # reason): every backend but shm (hier included) at N = 2 (2 nodes x 1), 3 (3 x 1) and 4 (2 x 2) on both transports.
 CLUSTER_K=(-q -k "allreduce_exact and not shm-backend" tests/comm/test_comm_allreduce.py)
@@ -32,8 +80,8 @@ if why=$(python -c "from tests.cluster.conftest import WHY_NOT; print(WHY_NOT or
   for shape in "2 1" "3 1" "2 2"; do
     read -r nodes per <<< "$shape"
     up=(python -m npddp.cluster --nodes "$nodes" --ranks-per-node "$per" --rate none)
-    run "cluster-tcp-${nodes}x$per" "${up[@]}" --launcher tcp -- python -m pytest -p no:pytest_mpi "${CLUSTER_K[@]}" "$@"
-    run "cluster-mpi-${nodes}x$per" "${up[@]}" --launcher mpi -- python -m pytest --with-mpi -m mpi "${CLUSTER_K[@]}" "$@"
+    run "cluster-tcp-${nodes}x$per" 600 "${up[@]}" --launcher tcp -- python -m pytest -p no:pytest_mpi "${CLUSTER_K[@]}" "$@"
+    run "cluster-mpi-${nodes}x$per" 600 "${up[@]}" --launcher mpi -- python -m pytest --with-mpi -m mpi "${CLUSTER_K[@]}" "$@"
   done
 else
   echo "=== cluster runs skipped: emulated nodes unavailable: $why"

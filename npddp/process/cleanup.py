@@ -159,13 +159,19 @@ class Watch:
         self.segments_before: set[str] = set()
         self.proc: subprocess.Popen | None = None
         self.job = os.environ.get("NPDDP_JOB_ID") or f"watch{secrets.token_hex(6)}"  # names npddp's segments
+        self.signalled: int | None = None    # the signal forwarded to the command, if one came
 
     def _forward(self, signum, _frame) -> None:
+        self.signalled = signum
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signum)
 
-    def run(self) -> int:
-        """The command's exit status (128 + N when killed by signal N)."""
+    def run(self, reraise: bool = True) -> int:
+        """The command's exit status (128 + N when killed by signal N).
+
+        A SIGINT, SIGTERM or SIGHUP that arrives meanwhile goes to the command; once it has ended the
+        signal is raised again in this process (its own handler decides) unless ``reraise`` is False.
+        """
         self.temps_before = temp_leftovers()
         self.segments_before = segment_files()
         environ = {**(self.popen.get("env") or os.environ), "NPDDP_JOB_ID": self.job}
@@ -176,6 +182,8 @@ class Watch:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if reraise and self.signalled is not None:
+                signal.raise_signal(self.signalled)   # a caller's SIGTERM must still end the caller
 
     def _poll(self) -> int:
         started, pids, listed = time.monotonic(), [], 0.0
@@ -247,7 +255,7 @@ def main(argv=None) -> int:
     if not command:
         parser.error("run needs a command, e.g. run -- mpirun -n 2 python -m npddp.train")
     watch = Watch(command)
-    code = watch.run()
+    code = watch.run(reraise=False)            # exits 128 + N itself, after the cleanup
     removed = watch.clean(code)
     if removed:
         sys.stderr.write(f"removed {len(removed)} file{'s' * (len(removed) > 1)} "
