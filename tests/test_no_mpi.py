@@ -69,6 +69,7 @@ def test_the_training_cli_runs_under_npddp_run_without_mpi4py(no_mpi4py, tmp_pat
     assert (tmp_path / "c.h5").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_the_mpi_backend_under_npddp_run_is_one_line_naming_the_backends_that_work(no_mpi4py, tmp_path):
     done = subprocess.run([sys.executable, "-m", "npddp.run", "--nproc", "2", "-m", "npddp.train", "--backend", "mpi"],
                           cwd=tmp_path, env=no_mpi4py, capture_output=True, text=True, timeout=60)

@@ -85,6 +85,7 @@ def _finish(proc: subprocess.Popen, pids: list[int]) -> str:
     return out
 
 
+@pytest.mark.slow
 def test_a_run_over_its_limit_is_stopped_with_every_process_it_started(tmp_path):
     started = time.monotonic()
     proc, path = _runner(tmp_path, limit_s=3)
@@ -101,6 +102,7 @@ def test_a_run_over_its_limit_is_stopped_with_every_process_it_started(tmp_path)
     assert time.monotonic() - started < 45, out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_killing_the_runner_ends_the_run_it_is_in(tmp_path, sig):
     proc, path = _runner(tmp_path, limit_s=300, after="echo went-on")

@@ -329,6 +329,7 @@ def test_sweep_dump_written_by_rank_0(assert_all_ranks, agreed_tmpdir):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.needs_mpi  # the benchmarks time over mpi4py communicators
+@pytest.mark.slow
 def test_every_backend_is_exact_and_ranks_agree_on_the_results(assert_all_ranks, assert_ranks_agree):
     comm = MPI.COMM_WORLD
     combos = list(zip(npcomm.DTYPES, ["sum", "prod", "max", "min", "sum"]))  # every dtype, every op

@@ -112,6 +112,7 @@ def test_projection_uses_the_compute_time_of_a_ddp_dump(dumps, capsys):
     assert [float(v) for v in row[:len(eff)]] == pytest.approx([eff[a] for a in cm.ALLREDUCE_MODELS], abs=6e-4)
 
 
+@pytest.mark.slow
 def test_every_kind_prints_its_table_and_writes_its_plots(dumps, tmp_path, capsys):
     out_dir = tmp_path / "plots"
     assert report.main([str(p) for p in dumps.values()] + ["--outdir", str(out_dir), "--dpi", "40"]) == 0
@@ -225,6 +226,7 @@ def test_projection_plot_draws_one_line_per_algorithm_in_the_data():
 
 # ----------------------------------------------------------------------------- running it
 
+@pytest.mark.slow
 def test_runs_by_path_from_anywhere_and_as_a_module(dumps, tmp_path):
     by_path = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "report.py"), str(dumps["torch_compare"]),
                               "--no-plots"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
@@ -235,6 +237,7 @@ def test_runs_by_path_from_anywhere_and_as_a_module(dumps, tmp_path):
     assert by_path.stdout == as_module.stdout and "torch_compare" in by_path.stdout
 
 
+@pytest.mark.slow
 def test_report_reads_a_sweep_made_by_the_script_under_mpirun(tmp_path, capsys, run_script):
     path = tmp_path / "ar.h5"
     done = run_script(2, "allreduce.py", "-b", "8", "-e", "4K", "-f", "8", "--iters", "3", "--warmup", "1",

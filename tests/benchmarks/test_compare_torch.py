@@ -105,6 +105,7 @@ def check_dump(path, argv, n):
     return problems
 
 
+@pytest.mark.slow
 def test_one_rank_run_with_torch(tmp_path, capsys):
     pytest.importorskip("torch")
     path = tmp_path / "cmp.h5"
@@ -118,6 +119,7 @@ def test_one_rank_run_with_torch(tmp_path, capsys):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.needs_mpi  # the benchmarks time over mpi4py communicators
+@pytest.mark.slow
 def test_every_rank_runs_the_comparison(assert_all_ranks, agreed_tmpdir):
     pytest.importorskip("torch")
     comm = MPI.COMM_WORLD

@@ -336,6 +336,7 @@ def test_records_reduce_to_the_max_and_the_mean_over_ranks(assert_ranks_agree):
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.needs_mpi  # the benchmarks time over mpi4py communicators
 @pytest.mark.parametrize("extra", [["--bare"], ["--transports", "mpi,tcp", "--progress", "thread"]])
+@pytest.mark.slow
 def test_breakdown_sweep_dump_matches_the_combinations(assert_all_ranks, agreed_tmpdir, extra):
     comm = MPI.COMM_WORLD
     directory = agreed_tmpdir
@@ -352,6 +353,7 @@ def test_breakdown_sweep_dump_matches_the_combinations(assert_all_ranks, agreed_
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.needs_mpi  # the benchmarks time over mpi4py communicators
+@pytest.mark.slow
 def test_weak_scaling_runs_each_size_and_repeat(assert_all_ranks, agreed_tmpdir):
     comm = MPI.COMM_WORLD
     n = comm.Get_size()

@@ -17,6 +17,7 @@ def test_bad_arguments_name_the_valid_values(capsys):
         assert words in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_short_run_on_two_ranks_prints_powersgd_sending_far_less():
     root = Path(__file__).resolve().parents[2]
     run = subprocess.run([sys.executable, "-m", "npddp.run", "--nproc", "2", "benchmarks/hooks.py", "--backend", "ring",

@@ -26,6 +26,7 @@ def test_benchmark_rejects_bad_arguments():
     assert out.returncode == 2 and "--repeats must be >= 1" in out.stderr
 
 
+@pytest.mark.slow
 def test_gpt_benchmark_smoke_run_with_or_without_torch():
     out = subprocess.run([sys.executable, str(SCRIPT), "--model", "gpt", "--gpt-size", "tiny", "--context", "8",
                           "--vocab", "32", "--repeats", "1", "--warmup", "0", "--dtype", "float64"],

@@ -142,6 +142,7 @@ def test_breakdown_bars_end_at_100_percent_even_when_the_parts_exceed_the_step(e
 
 @pytest.mark.parametrize("models, syncs", [(("tiny",), ("overlap",)), (("tiny", "small", "medium"),
                                             ("per_param", "bucketed", "overlap", "flat"))])
+@pytest.mark.slow
 def test_breakdown_has_its_legend_on_top_and_a_bounded_height(models, syncs):
     df = breakdown_frame(models=models, syncs=syncs)
     fig = plots.breakdown(df, META)

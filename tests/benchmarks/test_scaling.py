@@ -37,6 +37,7 @@ def test_bad_arguments_exit_2_naming_the_value(args, named, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_quick_matrix_on_one_rank_writes_the_ddp_dumps_and_the_report(tmp_path):
     cpus = len(os.sched_getaffinity(0))
     out = run("--quick", "--ranks", f"1,{cpus + 1}", "--out", str(tmp_path))

@@ -22,6 +22,7 @@ MAX_GROWTH = 4 << 20
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: f"{b}-backend")
+@pytest.mark.slow
 def test_resident_memory_stays_flat_over_many_all_reduces(backend, comm_world, assert_all_ranks):
     args = Namespace(small=2000, small_size=4096, large=3, large_size=16 << 20, inject_leak=0)
     dup = comm_world.Dup()

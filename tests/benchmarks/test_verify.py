@@ -29,6 +29,7 @@ def test_a_wrong_gradient_average_is_reported_and_exits_1(monkeypatch, capsys, a
     assert_all_ranks(code == 1 and printed, f"exit {code}\n{out}")
 
 
+@pytest.mark.slow
 def test_world_size_launches_the_script_on_that_many_ranks():
     script = str(verify.REPO / "benchmarks" / "verify.py")
     proc = subprocess.run([sys.executable, script, "--world-size", "2", "--models", "gpt", "--syncs", "overlap",

@@ -17,6 +17,7 @@ def test_formula_bytes_per_parameter(stage, n, want):
     assert bz.formula_bytes(stage, 1000, n) == pytest.approx(want * 1000)
 
 
+@pytest.mark.slow
 def test_a_tiny_sweep_reports_every_stage_with_held_bytes_and_a_paired_ratio(tmp_path):
     out = tmp_path / "rows.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--sizes", "tiny", "--ranks", "2", "--stages", "0,1,3",

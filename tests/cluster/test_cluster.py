@@ -92,6 +92,7 @@ def test_delay_needs_netem_and_is_never_ignored(cluster, own_namespaces):
 
 @needs_namespaces
 @pytest.mark.parametrize("launcher", LAUNCHERS, ids=lambda name: f"{name}-launcher")
+@pytest.mark.slow
 def test_each_node_has_its_host_name_and_npddp_sees_two_nodes_for_hier_and_auto(cluster, own_namespaces, launcher):
     done = cluster("--nodes", 2, "--ranks-per-node", 2, "--rate", "none", "--launcher", launcher, "--",
                    "python", JOB, "nodes")
@@ -103,6 +104,7 @@ def test_each_node_has_its_host_name_and_npddp_sees_two_nodes_for_hier_and_auto(
 
 @needs_namespaces
 @pytest.mark.parametrize("launcher", LAUNCHERS, ids=lambda name: f"{name}-launcher")
+@pytest.mark.slow
 def test_traffic_between_nodes_takes_what_the_rate_allows(cluster, launcher):
     nbytes, rate = 2_000_000, 100e6
     done = cluster("--nodes", 2, "--rate", "100mbit", "--launcher", launcher, "--", "python", JOB, "shaped", nbytes)
@@ -122,6 +124,7 @@ def test_mpi_start_up_check_names_a_bypass_of_the_links(cluster, own_namespaces)
 
 @needs_namespaces
 @pytest.mark.parametrize("launcher", LAUNCHERS, ids=lambda name: f"{name}-launcher")
+@pytest.mark.slow
 def test_a_rank_killed_on_one_node_ends_the_job_promptly(cluster, own_namespaces, launcher):
     from npddp.process.cleanup import SHM, in_use
     before = set(os.listdir(SHM))
@@ -160,6 +163,7 @@ def _alive(pid: int) -> bool:
 
 @needs_namespaces
 @pytest.mark.parametrize("launcher", LAUNCHERS, ids=lambda name: f"{name}-launcher")
+@pytest.mark.slow
 def test_ctrl_c_stops_every_rank_and_removes_the_cluster(cluster_env, own_namespaces, tmp_path, launcher):
     proc, pids = _start_sleeping_job(cluster_env, tmp_path / "pids", launcher)
     assert len(own_namespaces()) == 3
@@ -171,6 +175,7 @@ def test_ctrl_c_stops_every_rank_and_removes_the_cluster(cluster_env, own_namesp
 
 
 @needs_namespaces
+@pytest.mark.slow
 def test_after_a_sigkilled_harness_the_next_run_removes_what_it_left(cluster, cluster_env, own_namespaces, tmp_path):
     proc, pids = _start_sleeping_job(cluster_env, tmp_path / "pids")
     left = own_namespaces()
@@ -186,6 +191,7 @@ def test_after_a_sigkilled_harness_the_next_run_removes_what_it_left(cluster, cl
 
 
 @needs_namespaces
+@pytest.mark.slow
 def test_up_exec_status_down(cluster, own_namespaces):
     made = cluster("up", "--nodes", 2, "--rate", "10gbit")
     assert made.returncode == 0 and made.stdout.startswith("cluster "), made.stderr
@@ -203,6 +209,7 @@ def test_up_exec_status_down(cluster, own_namespaces):
 
 
 @needs_namespaces
+@pytest.mark.slow
 def test_training_across_nodes_gives_the_parameters_of_one_process(cluster, cluster_env, tmp_path):
     from npddp.train import checkpoint
     flags = ["-m", "npddp.train", "--dtype", "float64", "--hidden", "16", "--train-samples", "256",

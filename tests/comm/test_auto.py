@@ -137,6 +137,7 @@ def test_every_rank_makes_the_same_choice(world, tmp_path, assert_ranks_agree, a
     assert_all_ranks(comm.source == "model", comm.source, world)
 
 
+@pytest.mark.slow
 def test_the_tuner_writes_a_table_auto_loads(tmp_path):
     out = tmp_path / "tuned.json"
     done = subprocess.run([sys.executable, "-m", "npddp.run", "--nproc", "2", "-m", "npddp.tune", "-b", "1K", "-e",
@@ -255,6 +256,7 @@ os.write(1, (line + "\n").encode())  # one write per line: the ranks share stdou
 
 
 @pytest.mark.parametrize("auto_shm", ["1", "0"])
+@pytest.mark.slow
 def test_pretended_nodes_of_two_ranks_give_auto_hier_unless_shared_memory_is_off(tmp_path, auto_shm):
     """4 ranks as 2 nodes x 2 (NPDDP_RANKS_PER_NODE=2): auto composes hier; NPDDP_AUTO_SHM=0 keeps it flat."""
     import os

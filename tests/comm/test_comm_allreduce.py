@@ -7,6 +7,7 @@ non-blocking handles polled, waited in any order and interleaved with blocking c
 import time
 
 import numpy as np
+import pytest
 
 from npddp.comm import DTYPES, OPS, create
 
@@ -87,6 +88,7 @@ def test_allreduce_any_shape(comm, group, values, assert_all_ranks, assert_ranks
     assert_all_ranks(not problems, "; ".join(problems[:4]), group)
 
 
+@pytest.mark.slow
 def test_ring_segments_and_windows(group, values, assert_all_ranks, assert_ranks_agree_on_all):
     """Tiny segments force many units per ring step; every window size must give exact results."""
     comm = create("ring", group)
@@ -129,6 +131,7 @@ def test_float_cancellation_agrees_bitwise(comm, group, assert_all_ranks, assert
     assert_all_ranks(not problems, "; ".join(problems), group)
 
 
+@pytest.mark.slow
 def test_three_thousand_small_allreduces_in_a_row(comm, group, assert_all_ranks):
     x, out = np.zeros(2, dtype=np.int64), np.empty(2, dtype=np.int64)
     totals = np.zeros(2, dtype=np.int64)

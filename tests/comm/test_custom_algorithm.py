@@ -87,6 +87,7 @@ def test_declared_cost_puts_the_algorithm_before_auto_and_the_projection():
         del REGISTERED["free_lunch"]
 
 
+@pytest.mark.slow
 def test_check_cli_exits_1_naming_the_failing_case():
     cmd = [sys.executable, "-m", "npddp.run", "--nproc", "2", "-m", "npddp.check", "--backend", "broken_twice",
            "--plugin", "tests/comm/_broken_algorithm.py", "--timeout", "30"]
@@ -149,6 +150,7 @@ def test_installed_packages_register_through_the_entry_point_group(monkeypatch):
         backend_names()
 
 
+@pytest.mark.slow
 def test_training_cli_trains_and_resumes_on_a_plugin_backend(tmp_path):
     """Under mpirun: on --resume the checkpoint's backend and plugin replace the defaults."""
     cmd = [str(ROOT / "mpi_run.sh"), "-n", "2", sys.executable, "-m", "npddp.train", "--hidden", "8", "--epochs", "2",

@@ -297,6 +297,7 @@ def test_an_intruder_started_first_never_joins_a_launched_job(tmp_path):
     assert len(dropped) == 1 and "dropped a connection from 127.0.0.1" in dropped[0], job.stderr
 
 
+@pytest.mark.slow
 def test_two_jobs_on_the_same_port_never_mix(tmp_path):
     (tmp_path / "job.py").write_text(SCRIPT)
     for trial in range(3):

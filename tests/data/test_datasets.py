@@ -104,6 +104,7 @@ def test_digits_with_scikit_learn_stand_in(monkeypatch, as_images):
     assert np.array_equal(same.X_val, ds.X_val)
 
 
+@pytest.mark.slow
 def test_real_digits_if_installed():
     """Extra check against the real bundled set (the tests above cover both paths without it)."""
     pytest.importorskip("sklearn")

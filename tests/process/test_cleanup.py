@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from npddp.process import cleanup as shm
 from tests.train.test_cli import _env
 
@@ -56,6 +58,7 @@ def _segments(output: str) -> list[str]:
     return line.split()[1:]
 
 
+@pytest.mark.slow
 def test_a_failed_job_under_mpi_run_sh_leaves_no_segment_and_others_keep_theirs(tmp_path):
     (tmp_path / "failing.py").write_text(FAILING)
     (tmp_path / "live.py").write_text(LIVE)

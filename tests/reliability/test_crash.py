@@ -17,6 +17,7 @@ TINY = ["--train-samples", "960", "--val-samples", "96", "--batch-size", "48", "
 
 @pytest.mark.parametrize("n", [2, 3])
 @pytest.mark.parametrize("backend", ["mpi", "ring"])
+@pytest.mark.slow
 def test_an_injected_fault_on_rank_1_at_step_5_ends_every_rank_within_seconds(launch, tmp_path, backend, n):
     job = launch(["-m", "npddp.train", "--backend", backend, "--inject-fault", "1:5", *TINY], n=n, cwd=tmp_path)
     code = job.wait(120)

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from npddp.train import checkpoint
 
@@ -52,6 +53,7 @@ def _kill_one_rank_after_the_first_checkpoint(launch, tmp_path, launcher_name: s
     return code, job.output, leftovers
 
 
+@pytest.mark.slow
 def test_npddp_run_max_restarts_resumes_bit_identical_after_a_sigkill(launch, tmp_path, victim=0):
     """Rank 0 is the victim (it also writes the checkpoint); mpi_run.sh's test kills rank 1."""
     expected, steps = _reference(tmp_path, [sys.executable, "-m", "npddp.run", "--nproc", "2"])
@@ -84,6 +86,7 @@ def test_bad_flags_are_not_restarted(tmp_path):
     assert done.returncode == 2 and "restarting" not in done.stderr, done.stderr
 
 
+@pytest.mark.slow
 def test_resume_auto_starts_fresh_without_a_checkpoint_and_resumes_with_one(tmp_path):
     def run(epochs: int):
         args = [sys.executable, "-m", "npddp.run", "--nproc", "2", "-m", "npddp.train", "--backend", "ring",
@@ -102,6 +105,7 @@ def _mpi_run() -> list:
     return ["bash", str(ROOT / "mpi_run.sh"), "-n", "2", "--", sys.executable]
 
 
+@pytest.mark.slow
 def test_mpi_run_max_restarts_resumes_bit_identical_after_a_sigkill(tmp_path):
     expected, steps = _reference(tmp_path, _mpi_run())
     cmd = ["bash", str(ROOT / "mpi_run.sh"), "-n", "2", "--max-restarts", "2", "--", sys.executable, *FLAGS,

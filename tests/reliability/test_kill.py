@@ -24,6 +24,7 @@ FLAGS = ["--train-samples", "8192", "--val-samples", "256", "--epochs", str(EPOC
 
 @pytest.mark.parametrize("victim", [1, 0])
 @pytest.mark.parametrize("backend", ["mpi", "ring"])
+@pytest.mark.slow
 def test_sigkill_of_one_rank_ends_the_job_and_the_checkpoint_resumes(launch, run_job, tmp_path, backend, victim):
     job = launch(["-m", "npddp.train", "--backend", backend, *FLAGS], n=2, cwd=tmp_path)
     ck = tmp_path / "ck.h5"
@@ -53,6 +54,7 @@ def test_sigkill_of_one_rank_ends_the_job_and_the_checkpoint_resumes(launch, run
 
 
 @pytest.mark.parametrize("backend", ["ring", "naive", "mpi", "shm"])
+@pytest.mark.slow
 def test_a_hung_rank_makes_the_others_time_out_and_end_the_job(launch, tmp_path, backend):
     """SIGSTOP freezes rank 1 (a hang, not a crash): rank 0 raises TimeoutError after --timeout and aborts the job."""
     timeout = 1.0

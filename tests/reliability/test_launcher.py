@@ -49,6 +49,7 @@ def _segments(job_env_id=None) -> list[str]:
 
 
 @pytest.mark.parametrize("backend", ["ring", "shm"])
+@pytest.mark.slow
 def test_a_killed_rank_ends_the_job_within_seconds_with_nothing_left_behind(launch, worker, backend):
     before = _segments()
     job = launch([worker, backend, "run"], n=3, launcher="npddp.run")
@@ -109,6 +110,7 @@ def _join_dirs() -> set[str]:
     return {d for d in os.listdir(tempfile.gettempdir()) if d.startswith("npddp-join-")}
 
 
+@pytest.mark.slow
 def test_ranks_that_never_communicate_may_end_at_different_times(launch, tmp_path):
     script = tmp_path / "leaver.py"
     script.write_text(LEAVER)
@@ -118,6 +120,7 @@ def test_ranks_that_never_communicate_may_end_at_different_times(launch, tmp_pat
     assert "before joining" not in job.output and _join_dirs() <= before
 
 
+@pytest.mark.slow
 def test_ctrl_c_reaches_every_rank(launch, worker):
     job = launch([worker, "ring", "run"], n=2, launcher="npddp.run")
     deadline = time.monotonic() + 60

@@ -54,6 +54,7 @@ def _segments() -> set[str]:
 
 @pytest.mark.skipif(bool(cma.why_not()), reason=f"single-copy transfers are off here: {cma.why_not()}")
 @pytest.mark.parametrize("launcher, backend", [("mpirun", "shm"), ("npddp.run", "auto")])
+@pytest.mark.slow
 def test_a_rank_killed_during_a_single_copy_read_ends_the_job(launch, tmp_path, launcher, backend):
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)

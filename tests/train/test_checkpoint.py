@@ -154,6 +154,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sigkill_during_a_checkpoint_write_leaves_the_previous_checkpoint_whole(tmp_path):
     target = tmp_path / "run.h5"
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(target)], stdout=subprocess.PIPE, text=True)

@@ -84,6 +84,7 @@ def runs(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_the_ring_over_tcp_under_npddp_run_ends_bit_identical_to_the_ring_over_mpi(runs):
     """Same algorithm, same order of additions: the transport must not change a single bit."""
     proc, cwd = runs["ring-tcp", "bucketed"]
@@ -164,6 +165,7 @@ def test_local_sgd_counts_the_time_it_spends_averaging_as_communication(tmp_path
     assert np.all(steps["comm_exposed_s"][averaged] > 0) and np.all(steps["comm_exposed_s"][~averaged] == 0)
 
 
+@pytest.mark.slow
 def test_the_default_model_and_data_learn_well_above_chance_in_one_epoch(tmp_path):
     proc = ok(train(tmp_path, "--epochs", "1"))
     assert "model: mlp 64-256-256-10" in proc.stdout and "data: synthetic, 32768 train" in proc.stdout
@@ -176,6 +178,7 @@ def test_the_default_model_and_data_learn_well_above_chance_in_one_epoch(tmp_pat
         assert next(q for q in quoted if q.startswith(prefix)) in printed, prefix
 
 
+@pytest.mark.slow
 def test_array_files_train_the_mlp_and_image_files_the_cnn(tmp_path):
     rng = np.random.default_rng(0)
     X = rng.standard_normal((200, 12))
@@ -216,6 +219,7 @@ RESUME_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(RESUME_CASES))
+@pytest.mark.slow
 def test_a_run_stopped_mid_epoch_and_resumed_ends_bit_identical_to_an_uninterrupted_one(tmp_path, case):
     flags, stop, extra = RESUME_CASES[case]
     flags = [*TINY, "--epochs", "3", *flags]
@@ -254,6 +258,7 @@ def test_a_run_stopped_mid_epoch_and_resumed_ends_bit_identical_to_an_uninterrup
     assert "nothing to do" in again.stdout and (tmp_path / "b.h5").read_bytes() == before
 
 
+@pytest.mark.slow
 def test_resume_on_another_world_size_continues_and_says_bit_identity_is_given_up(tmp_path):
     ok(train(tmp_path, *TINY, "--dropout", "0.1", "--checkpoint", "c.h5", "--max-steps", "5"))
     moved = ok(train(tmp_path, "--checkpoint", "c.h5", "--resume", n=None))
@@ -334,6 +339,7 @@ BAD = [
 
 
 @pytest.mark.parametrize("n, args, text", BAD)
+@pytest.mark.slow
 def test_bad_input_exits_2_on_every_rank_with_one_message_and_overwrites_nothing(bad_inputs, n, args, text):
     def contents():
         return {p.name: p.read_bytes() if p.is_file() else p.stat().st_mode for p in bad_inputs.iterdir()}

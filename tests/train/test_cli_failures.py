@@ -68,6 +68,7 @@ runpy.run_module("npddp.train", run_name="__main__", alter_sys=True)
 """
 
 
+@pytest.mark.slow
 def test_a_checkpoint_write_that_fails_is_one_line_exit_4_and_the_old_file_survives(tmp_path):
     ok(train(tmp_path, *TINY, "--checkpoint", "c.h5", "--max-steps", "5"))
     before = (tmp_path / "c.h5").read_bytes()
@@ -80,6 +81,7 @@ def test_a_checkpoint_write_that_fails_is_one_line_exit_4_and_the_old_file_survi
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.h5"]
 
 
+@pytest.mark.slow
 def test_a_missing_mpi_library_is_one_line_naming_the_fixes(tmp_path):
     """Under an MPI launcher a job needs MPI: one uncut line; one process with no launcher trains without it."""
     env = {**_env(), "MPI4PY_LIBMPI": str(tmp_path / "no" / "libmpi.so.12"), "PMI_SIZE": "2", "PMI_RANK": "0"}
@@ -110,6 +112,7 @@ def test_temporary_files_left_by_a_crashed_writer_are_removed_with_one_line(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.h5"]
 
 
+@pytest.mark.slow
 def test_under_mpirun_a_log_shows_progress_lines_within_an_epoch(tmp_path):
     proc = ok(train(tmp_path, *TINY, "--log-every", "1e-6"))   # stderr is no terminal: auto -> log; a line a step
     lines = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
@@ -120,6 +123,7 @@ def test_under_mpirun_a_log_shows_progress_lines_within_an_epoch(tmp_path):
                 if line.startswith("step ")]
 
 
+@pytest.mark.slow
 def test_evaluate_and_load_model_reproduce_the_runs_validation_numbers(tmp_path):
     run = ok(train(tmp_path, *TINY, "--checkpoint", "c.h5"))
     last = epoch_lines(run.stdout)[-1]

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from npddp.train import checkpoint
 
@@ -40,6 +41,7 @@ def epoch_lines(stdout: str) -> list:
     return [line for line in stdout.splitlines() if line.startswith("epoch ")]
 
 
+@pytest.mark.slow
 def test_gpt_on_text_prints_tokens_per_second_and_resumes_bit_identically(tmp_path):
     (tmp_path / "corpus.txt").write_bytes(b"the quick brown fox jumps over the lazy dog. " * 24)
     flags = [*GPT, "--dataset", "text:corpus.txt", "--backend", "ring", "--sync", "per_param"]
@@ -61,6 +63,7 @@ def test_gpt_on_text_prints_tokens_per_second_and_resumes_bit_identically(tmp_pa
         assert np.array_equal(a.optimizer[key], b.optimizer[key]), key
 
 
+@pytest.mark.slow
 def test_gpt_on_one_rank_and_two_ranks_reach_the_same_parameters(tmp_path):
     ok(train(tmp_path, *GPT, *SYNTHETIC, "--checkpoint", "one.h5", n=None))
     two = ok(train(tmp_path, *GPT, *SYNTHETIC, "--checkpoint", "two.h5", "--sync", "overlap", "--bucket-mb", "0.01"))

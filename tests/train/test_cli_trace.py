@@ -96,6 +96,7 @@ def test_a_failure_inside_the_window_still_leaves_a_valid_trace(tmp_path, kind, 
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []   # no temporary file left
 
 
+@pytest.mark.slow
 def test_bad_trace_flags_are_one_line_exit_2(tmp_path):
     proc = train(tmp_path, "--trace", "t.json", "--trace-steps", "5:2", *FLAGS)
     assert proc.returncode == 2 and "5:2" in proc.stderr + proc.stdout

@@ -3,11 +3,14 @@ checkpoint, a batch larger than the data. Each ends with one clear line (or just
 
 import os
 
+import pytest
+
 from npddp.process.cleanup import Watch
 from npddp.train import checkpoint
 from tests.train.test_cli import TINY, _env, _mpirun, ok, train
 
 
+@pytest.mark.slow
 def test_a_tcp_run_resumes_without_the_backend_given_again(tmp_path):
     ok(train(tmp_path, *TINY, "--epochs", "1", "--backend", "ring", "--checkpoint", "c.h5", launcher="npddp.run"))
     resumed = ok(train(tmp_path, "--checkpoint", "c.h5", "--resume", "--epochs", "2", launcher="npddp.run"))
@@ -28,6 +31,7 @@ def test_resume_without_a_checkpoint_is_one_line_and_leaves_no_mpi_segment(tmp_p
     assert not watch.seen, f"MPI was started and made {watch.seen}"
 
 
+@pytest.mark.slow
 def test_a_new_run_refuses_to_overwrite_a_checkpoint_unless_told(tmp_path):
     ok(train(tmp_path, *TINY, "--epochs", "1", "--checkpoint", "c.h5", n=None))
     before = (tmp_path / "c.h5").read_bytes()

@@ -30,6 +30,7 @@ def ddp_run(tmp_path_factory):
 
 
 @pytest.mark.parametrize("stage", [1, 3])   # stage 2: the resumed run below
+@pytest.mark.slow
 def test_every_stage_trains_to_ddps_parameters_and_states_its_memory(tmp_path, ddp_run, stage):
     proc = ok(train(tmp_path, *GPT, "--zero", str(stage), "--checkpoint", "z.h5"))
     header = [line for line in proc.stdout.splitlines() if line.startswith("zero: ")]
