@@ -59,7 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def run_one(model: str, hook: str, a, metrics: str) -> int:
     """Train one combination; the CLI's exit status."""
-    from npddp.train.cli import train
+    from npddp.train.cli.main import train
     flags, batch = MODELS[model]
     argv = [*flags, *HOOKS[hook], "--backend", a.backend, "--epochs", "1", "--batch-size", str(batch),
             "--train-samples", str(batch * a.steps), "--val-samples", "1024", "--seed", "0",

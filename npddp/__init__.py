@@ -1,14 +1,14 @@
 """npddp: Distributed Data Parallel training of NumPy neural networks over MPI.
 
 ``from npddp import save_checkpoint, load_checkpoint``: a script's model and optimizer in the
-training CLI's checkpoint file (:mod:`npddp.train.saving`), imported on first use so that
+training CLI's checkpoint file (:mod:`npddp.train.checkpoint.saving`), imported on first use so that
 ``import npddp`` stays light.
 """
 
 __version__ = "0.1.0"
 
 #: Names importable from the package itself -> the module that defines them.
-_EXPORTS = {"save_checkpoint": "npddp.train.saving", "load_checkpoint": "npddp.train.saving"}
+_EXPORTS = {"save_checkpoint": "npddp.train.checkpoint.saving", "load_checkpoint": "npddp.train.checkpoint.saving"}
 
 __all__ = ["__version__", *_EXPORTS]
 

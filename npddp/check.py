@@ -1,69 +1,8 @@
-"""Run the communicator contract on any backend, built in or your own: one line per property.
+"""``python -m npddp.check``: the communicator contract, checked on any backend (see :mod:`npddp.tools.check`)."""
 
-    mpirun -n 4 python -m npddp.check --backend custom_ring --plugin examples.custom_allreduce
-    python -m npddp.run --nproc 3 -m npddp.check --backend ring --transport tcp
+import sys
 
-Every rank runs the same calls (see :mod:`npddp.comm.contract`); rank 0 prints ``PASS`` or
-``FAIL`` per property, then a summary, and on a failure one line naming the first failing case
-(operation, dtype, op, size, rank). Exit status 0 when everything passed, 1 otherwise, 2 on bad
-arguments.
-"""
-
-from __future__ import annotations
-
-import argparse
-
-from npddp.comm import backend_names, create, load_plugins
-from npddp.comm.contract import PROPERTIES, run_contract
-from npddp.util import env
-
-PROG = "python -m npddp.check"
-
-
-class _RankZeroParser(argparse.ArgumentParser):
-    """An ArgumentParser whose help, usage and errors rank 0 alone prints; every rank exits alike."""
-
-    def _print_message(self, message, file=None):
-        if env.world_rank() == 0:
-            super()._print_message(message, file)
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    """The options; ``--plugin`` modules are imported before ``--backend`` is checked."""
-    p = _RankZeroParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
-                   help="import MODULE (a dotted name or a .py path) first; it registers algorithms (repeatable)")
-    p.add_argument("--backend", required=True, metavar="NAME", help="the backend to check")
-    p.add_argument("--transport", default="auto", choices=("auto", "mpi", "tcp"),
-                   help="how hand-written backends move messages (default: tcp under npddp.run, else mpi)")
-    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
-                   help="seconds a call may wait for its peers (default 60)")
-    args = p.parse_args(argv)
-    try:
-        load_plugins(args.plugin)
-    except ValueError as exc:
-        p.error(str(exc))
-    if args.backend not in backend_names():
-        p.error(f"--backend {args.backend!r} is unknown; valid: {', '.join(backend_names())} "
-                "(an algorithm of your own: --plugin MODULE)")
-    return args
-
-
-def main(argv=None) -> int:
-    """Check, print, and return the exit status."""
-    args = parse_args(argv)
-    comm = create(args.backend, transport=args.transport, timeout=args.timeout)
-    outcomes = run_contract(comm)
-    if comm.rank == 0:
-        print(f"# {PROG}: backend {args.backend}, {comm.size} ranks")
-        for o in outcomes:
-            print(f"{'PASS' if o.failure is None else 'FAIL'}  {o.name} ({o.cases} cases)")
-        failed = [o for o in outcomes if o.failure is not None]
-        print(f"{len(outcomes) - len(failed)} passed, {len(failed)} failed of {len(PROPERTIES)} properties")
-        if failed:
-            print(f"first failure: {failed[0].failure}")
-    return 1 if any(o.failure is not None for o in outcomes) else 0
-
+from npddp.tools.check import main
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -14,11 +14,11 @@ ALLOWED = {
     "parallel": {"util", "comm", "nn", "data", "optim"},
     "process": {"util", "comm"},
     "train": {"util", "comm", "nn", "data", "optim", "parallel", "process"},
-    "tune": {"util", "comm", "process"},
+    "tools": {"util", "comm", "process"},
+    "tune": {"tools"}, "check": {"tools"},
     "run": {"process"}, "evaluate": {"train"}, "__init__": set(),
     "generate": {"train"},
     "cluster": {"util", "process"},
-    "check": {"util", "comm"},
 }
 
 

@@ -1,1 +1,1 @@
-"""The training application: the CLI, its config, checkpoints, resume, metrics, evaluation and console output."""
+"""The training application: the loop (trainer), the CLI (cli/), checkpoints and resume (checkpoint/), the console (console/), evaluation and generation."""

@@ -2,6 +2,6 @@
 
 import sys
 
-from npddp.train.cli import main
+from npddp.train.cli.main import main
 
 sys.exit(main())

@@ -2,7 +2,7 @@
 
 Each field of :class:`Config` is one ``--flag`` (underscores become dashes). Its metadata
 holds the help text, the valid choices, and whether a resumed run must repeat the value
-(``resume="match"``). :func:`parse_config` turns argv into a ``Config``; :func:`npddp.train.validate.check_config`
+(``resume="match"``). :func:`parse_config` turns argv into a ``Config``; :func:`npddp.train.cli.validate.check_config`
 validates it against the world size. Both raise :class:`ConfigError` with a message meant to be
 printed after ``error: ``; neither communicates, so every rank reaches the same verdict.
 
@@ -26,7 +26,7 @@ from npddp.parallel.builtin import HOOKS
 from npddp.train.models import DTYPES, MODELS
 from npddp.nn.gpt import PRESETS
 from npddp.optim import OPTIMIZERS
-from npddp.train.console import PROGRESS_MODES
+from npddp.train.console.printer import PROGRESS_MODES
 from npddp.process.threads import parse_threads
 from npddp.util.tracing import DEFAULT_STEPS, steps_text
 

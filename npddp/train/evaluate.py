@@ -5,7 +5,7 @@
     python -m npddp.evaluate run.h5 --dataset test.npz --split all
     mpirun -n 4 python -m npddp.evaluate run.h5              # each rank evaluates rows r::4
 
-The model is rebuilt from the settings stored in the checkpoint (:func:`npddp.train.checkpoint.load_model`);
+The model is rebuilt from the settings stored in the checkpoint (:func:`npddp.train.checkpoint.fileformat.load_model`);
 the data set, keys and --normalize default to the run's (the split into train and validation
 rows is the training run's, from the same seed). Rank 0 reads the checkpoint and broadcasts it;
 every rank reads the data set. Prints one line; exit 0, or 2 with one ``error: ...`` line
@@ -21,10 +21,10 @@ import sys
 
 import numpy as np
 
-from npddp.train import checkpoint
+from npddp.train.checkpoint import fileformat
 from npddp.train.agree import agree, share_text
 from npddp.data import iterate_batches
-from npddp.train.inputs import load_data
+from npddp.train.cli.inputs import load_data
 from npddp.util import env
 from npddp.process.job import EXIT_USAGE, JobError, open_communicator, run_main
 from npddp.train.models import build_model, shape_rows
@@ -82,16 +82,16 @@ def _load(comm, args):
     ckpt, message, text = None, None, ""
     if comm.rank == 0:
         try:
-            ckpt = checkpoint.read(args.checkpoint)
+            ckpt = fileformat.read(args.checkpoint)
             if not ckpt.input_shape or not ckpt.num_classes:
-                raise checkpoint.CheckpointError(f"checkpoint {args.checkpoint!r} does not record the model's "
+                raise fileformat.CheckpointError(f"checkpoint {args.checkpoint!r} does not record the model's "
                                                  "input shape and classes")
             if ckpt.per_rank and not 0 <= args.replica < ckpt.world_size:
-                raise checkpoint.CheckpointError(f"--replica {args.replica} is out of range; valid: "
+                raise fileformat.CheckpointError(f"--replica {args.replica} is out of range; valid: "
                                                  f"0..{ckpt.world_size - 1}")
             text = json.dumps({"config": ckpt.config, "input_shape": list(ckpt.input_shape),
                                "num_classes": ckpt.num_classes, "step": ckpt.step})
-        except checkpoint.CheckpointError as exc:
+        except fileformat.CheckpointError as exc:
             message = str(exc)
     message = agree(comm, message)
     if message:
@@ -158,7 +158,3 @@ def run(argv=None) -> int:
 def main(argv=None) -> int:
     """The CLI under npddp.process.job's abort hooks; the exit status."""
     return run_main(run, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -19,7 +19,7 @@ import numpy as np
 
 from npddp.nn.sample import check_sampling, generate
 from npddp.process.job import EXIT_USAGE, JobError, run_main
-from npddp.train import checkpoint
+from npddp.train.checkpoint import fileformat
 
 PROG = "python -m npddp.generate"
 #: Most tokens one run samples (one forward pass each; the output array holds them all).
@@ -129,13 +129,13 @@ def run(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
         try:
-            ckpt = checkpoint.read(args.checkpoint)
-        except checkpoint.CheckpointError as exc:
+            ckpt = fileformat.read(args.checkpoint)
+        except fileformat.CheckpointError as exc:
             raise JobError(str(exc)) from None
         if ckpt.config.get("model") != "gpt":
             raise JobError(f"{args.checkpoint} holds a {ckpt.config.get('model')} model; "
                            "text generation needs one trained with --model gpt")
-        model = checkpoint.load_model(args.checkpoint, rank=0)
+        model = fileformat.load_model(args.checkpoint, rank=0)
         try:
             check_sampling(args.tokens, args.temperature, args.top_k, model.vocab_size)
         except ValueError as exc:
@@ -156,7 +156,3 @@ def run(argv=None) -> int:
 def main(argv=None) -> int:
     """The CLI under npddp.process.job's abort hooks; the exit status."""
     return run_main(run, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

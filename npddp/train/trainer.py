@@ -1,6 +1,6 @@
 """The training loop of ``python -m npddp.train``: epochs of steps, validation, checks, checkpoints and metrics.
 
-:class:`Trainer` holds one run's state; :mod:`npddp.train.cli` builds it from the flags and runs it.
+:class:`Trainer` holds one run's state; :mod:`npddp.train.cli.main` builds it from the flags and runs it.
 """
 
 from __future__ import annotations
@@ -12,20 +12,20 @@ import time
 
 import numpy as np
 
-from npddp.train import checkpoint
-from npddp.train import state
-from npddp.train import shardfiles
+from npddp.train.checkpoint import fileformat
+from npddp.train.checkpoint import state
+from npddp.train.checkpoint import shardwrite
 from npddp.train.agree import agree, any_rank
 from npddp.train.config import Config
-from npddp.train.validate import parse_fault
+from npddp.train.cli.validate import parse_fault
 from npddp.data import BatchLoader, DistributedSampler, iterate_batches
 from npddp.parallel.averaging import PeriodicModelAverager
 from npddp.util import tracing
 from npddp.process.job import EXIT_DIVERGED, EXIT_WRITE, JobError
-from npddp.train.metrics import TOTALS, MetricsLog, StepRecorder, add_to_totals, epoch_row
+from npddp.train.console.metrics import TOTALS, MetricsLog, StepRecorder, add_to_totals, epoch_row
 from npddp.train.models import shape_rows
 from npddp.nn import CrossEntropyLoss
-from npddp.train.console import Printer, epoch_line
+from npddp.train.console.printer import Printer, epoch_line
 
 _EVAL_BATCH = 1024      # validation rows per forward pass
 _EVAL_ELEMENTS = 1 << 24  # GPT: validation sequences per forward pass hold at most this many logits
@@ -131,8 +131,8 @@ class Trainer:
                     self.log.write(target, {**self.attrs, "status": status})
                 if "checkpoint" in what and self.pending is not None:
                     target = self.cfg.checkpoint
-                    checkpoint.write(target, self.pending)
-                    shardfiles.remove_old_steps(target, keep="")    # a sharded set this whole file replaces
+                    fileformat.write(target, self.pending)
+                    shardwrite.remove_old_steps(target, keep="")    # a sharded set this whole file replaces
             except OSError as exc:
                 message = (f"cannot write {target}: {exc.strerror or exc}; the previous file is kept, "
                            "training stopped")
@@ -171,7 +171,7 @@ class Trainer:
                 self.saved_at = self.step
         self.write_files(("metrics", "checkpoint"), status)
         if sharded:
-            shardfiles.save(
+            shardwrite.save(
                 self.comm, self.cfg.checkpoint, stage=self.cfg.zero, named_params=self.model.named_parameters(),
                 engine=self.ddp, optimizer=self.optimizer, ddp=self.ddp, dropouts=self.dropouts,
                 position=(self.epochs_done, self.batches_done, self.step), totals=self.totals,

@@ -211,20 +211,20 @@ def test_up_exec_status_down(cluster, own_namespaces):
 @needs_namespaces
 @pytest.mark.slow
 def test_training_across_nodes_gives_the_parameters_of_one_process(cluster, cluster_env, tmp_path):
-    from npddp.train import checkpoint
+    from npddp.train.checkpoint import fileformat
     flags = ["-m", "npddp.train", "--dtype", "float64", "--hidden", "16", "--train-samples", "256",
              "--val-samples", "64", "--batch-size", "32", "--epochs", "1", "--quiet"]
     one = subprocess.run([sys.executable, *flags, "--backend", "ring", "--checkpoint", str(tmp_path / "one.h5")],
                          env=cluster_env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert one.returncode == 0, one.stderr
-    reference = checkpoint.read(tmp_path / "one.h5").params
+    reference = fileformat.read(tmp_path / "one.h5").params
     # 2 nodes x 1 over both launchers (ring); 2 nodes x 2 with auto, which composes hier there
     for launcher, per_node, backend in (("tcp", 1, "ring"), ("mpi", 1, "ring"), ("tcp", 2, "auto")):
         path = tmp_path / f"{launcher}{per_node}.h5"
         done = cluster("--nodes", 2, "--ranks-per-node", per_node, "--rate", "none", "--launcher", launcher, "--",
                        "python", *flags, "--backend", backend, "--checkpoint", path)
         assert done.returncode == 0, done.stderr
-        params = checkpoint.read(path).params
+        params = fileformat.read(path).params
         assert list(params) == list(reference)
         for name, value in params.items():
             np.testing.assert_allclose(value, reference[name], rtol=0, atol=1e-12,

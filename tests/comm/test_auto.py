@@ -19,7 +19,7 @@ import pytest
 from npddp.comm import ALGORITHMS, create
 from npddp.comm.p2p.auto import (CANDIDATES, FORMAT, MODEL, VERSION, candidates, check_table, hier_time, model_table,
                                  network_time, predict)
-from npddp.tune import decide, stable, steps_from
+from npddp.tools.tune import decide, stable, steps_from
 
 from tests.comm.conftest import one_rank_group
 
@@ -156,7 +156,7 @@ def test_the_tuner_writes_a_table_auto_loads(tmp_path):
 @pytest.mark.parametrize("argv, message", [(["--max-rounds", "2"], "--max-rounds 2 is out of range"),
                                            (["--tolerance", "0"], "--tolerance 0.0 is out of range")])
 def test_the_tuner_refuses_bad_round_options(argv, message, capsys):
-    from npddp.tune import parse_args
+    from npddp.tools.tune import parse_args
     with pytest.raises(SystemExit) as e:
         parse_args(argv)
     assert e.value.code == 2 and message in capsys.readouterr().err
@@ -165,7 +165,7 @@ def test_the_tuner_refuses_bad_round_options(argv, message, capsys):
 @pytest.mark.parametrize("kind, message", [("fifo", "is a FIFO, not a regular file"),
                                            ("source", "exists and is not an npddp tuning table")])
 def test_the_tuner_refuses_an_out_path_it_would_destroy(tmp_path, kind, message, capsys):
-    from npddp.tune import parse_args
+    from npddp.tools.tune import parse_args
     out = tmp_path / "t.json"
     if kind == "fifo":
         os.mkfifo(out)

@@ -102,14 +102,14 @@ def test_check_cli_exits_1_naming_the_failing_case():
 
 
 def test_check_cli_rejects_unknown_backend(capsys):
-    from npddp.check import parse_args
+    from npddp.tools.check import parse_args
     with pytest.raises(SystemExit) as exc:
         parse_args(["--backend", "nope"])
     assert exc.value.code == 2 and "'nope' is unknown" in capsys.readouterr().err
 
 
 def test_check_in_one_process_passes(capsys):
-    from npddp.check import main
+    from npddp.tools.check import main
     assert main(["--backend", "custom_ring", "--plugin", "examples.custom_allreduce"]) == 0
     assert "6 passed, 0 failed" in capsys.readouterr().out
 

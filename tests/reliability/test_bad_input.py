@@ -13,10 +13,10 @@ import h5py
 import numpy as np
 import pytest
 
-from npddp.train import checkpoint
+from npddp.train.checkpoint import fileformat
 from npddp.comm import BACKENDS, create, debug_from_env, timeout_from_env
 from npddp.train.config import ConfigError, parse_config
-from npddp.train.validate import check_config
+from npddp.train.cli.validate import check_config
 from npddp.data import BatchLoader, DistributedSampler, iterate_batches
 from npddp.parallel.averaging import PeriodicModelAverager
 from npddp.parallel.builtin import build as build_hook
@@ -90,13 +90,13 @@ CASES = [
     ("ddp averager period", lambda d: PeriodicModelAverager(None, period=-2), ValueError, ["period must be an int >= 1",
                                                                                         "-2"]),
     # --- checkpoint loader
-    ("checkpoint missing", lambda d: checkpoint.read(d / "nope.h5"), checkpoint.CheckpointError,
+    ("checkpoint missing", lambda d: fileformat.read(d / "nope.h5"), fileformat.CheckpointError,
      ["nope.h5", "does not exist"]),
-    ("checkpoint junk", lambda d: checkpoint.read(d / "junk.h5"), checkpoint.CheckpointError,
+    ("checkpoint junk", lambda d: fileformat.read(d / "junk.h5"), fileformat.CheckpointError,
      ["junk.h5", "not an HDF5 file"]),
-    ("checkpoint foreign", lambda d: checkpoint.read(d / "foreign.h5"), checkpoint.CheckpointError,
+    ("checkpoint foreign", lambda d: fileformat.read(d / "foreign.h5"), fileformat.CheckpointError,
      ["foreign.h5", "is not an npddp checkpoint", "'npddp-checkpoint'"]),
-    ("checkpoint version", lambda d: checkpoint.read(d / "future.h5"), checkpoint.CheckpointError,
+    ("checkpoint version", lambda d: fileformat.read(d / "future.h5"), fileformat.CheckpointError,
      ["future.h5", "schema version 999", "this npddp reads version"]),
     # --- the training CLI's additions (every flag: tests/test_config.py)
     ("--timeout 0", lambda d: _cli("--backend", "ring", "--timeout", "0"), ConfigError,
@@ -122,7 +122,7 @@ def bad_files(tmp_path_factory):
     with h5py.File(d / "foreign.h5", "w") as f:
         f["weights"] = np.zeros(3)
     with h5py.File(d / "future.h5", "w") as f:
-        f.attrs.update({"format": checkpoint.FORMAT, "schema_version": 999, "config": json.dumps({})})
+        f.attrs.update({"format": fileformat.FORMAT, "schema_version": 999, "config": json.dumps({})})
     return d
 
 

@@ -8,7 +8,7 @@ others wait in a collective, and the single-process default it keeps).
 
 import pytest
 
-from npddp.train import checkpoint
+from npddp.train.checkpoint import fileformat
 
 #: Seconds from the failing rank's report to the end of mpirun that count as "ends the job".
 EXIT_WITHIN = 10.0
@@ -36,7 +36,7 @@ def test_the_fault_fires_exactly_at_its_step_and_rank(run_job, tmp_path):
     proc = run_job(["-m", "npddp.train", *TINY, "--inject-fault", "0:3", "--checkpoint", "c.h5",
                     "--checkpoint-every", "2"], n=None, cwd=tmp_path)
     assert proc.returncode == 1 and "InjectedFault: --inject-fault 0:3: rank 0, step 3" in proc.stderr
-    assert checkpoint.read(tmp_path / "c.h5").step == 2
+    assert fileformat.read(tmp_path / "c.h5").step == 2
 
 
 LAUNCH_SNIPPET = """

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from npddp.train import checkpoint
+from npddp.train.checkpoint import fileformat
 
 from tests.reliability.conftest import job_env
 
@@ -27,7 +27,7 @@ FLAGS = ["-m", "npddp.train", "--backend", "ring", "--train-samples", "2048", "-
 
 
 def _params(path) -> dict:
-    saved = checkpoint.read(path)
+    saved = fileformat.read(path)
     return {name: np.asarray(value) for name, value in saved.params.items()}, saved.step
 
 
@@ -94,7 +94,7 @@ def test_resume_auto_starts_fresh_without_a_checkpoint_and_resumes_with_one(tmp_
                 "--checkpoint", "ck.h5", "--resume", "auto", "--quiet"]
         done = subprocess.run(args, cwd=tmp_path, env=job_env(), capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr
-        return checkpoint.read(tmp_path / "ck.h5")
+        return fileformat.read(tmp_path / "ck.h5")
 
     one = run(1)                      # no checkpoint yet: a fresh start
     two = run(2)                      # the checkpoint exists: one more epoch on top of it

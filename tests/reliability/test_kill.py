@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from npddp.train import checkpoint
+from npddp.train.checkpoint import fileformat
 
 #: Seconds from the SIGKILL to the end of mpirun that count as "ends the job".
 EXIT_WITHIN = 10.0
@@ -42,14 +42,14 @@ def test_sigkill_of_one_rank_ends_the_job_and_the_checkpoint_resumes(launch, run
     assert job.exited_at - killed_at < EXIT_WITHIN, f"{job.exited_at - killed_at:.1f} s from the kill to the exit"
     assert not leftovers, f"rank processes left alive after mpirun ended: {leftovers}"
 
-    saved = checkpoint.read(ck)                       # loadable: the old file or the new one, never half
+    saved = fileformat.read(ck)                       # loadable: the old file or the new one, never half
     assert 0 < saved.step < EPOCHS * STEPS_PER_EPOCH and saved.world_size == 2
     assert saved.step % 5 == 0 or saved.batches_done == 0
 
     resumed = run_job(["-m", "npddp.train", "--backend", backend, *FLAGS, "--resume"], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert resumed.stdout.splitlines()[-1].startswith(f"done: epoch {EPOCHS}/{EPOCHS}, step {EPOCHS * STEPS_PER_EPOCH},")
-    final = checkpoint.read(ck)
+    final = fileformat.read(ck)
     assert (final.step, final.epochs_done, final.batches_done) == (EPOCHS * STEPS_PER_EPOCH, EPOCHS, 0)
 
 
@@ -73,4 +73,4 @@ def test_a_hung_rank_makes_the_others_time_out_and_end_the_job(launch, tmp_path,
     assert "[rank 0] unhandled exception, aborting all 2 ranks" in job.output
     assert f"TimeoutError: [rank 0] {backend} " in job.output and "rank 1" in job.output.split("TimeoutError")[-1]
     assert not leftovers
-    assert checkpoint.read(tmp_path / "ck.h5").step > 0
+    assert fileformat.read(tmp_path / "ck.h5").step > 0

@@ -1,6 +1,6 @@
 """Checkpoint files: round trip, checksums and validation that refuse damaged files, survival of a
 SIGKILL mid-write (and removal of the temporary file it leaves), a full disk, load_model, and
-(under MPI) gather and restore of every rank's state (npddp.train.state).
+(under MPI) gather and restore of every rank's state (npddp.train.checkpoint.state).
 
 Serial tests run with plain pytest; the MPI tests run under ``mpirun -n K python -m pytest --with-mpi``.
 """
@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 from npddp.util import atomicfile
-from npddp.train import checkpoint
-from npddp.train import state
+from npddp.train.checkpoint import fileformat
+from npddp.train.checkpoint import state
 from npddp.parallel.hooks import HookState
-from npddp.train.checkpoint import Checkpoint, CheckpointError
+from npddp.train.checkpoint.fileformat import Checkpoint, CheckpointError
 from npddp.nn import mlp
 from npddp.optim import SGD, AdamW
 from npddp.util.runinfo import SCHEMA_VERSION
@@ -74,8 +74,8 @@ def assert_same(a: Checkpoint, b: Checkpoint):
 @pytest.mark.parametrize("world, per_rank", [(1, False), (2, True), (3, False), (4, True)])
 def test_write_then_read_gives_back_every_bit(tmp_path, world, per_rank):
     ckpt = record(world, per_rank, seed=world)
-    checkpoint.write(tmp_path / "c.h5", ckpt)
-    assert_same(ckpt, checkpoint.read(tmp_path / "c.h5"))
+    fileformat.write(tmp_path / "c.h5", ckpt)
+    assert_same(ckpt, fileformat.read(tmp_path / "c.h5"))
     with h5py.File(tmp_path / "c.h5", "r") as f:
         assert f.attrs["format"] == "npddp-checkpoint" and f.attrs["schema_version"] == SCHEMA_VERSION
         assert f.attrs["host"] == "h" and f.attrs["config.batch_size"] == 8
@@ -86,8 +86,8 @@ def test_write_then_read_gives_back_every_bit(tmp_path, world, per_rank):
 def test_a_record_without_dropout_or_residuals_round_trips(tmp_path):
     ckpt = record(1, False)
     ckpt.dropout_rng, ckpt.hook_state = None, {}
-    checkpoint.write(tmp_path / "c.h5", ckpt)
-    back = checkpoint.read(tmp_path / "c.h5")
+    fileformat.write(tmp_path / "c.h5", ckpt)
+    back = fileformat.read(tmp_path / "c.h5")
     assert back.dropout_rng is None and back.hook_state == {}
 
 
@@ -99,7 +99,7 @@ def _damage(path, how):
     elif how == "empty":
         path.write_bytes(b"")
     elif how == "truncated":
-        checkpoint.write(path, record())
+        fileformat.write(path, record())
         path.write_bytes(path.read_bytes()[:1000])
     elif how == "foreign":
         with h5py.File(path, "w") as f:
@@ -108,11 +108,11 @@ def _damage(path, how):
         with h5py.File(path, "w") as f:
             f.attrs["format"] = "npddp-metrics"
     elif how == "schema":
-        checkpoint.write(path, record())
+        fileformat.write(path, record())
         with h5py.File(path, "r+") as f:
             f.attrs["schema_version"] = SCHEMA_VERSION + 1
     elif how == "incomplete":
-        checkpoint.write(path, record())
+        fileformat.write(path, record())
         with h5py.File(path, "r+") as f:
             del f["params/0.bias"]
 
@@ -131,14 +131,14 @@ def test_unreadable_checkpoints_give_one_clear_error_naming_the_file(tmp_path, h
     path = tmp_path / "c.h5"
     _damage(path, how)
     with pytest.raises(CheckpointError) as info:
-        checkpoint.read(path)
+        fileformat.read(path)
     assert text in str(info.value) and repr(str(path)) in str(info.value)
 
 
 CHILD = textwrap.dedent("""
     import sys
     import numpy as np
-    from npddp.train.checkpoint import Checkpoint, write
+    from npddp.train.checkpoint.fileformat import Checkpoint, write
 
     def make(tag, n):
         params = {f"p{i}": np.full(n, float(tag)) for i in range(4)}
@@ -179,11 +179,11 @@ def test_sigkill_during_a_checkpoint_write_leaves_the_previous_checkpoint_whole(
             child.kill()
             child.wait()
     assert target.read_bytes() == first
-    back = checkpoint.read(target)
+    back = fileformat.read(target)
     assert back.step == 1 and all(np.array_equal(v, np.ones(1000)) for v in back.params.values())
     # the killed writer's temporary file is recognised as stale and removed by the next write
     assert temp.exists() and atomicfile.stale_temps(target) == [temp]
-    checkpoint.write(target, back)
+    fileformat.write(target, back)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.h5"]
 
 
@@ -198,7 +198,7 @@ def _flip(path, offset, count=1):
 
 
 def test_every_dataset_and_the_attributes_carry_a_checksum(tmp_path):
-    checkpoint.write(tmp_path / "c.h5", record())
+    fileformat.write(tmp_path / "c.h5", record())
     with h5py.File(tmp_path / "c.h5", "r") as f:
         names = []
         f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
@@ -208,41 +208,41 @@ def test_every_dataset_and_the_attributes_carry_a_checksum(tmp_path):
 
 def test_a_flipped_byte_inside_a_parameter_is_found_and_named(tmp_path):
     path = tmp_path / "c.h5"
-    checkpoint.write(path, record())
+    fileformat.write(path, record())
     with h5py.File(path, "r") as f:
         offset = f["params/0.weight"].id.get_offset()
     _flip(path, offset + 5)
     with pytest.raises(CheckpointError, match=r"damaged: checksum mismatch in /params/0\.weight"):
-        checkpoint.read(path)
+        fileformat.read(path)
 
 
 @pytest.mark.parametrize("where", [0.3, 0.5, 0.7])
 def test_64_flipped_bytes_anywhere_in_the_middle_are_refused(tmp_path, where):
     path = tmp_path / "c.h5"
-    checkpoint.write(path, record())
+    fileformat.write(path, record())
     _flip(path, int(path.stat().st_size * where), 64)
     with pytest.raises(CheckpointError, match="damaged|not an HDF5|not an npddp"):
-        checkpoint.read(path)
+        fileformat.read(path)
 
 
 @pytest.mark.parametrize("name, value", [("step", -5), ("batches_done", 10**6), ("epochs_done", -1),
                                          ("world_size", 3), ("config", "{}")])
 def test_an_attribute_changed_after_writing_fails_the_checksum(tmp_path, name, value):
     path = tmp_path / "c.h5"
-    checkpoint.write(path, record())
+    fileformat.write(path, record())
     with h5py.File(path, "r+") as f:
         f.attrs[name] = value
     with pytest.raises(CheckpointError, match="attributes .* do not match their checksum"):
-        checkpoint.read(path)
+        fileformat.read(path)
 
 
 def test_a_file_without_checksums_is_refused(tmp_path):
     path = tmp_path / "c.h5"
-    checkpoint.write(path, record())
+    fileformat.write(path, record())
     with h5py.File(path, "r+") as f:
         del f.attrs["attrs_crc32"]
     with pytest.raises(CheckpointError, match="carries no checksums"):
-        checkpoint.read(path)
+        fileformat.read(path)
 
 
 BAD_POSITIONS = [
@@ -266,15 +266,15 @@ def test_positions_and_counters_out_of_range_are_refused_even_with_a_valid_check
         else:
             setattr(ckpt, name, value)
     path = tmp_path / "c.h5"
-    checkpoint.write(path, ckpt)                  # written (and sealed) as given
+    fileformat.write(path, ckpt)                  # written (and sealed) as given
     with pytest.raises(CheckpointError, match=re.escape(text)):
-        checkpoint.read(path)
-    assert checkpoint.validate(record()) is None
+        fileformat.read(path)
+    assert fileformat.validate(record()) is None
 
 
 def _read_in_child(path, timeout=30):
-    code = (f"from npddp.train import checkpoint\ntry:\n    checkpoint.read({str(path)!r})\n"
-            "except checkpoint.CheckpointError as e:\n    print(e)")
+    code = (f"from npddp.train.checkpoint import fileformat\ntry:\n    fileformat.read({str(path)!r})\n"
+            "except fileformat.CheckpointError as e:\n    print(e)")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
 
 
@@ -327,7 +327,7 @@ def test_only_temporary_files_of_dead_writers_on_this_host_are_stale(tmp_path):
 @pytest.mark.parametrize("errno_code", [errno.ENOSPC, errno.EIO])
 def test_a_full_disk_leaves_the_previous_checkpoint_and_no_temporary_file(tmp_path, monkeypatch, errno_code):
     path = tmp_path / "c.h5"
-    checkpoint.write(path, record(seed=1))
+    fileformat.write(path, record(seed=1))
     before = path.read_bytes()
     calls = []
 
@@ -339,11 +339,11 @@ def test_a_full_disk_leaves_the_previous_checkpoint_and_no_temporary_file(tmp_pa
     real = os.write
     monkeypatch.setattr(atomicfile.os, "write", failing_write)
     with pytest.raises(OSError) as info:
-        checkpoint.write(path, record(seed=2))
+        fileformat.write(path, record(seed=2))
     monkeypatch.undo()
     assert info.value.errno == errno_code and len(calls) > 1
     assert path.read_bytes() == before and os.listdir(tmp_path) == ["c.h5"]
-    assert_same(record(seed=1), checkpoint.read(path))
+    assert_same(record(seed=1), fileformat.read(path))
 
 
 FULL_DISK = textwrap.dedent("""
@@ -351,7 +351,7 @@ FULL_DISK = textwrap.dedent("""
     import numpy as np
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)            # writes past the limit fail with EFBIG
     resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))
-    from npddp.train.metrics import STEP_COLUMNS, MetricsLog
+    from npddp.train.console.metrics import STEP_COLUMNS, MetricsLog
     log = MetricsLog()
     log.add_steps({k: np.arange(5000) for k in STEP_COLUMNS})
     try:
@@ -382,14 +382,14 @@ def test_load_model_rebuilds_the_trained_model(tmp_path):
     ckpt = Checkpoint(epochs_done=1, batches_done=0, step=1, world_size=1, backend="mpi", config=settings,
                       params=model.state_dict(), optimizer={**opt.state_dict(), "step": np.int64(1)},
                       optimizer_name="sgd", input_shape=(4,), num_classes=3)
-    checkpoint.write(tmp_path / "c.h5", ckpt)
-    back = checkpoint.load_model(tmp_path / "c.h5")
+    fileformat.write(tmp_path / "c.h5", ckpt)
+    back = fileformat.load_model(tmp_path / "c.h5")
     x = np.random.default_rng(2).standard_normal((5, 4))
     assert not back.training and np.array_equal(back.forward(x), model.eval().forward(x))
     ckpt.input_shape, ckpt.num_classes = (), 0
-    checkpoint.write(tmp_path / "old.h5", ckpt)
+    fileformat.write(tmp_path / "old.h5", ckpt)
     with pytest.raises(CheckpointError, match="does not record the model's input shape"):
-        checkpoint.load_model(tmp_path / "old.h5")
+        fileformat.load_model(tmp_path / "old.h5")
 
 
 def _model_and_optimizer(hidden=5, kind="sgd"):
@@ -450,8 +450,8 @@ def test_collect_then_restore_brings_back_every_ranks_state(comm_world, assert_a
     ok = (ckpt is not None) == (comm.rank == 0)
     if comm.rank == 0:
         with tempfile.TemporaryDirectory() as tmp:    # only rank 0 ever touches the file
-            checkpoint.write(os.path.join(tmp, "c.h5"), ckpt)
-            ckpt = checkpoint.read(os.path.join(tmp, "c.h5"))
+            fileformat.write(os.path.join(tmp, "c.h5"), ckpt)
+            ckpt = fileformat.read(os.path.join(tmp, "c.h5"))
         ok = ok and ckpt.per_rank == bool(local_sgd) and ckpt.dropout_rng.shape == (comm.size, 1, 6)
     for p in model.parameters():                 # scramble everything, then restore
         p.data[...] = 7

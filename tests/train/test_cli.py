@@ -19,8 +19,8 @@ import h5py
 import numpy as np
 import pytest
 
-from npddp.train import checkpoint
-from npddp.train.metrics import EPOCH_COLUMNS, STEP_COLUMNS, read_metrics
+from npddp.train.checkpoint import fileformat
+from npddp.train.console.metrics import EPOCH_COLUMNS, STEP_COLUMNS, read_metrics
 
 # 384 rows, a global batch of 32: 12 steps per epoch on any world size that divides 32
 TINY = ["--train-samples", "384", "--val-samples", "96", "--batch-size", "32", "--hidden", "16",
@@ -89,8 +89,8 @@ def test_the_ring_over_tcp_under_npddp_run_ends_bit_identical_to_the_ring_over_m
     """Same algorithm, same order of additions: the transport must not change a single bit."""
     proc, cwd = runs["ring-tcp", "bucketed"]
     assert ok(proc).stdout.startswith("npddp.train: 2 ranks, backend ring over tcp, TCP sockets, no MPI")
-    over_mpi = checkpoint.read(runs["ring", "bucketed"][1] / "c.h5").params
-    over_tcp = checkpoint.read(cwd / "c.h5").params
+    over_mpi = fileformat.read(runs["ring", "bucketed"][1] / "c.h5").params
+    over_tcp = fileformat.read(cwd / "c.h5").params
     assert over_mpi.keys() == over_tcp.keys()
     for name, value in over_mpi.items():
         assert np.array_equal(over_tcp[name], value), name
@@ -117,10 +117,10 @@ def test_each_backend_and_sync_prints_a_header_one_line_per_epoch_and_a_summary(
 
 def test_one_rank_without_mpirun_and_every_backend_and_sync_reach_the_same_parameters(runs):
     """The global batch is the same rows on 1 and 2 ranks, so the parameters agree to rounding."""
-    reference = checkpoint.read(runs["mpi", "overlap"][1] / "c.h5").params
+    reference = fileformat.read(runs["mpi", "overlap"][1] / "c.h5").params
     assert ok(runs["serial", "overlap"][0]).stdout.startswith("npddp.train: 1 rank, backend mpi")
     for key in RUNS[1:] + [("serial", "overlap")]:
-        params = checkpoint.read(ok(runs[key][0]) and runs[key][1] / "c.h5").params
+        params = fileformat.read(ok(runs[key][0]) and runs[key][1] / "c.h5").params
         for name, value in reference.items():
             np.testing.assert_allclose(params[name], value, rtol=1e-9, atol=1e-12, err_msg=f"{key} {name}")
 
@@ -226,14 +226,14 @@ def test_a_run_stopped_mid_epoch_and_resumed_ends_bit_identical_to_an_uninterrup
     whole = ok(train(tmp_path, *flags, "--checkpoint", "a.h5", "--metrics", "ma.h5"))
     first = ok(train(tmp_path, *flags, "--checkpoint", "b.h5", "--metrics", "mb.h5", "--max-steps", stop, *extra))
     assert first.stdout.splitlines()[-1].startswith(f"stopped (--max-steps): epoch {stop // 12}/3, step {stop},")
-    mid = checkpoint.read(tmp_path / "b.h5")
+    mid = fileformat.read(tmp_path / "b.h5")
     assert (mid.step, mid.epochs_done, mid.batches_done) == (stop, stop // 12, stop % 12)
     second = ok(train(tmp_path, "--checkpoint", "b.h5", "--resume"))         # every setting from b.h5
     assert f"resuming b.h5 at epoch {stop // 12 + 1}, batch {stop % 12} done (step {stop})" in second.stdout
     assert "resume: same settings as the checkpoint; bit-identical to an uninterrupted run" in second.stdout
     assert len(epoch_lines(second.stdout)) == 3 - stop // 12
 
-    a, b = checkpoint.read(tmp_path / "a.h5"), checkpoint.read(tmp_path / "b.h5")
+    a, b = fileformat.read(tmp_path / "a.h5"), fileformat.read(tmp_path / "b.h5")
     assert (a.step, a.epochs_done, a.batches_done) == (b.step, b.epochs_done, b.batches_done) == (36, 3, 0)
     for name in a.params:
         assert np.array_equal(a.params[name], b.params[name]), name
@@ -265,7 +265,7 @@ def test_resume_on_another_world_size_continues_and_says_bit_identity_is_given_u
     assert "resume: changed since the checkpoint: world size 2 -> 1; per-rank state" in moved.stdout
     assert "no longer bit-identical" in moved.stdout and moved.stderr == ""
     assert moved.stdout.splitlines()[-1].startswith("done: epoch 2/2, step 24,")
-    assert checkpoint.read(tmp_path / "c.h5").world_size == 1
+    assert fileformat.read(tmp_path / "c.h5").world_size == 1
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -294,10 +294,10 @@ def bad_inputs(tmp_path_factory):
         offset = f["params/0.weight"].id.get_offset()           # one byte inside a parameter's values
     data[offset + 3] ^= 0xFF
     (d / "flipped.h5").write_bytes(bytes(data))
-    far = checkpoint.read(d / "keep.h5")
+    far = fileformat.read(d / "keep.h5")
     far.batches_done, far.step = 10**6, 10**6 + 12
     far.optimizer["step"] = np.int64(far.step)
-    checkpoint.write(d / "far.h5", far)                # sealed: only the position check can refuse it
+    fileformat.write(d / "far.h5", far)                # sealed: only the position check can refuse it
     return d
 
 

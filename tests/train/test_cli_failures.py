@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from npddp.train import checkpoint
+from npddp.train.checkpoint import fileformat
 from tests.train.test_cli import TINY, _env, _mpirun, epoch_lines, ok, train
 
 
@@ -36,7 +36,7 @@ def test_a_nan_on_one_rank_stops_every_rank_with_exit_3_and_keeps_the_last_check
     assert "training diverged at step 5 (epoch 1): the gradient of" in line and "NaN or infinite" in line
     assert "the last checkpoint c.h5 (step 4) is kept" in line and "--lr" in line
     assert "done:" not in proc.stdout
-    saved = checkpoint.read(tmp_path / "c.h5")
+    saved = fileformat.read(tmp_path / "c.h5")
     assert saved.step == 4 and all(np.all(np.isfinite(v)) for v in saved.params.values())
 
 
@@ -77,7 +77,7 @@ def test_a_checkpoint_write_that_fails_is_one_line_exit_4_and_the_old_file_survi
     assert proc.returncode == 4, proc.stdout + proc.stderr
     line = _error_line(proc)
     assert line.startswith("error: cannot write c.h5: File too large; the previous file is kept"), line
-    assert (tmp_path / "c.h5").read_bytes() == before and checkpoint.read(tmp_path / "c.h5").step == 5
+    assert (tmp_path / "c.h5").read_bytes() == before and fileformat.read(tmp_path / "c.h5").step == 5
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.h5"]
 
 
@@ -94,7 +94,7 @@ def test_a_missing_mpi_library_is_one_line_naming_the_fixes(tmp_path):
     assert "python -m npddp.run --nproc N -m npddp.train --backend auto" in line
     for code in ("sys.modules['mpi4py'] = None",
                  f"import os; os.environ['MPI4PY_LIBMPI'] = {str(tmp_path / 'no' / 'libmpi.so.12')!r}"):
-        alone = (f"import sys; {code}; from npddp.train.cli import main; "
+        alone = (f"import sys; {code}; from npddp.train.cli.main import main; "
                  "sys.exit(main(['--epochs', '1', '--train-samples', '256', '--batch-size', '32', '--hidden', '8']))")
         proc = subprocess.run([sys.executable, "-c", alone], cwd=tmp_path, env=_env(), capture_output=True,
                               text=True, timeout=60)
@@ -136,10 +136,10 @@ def test_evaluate_and_load_model_reproduce_the_runs_validation_numbers(tmp_path)
         assert proc.returncode == 0 and proc.stderr == "", proc.stderr
         assert proc.stdout.startswith("evaluate: c.h5 (step 24, mlp 64-16-10) on synthetic val, 96 rows, " + ranks)
         assert proc.stdout.rstrip().endswith(f"loss {val_loss}, accuracy {val_acc}%"), (proc.stdout, last)
-    model = checkpoint.load_model(tmp_path / "c.h5")
-    from npddp.train.inputs import load_data
+    model = fileformat.load_model(tmp_path / "c.h5")
+    from npddp.train.cli.inputs import load_data
 
-    ds, _ = load_data(checkpoint.read(tmp_path / "c.h5").config)
+    ds, _ = load_data(fileformat.read(tmp_path / "c.h5").config)
     correct = np.mean(np.argmax(model.forward(ds.X_val.reshape(len(ds.X_val), -1)), axis=1) == ds.y_val)
     assert f"{100 * correct:.2f}" == val_acc
     bad = subprocess.run([sys.executable, "-m", "npddp.evaluate", "nope.h5"], cwd=tmp_path, env=_env(),

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from npddp.train import checkpoint
+from npddp.train.checkpoint import fileformat
 
 # sequences of 16 tokens, a global batch of 8; AdamW in float64
 GPT = ["--model", "gpt", "--model-size", "tiny", "--context-length", "16", "--batch-size", "8", "--epochs", "2",
@@ -54,7 +54,7 @@ def test_gpt_on_text_prints_tokens_per_second_and_resumes_bit_identically(tmp_pa
     assert losses[1] < losses[0] < np.log(256), losses
     ok(train(tmp_path, *flags, "--checkpoint", "b.h5", "--max-steps", "11"))
     ok(train(tmp_path, *flags, "--checkpoint", "b.h5", "--resume"))
-    a, b = checkpoint.read(tmp_path / "a.h5"), checkpoint.read(tmp_path / "b.h5")
+    a, b = fileformat.read(tmp_path / "a.h5"), fileformat.read(tmp_path / "b.h5")
     assert a.step == b.step > 11 and a.epochs_done == b.epochs_done == 2
     assert "head.weight" not in a.params and "tok_emb.weight" in a.params       # tied: saved once
     for name in a.params:
@@ -68,6 +68,6 @@ def test_gpt_on_one_rank_and_two_ranks_reach_the_same_parameters(tmp_path):
     ok(train(tmp_path, *GPT, *SYNTHETIC, "--checkpoint", "one.h5", n=None))
     two = ok(train(tmp_path, *GPT, *SYNTHETIC, "--checkpoint", "two.h5", "--sync", "overlap", "--bucket-mb", "0.01"))
     assert "data: synthetic-tokens, 96 train / 16 val sequences" in two.stdout
-    one, two = checkpoint.read(tmp_path / "one.h5"), checkpoint.read(tmp_path / "two.h5")
+    one, two = fileformat.read(tmp_path / "one.h5"), fileformat.read(tmp_path / "two.h5")
     for name in one.params:
         assert np.max(np.abs(one.params[name] - two.params[name])) <= 1e-10, name

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from npddp.nn import mlp
-from npddp.train import checkpoint
+from npddp.train.checkpoint import fileformat
 from tests.train.test_cli import TINY, _env, _mpirun, ok, train
 from tests.train.test_cli_failures import _error_line
 from tests.util.test_trace import nesting_problems, x_events
@@ -150,7 +150,7 @@ def test_a_fifo_or_device_is_refused_before_training_and_left_alone(tmp_path, ki
 #: The training CLI on a disk that is full for the trace: every other file is written.
 TRACE_DISK_FULL = """
 import errno, sys
-from npddp.train import cli
+from npddp.train.cli import main as cli
 from npddp.util.tracing import recorder
 real = recorder.write_bytes_atomic
 
@@ -171,5 +171,5 @@ def test_a_trace_that_cannot_be_written_is_one_line_exit_4_after_training_with_t
     assert proc.returncode == 4, proc.stdout + proc.stderr
     line = _error_line(proc)
     assert "cannot write the trace t.json: No space left on device" in line and "training finished" in line, line
-    assert "done: epoch 1/1" in proc.stdout and checkpoint.read(tmp_path / "c.h5").step == 12
+    assert "done: epoch 1/1" in proc.stdout and fileformat.read(tmp_path / "c.h5").step == 12
     assert not (tmp_path / "t.json").exists()

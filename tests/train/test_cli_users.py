@@ -6,7 +6,7 @@ import os
 import pytest
 
 from npddp.process.cleanup import Watch
-from npddp.train import checkpoint
+from npddp.train.checkpoint import fileformat
 from tests.train.test_cli import TINY, _env, _mpirun, ok, train
 
 
@@ -15,7 +15,7 @@ def test_a_tcp_run_resumes_without_the_backend_given_again(tmp_path):
     ok(train(tmp_path, *TINY, "--epochs", "1", "--backend", "ring", "--checkpoint", "c.h5", launcher="npddp.run"))
     resumed = ok(train(tmp_path, "--checkpoint", "c.h5", "--resume", "--epochs", "2", launcher="npddp.run"))
     assert "backend ring over tcp" in resumed.stdout, resumed.stdout
-    assert checkpoint.read(tmp_path / "c.h5").epochs_done == 2
+    assert fileformat.read(tmp_path / "c.h5").epochs_done == 2
 
 
 def test_resume_without_a_checkpoint_is_one_line_and_leaves_no_mpi_segment(tmp_path):
@@ -41,7 +41,7 @@ def test_a_new_run_refuses_to_overwrite_a_checkpoint_unless_told(tmp_path):
     assert "Traceback" not in refused.stderr and (tmp_path / "c.h5").read_bytes() == before
     ok(train(tmp_path, *TINY, "--epochs", "2", "--checkpoint", "c.h5", "--resume", n=None))      # resume: allowed
     ok(train(tmp_path, *TINY, "--epochs", "1", "--hidden", "8", "--checkpoint", "c.h5", "--overwrite", n=None))
-    assert checkpoint.read(tmp_path / "c.h5").epochs_done == 1
+    assert fileformat.read(tmp_path / "c.h5").epochs_done == 1
 
 
 def test_a_batch_larger_than_the_data_is_an_error_naming_both(tmp_path):
@@ -60,7 +60,7 @@ def test_under_npddp_run_the_default_backend_is_auto_over_tcp_and_the_security_p
     proc = ok(train(tmp_path, *TINY, "--epochs", "1", "--checkpoint", "c.h5", "--resume", "auto",
                     "--checkpoint-every", "50", launcher="npddp.run"))
     assert proc.stdout.startswith("npddp.train: 2 ranks, backend auto over tcp (default: not started by MPI), TCP")
-    assert checkpoint.read(tmp_path / "c.h5").backend == "auto"
+    assert fileformat.read(tmp_path / "c.h5").backend == "auto"
     refused = train(tmp_path, *TINY, "--backend", "mpi", launcher="npddp.run")
     errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert refused.returncode == 2 and len(errors) == 1 and "--backend mpi runs MPI's own" in errors[0]

@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 
-from npddp.train import checkpoint
+from npddp.train.checkpoint import fileformat
 
 from tests.train.test_cli import ok, train
 
@@ -14,7 +14,7 @@ GPT = ["--model", "gpt", "--optimizer", "adamw", "--lr", "0.003", "--context-len
 
 
 def params_of(path) -> np.ndarray:
-    ckpt = checkpoint.read(str(path))
+    ckpt = fileformat.read(str(path))
     return np.concatenate([np.asarray(v).ravel() for _, v in sorted(ckpt.params.items())])
 
 
@@ -40,7 +40,7 @@ def test_every_stage_trains_to_ddps_parameters_and_states_its_memory(tmp_path, d
 
 def test_a_zero3_checkpoint_resumes_as_zero2_on_three_ranks_and_ends_at_ddps_parameters(tmp_path, ddp_run):
     ok(train(tmp_path, *GPT, "--zero", "3", "--checkpoint", "z.h5", "--max-steps", "5"))
-    assert checkpoint.read(str(tmp_path / "z.h5")).step == 5
+    assert fileformat.read(str(tmp_path / "z.h5")).step == 5
     ok(train(tmp_path, "--checkpoint", "z.h5", "--resume", "--zero", "2", "--progress", "none", n=3))
     assert relative(params_of(tmp_path / "z.h5"), ddp_run) < 1e-12
 

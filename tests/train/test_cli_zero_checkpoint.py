@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
-from npddp.train import checkpoint, shardfiles
+from npddp.train.checkpoint import fileformat, shardwrite
 
 from tests.train.test_cli import _env, _mpirun, ok, train
 from tests.train.test_cli_failures import LIMITED
@@ -23,7 +23,7 @@ MLP = ["--train-samples", "192", "--val-samples", "48", "--batch-size", "24", "-
 
 def whole_state(path) -> dict:
     """Every parameter and optimizer array of a checkpoint, by name."""
-    ckpt = checkpoint.read(str(path))
+    ckpt = fileformat.read(str(path))
     return {**{f"p/{k}": np.asarray(v) for k, v in ckpt.params.items()},
             **{f"o/{k}": np.asarray(v) for k, v in ckpt.optimizer.items()}}
 
@@ -56,11 +56,11 @@ def test_each_rank_writes_its_shard_and_a_resume_at_the_same_world_size_is_bit_i
     assert steps_saved(parts) == [3]
     folder = parts / step_dirs(parts)[0]
     shards = sorted(os.listdir(folder))
-    assert shards == [shardfiles.shard_name(r, n) for r in range(n)]
+    assert shards == [shardwrite.shard_name(r, n) for r in range(n)]
     for r, name in enumerate(shards):
         with h5py.File(folder / name, "r") as f:
             assert (f.attrs["format"], f.attrs["rank"], f.attrs["world_size"], f.attrs["stage"], f.attrs["step"]) \
-                   == (shardfiles.SHARD_FORMAT, r, n, stage, 3)
+                   == (shardwrite.SHARD_FORMAT, r, n, stage, 3)
             assert "params" in f and "optimizer" in f and f["layout"].shape[1] == 5
     with h5py.File(parts / "z.h5", "r") as f:                  # the index holds no parameter
         assert f.attrs["sharded"] and len(f["params"]) == 0 and list(f["shards"]["sizes"][()]) == \
@@ -88,7 +88,7 @@ def test_written_on_three_ranks_resumed_on_two_with_another_stage_reaches_ddps_p
     assert len(os.listdir(tmp_path / step_dirs(tmp_path)[0])) == 2
     assert relative(params_of(tmp_path / "z.h5"), ddp_gpt) < 1e-12
     ok(train(tmp_path, "--checkpoint", "z.h5", "--resume", "--zero", "0", "--epochs", "3", "--progress", "none"))
-    assert step_dirs(tmp_path) == [] and checkpoint.read(str(tmp_path / "z.h5")).step == 12   # whole format again
+    assert step_dirs(tmp_path) == [] and fileformat.read(str(tmp_path / "z.h5")).step == 12   # whole format again
 
 
 @pytest.fixture
@@ -102,8 +102,8 @@ def test_evaluate_and_load_model_read_a_sharded_checkpoint_in_one_process(sharde
                           capture_output=True, text=True, timeout=60)
     ok(proc)
     assert proc.stdout.startswith("evaluate: z.h5") and "1 rank" in proc.stdout, proc.stdout
-    model = checkpoint.load_model(str(sharded_run / "z.h5"))
-    saved = checkpoint.read(str(sharded_run / "z.h5")).params
+    model = fileformat.load_model(str(sharded_run / "z.h5"))
+    saved = fileformat.read(str(sharded_run / "z.h5")).params
     for name, p in model.named_parameters():
         assert np.array_equal(p.data, saved[name]), name
     assert np.all(np.isfinite(np.concatenate([v.ravel() for v in saved.values()])))
@@ -111,7 +111,7 @@ def test_evaluate_and_load_model_read_a_sharded_checkpoint_in_one_process(sharde
 
 @pytest.mark.parametrize("damage", ["delete", "truncate", "flip"])
 def test_a_missing_or_damaged_shard_is_one_line_naming_it_exit_2(sharded_run, damage):
-    shard = sharded_run / step_dirs(sharded_run)[0] / shardfiles.shard_name(1, 2)
+    shard = sharded_run / step_dirs(sharded_run)[0] / shardwrite.shard_name(1, 2)
     if damage == "delete":
         shard.unlink()
     elif damage == "truncate":
@@ -122,19 +122,20 @@ def test_a_missing_or_damaged_shard_is_one_line_naming_it_exit_2(sharded_run, da
         shard.write_bytes(bytes(data))
     want = {"delete": "is missing", "truncate": "truncated", "flip": "damaged"}[damage]
     line = one_error(train(sharded_run, "--checkpoint", "z.h5", "--resume", "--epochs", "3", "--progress", "none"))
-    assert shardfiles.shard_name(1, 2) in line and want in line, line
+    assert shardwrite.shard_name(1, 2) in line and want in line, line
     proc = subprocess.run([sys.executable, "-m", "npddp.evaluate", "z.h5"], cwd=sharded_run, env=_env(),
                           capture_output=True, text=True, timeout=60)
     line = one_error(proc)
-    assert shardfiles.shard_name(1, 2) in line and want in line, line
-    with pytest.raises(checkpoint.CheckpointError, match=want):
-        checkpoint.load_model(str(sharded_run / "z.h5"))
+    assert shardwrite.shard_name(1, 2) in line and want in line, line
+    with pytest.raises(fileformat.CheckpointError, match=want):
+        fileformat.load_model(str(sharded_run / "z.h5"))
 
 
 CRASH = """
 import os, sys
-from npddp.train import cli, shardfiles
-real, calls = shardfiles._write_index, []
+from npddp.train.checkpoint import shardwrite
+from npddp.train.cli import main as cli
+real, calls = shardwrite._write_index, []
 
 def crash(*args, **kwargs):
     calls.append(1)
@@ -142,7 +143,7 @@ def crash(*args, **kwargs):
         os._exit(9)
     return real(*args, **kwargs)
 
-shardfiles._write_index = crash
+shardwrite._write_index = crash
 sys.exit(cli.main(sys.argv[1:]))
 """
 
@@ -155,7 +156,7 @@ def test_a_crash_between_the_shards_and_the_index_leaves_the_previous_set_loadab
     assert proc.returncode != 0, proc.stdout
     assert steps_saved(tmp_path) == [3, 6]                     # the new shards, no index
     assert len(os.listdir(tmp_path / step_dirs(tmp_path)[1])) == 2
-    assert checkpoint.read(str(tmp_path / "z.h5")).step == 3
+    assert fileformat.read(str(tmp_path / "z.h5")).step == 3
     ok(train(tmp_path, "--checkpoint", "z.h5", "--resume", "--progress", "none"))
     whole = tmp_path / "whole"
     whole.mkdir()
@@ -176,7 +177,7 @@ def test_a_shard_write_that_fails_is_one_line_exit_4_and_the_previous_set_surviv
     assert len(lines) == 1 and "cannot write z.h5.step-" in lines[0] and "File too large" in lines[0], lines
     assert sorted(p.name for p in tmp_path.rglob("*")) == before            # no new step directory, no temp file
     after = whole_state(tmp_path / "z.h5")
-    assert checkpoint.read(str(tmp_path / "z.h5")).step == 5 and all(np.array_equal(state[k], after[k]) for k in state)
+    assert fileformat.read(str(tmp_path / "z.h5")).step == 5 and all(np.array_equal(state[k], after[k]) for k in state)
 
 
 def test_only_other_step_directories_of_the_same_index_are_removed(tmp_path):
@@ -185,10 +186,10 @@ def test_only_other_step_directories_of_the_same_index_are_removed(tmp_path):
         (tmp_path / name).mkdir()
         (tmp_path / name / "rank-00000-of-00001.h5").write_bytes(b"x")
     (tmp_path / "z.h5.step-00000009").write_bytes(b"a file, not a directory")
-    shardfiles.remove_old_steps(str(tmp_path / "z.h5"), keep=shardfiles.step_dir(tmp_path / "z.h5", 6, "89abcdef"))
+    shardwrite.remove_old_steps(str(tmp_path / "z.h5"), keep=shardwrite.step_dir(tmp_path / "z.h5", 6, "89abcdef"))
     foreign = ["y.h5.step-00000003-0123abcd", "z.h5.old.step-00000003"]
     assert sorted(os.listdir(tmp_path)) == sorted([*foreign, "z.h5.step-00000006-89abcdef", "z.h5.step-00000009",
                                                    "z.h5.step-x", "z.h5.step-00000006-mine"])
-    shardfiles.remove_old_steps(str(tmp_path / "z.h5"), keep="")
+    shardwrite.remove_old_steps(str(tmp_path / "z.h5"), keep="")
     assert sorted(os.listdir(tmp_path)) == sorted([*foreign, "z.h5.step-00000009", "z.h5.step-x",
                                                    "z.h5.step-00000006-mine"])

@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
-from npddp.train import checkpoint, shardfiles
+from npddp.train.checkpoint import fileformat, shardwrite
 
 from tests.train.test_cli import _env, _mpirun, ok, train
 from tests.train.test_cli_zero_checkpoint import MLP, one_error, step_dirs, steps_saved, whole_state
@@ -31,12 +31,13 @@ runpy.run_module("npddp.train", run_name="__main__", alter_sys=True)
 #: The training CLI with rank 0 killed at its first index write: every new shard is on disk, no index names them.
 KILLED_BEFORE_INDEX = """
 import os, sys
-from npddp.train import cli, shardfiles
+from npddp.train.checkpoint import shardwrite
+from npddp.train.cli import main as cli
 
 def crash(*args, **kwargs):
     os._exit(9)
 
-shardfiles._write_index = crash
+shardwrite._write_index = crash
 sys.exit(cli.main(sys.argv[1:]))
 """
 
@@ -88,9 +89,9 @@ def test_rank_0_killed_between_the_shards_and_the_index_of_an_overwrite_keeps_th
 def test_a_copy_of_the_index_reads_its_own_directory_and_is_refused_without_one(saved_at_5):
     cwd, before = saved_at_5
     shutil.copyfile(cwd / "z.h5", cwd / "backup.h5")
-    with pytest.raises(checkpoint.CheckpointError, match=r"shard directory '.*backup\.h5\.step-00000005-.*' "
+    with pytest.raises(fileformat.CheckpointError, match=r"shard directory '.*backup\.h5\.step-00000005-.*' "
                                                          "does not exist"):
-        checkpoint.read(str(cwd / "backup.h5"))
+        fileformat.read(str(cwd / "backup.h5"))
     line = one_error(evaluate(cwd, "backup.h5"))
     assert "backup.h5.step-00000005-" in line and "does not exist" in line, line
     (folder,) = step_dirs(cwd)
@@ -104,8 +105,8 @@ def test_an_overwrite_on_another_world_size_leaves_no_stale_shards(tmp_path):
     ok(train(tmp_path, *MLP, "--zero", "2", "--checkpoint", "z.h5", "--max-steps", "4", n=3))
     ok(train(tmp_path, *MLP, "--zero", "2", "--checkpoint", "z.h5", "--max-steps", "4", "--overwrite", n=2))
     (folder,) = step_dirs(tmp_path)
-    assert sorted(os.listdir(tmp_path / folder)) == [shardfiles.shard_name(r, 2) for r in range(2)]
-    assert checkpoint.read(str(tmp_path / "z.h5")).world_size == 2
+    assert sorted(os.listdir(tmp_path / folder)) == [shardwrite.shard_name(r, 2) for r in range(2)]
+    assert fileformat.read(str(tmp_path / "z.h5")).world_size == 2
 
 
 def _as_earlier_layout(cwd) -> str:
@@ -118,8 +119,8 @@ def _as_earlier_layout(cwd) -> str:
         g = f["shards"]
         del g.attrs["directory"]
         g.attrs["files"] = json.dumps([f"{legacy}/{name}" for name in json.loads(g.attrs["files"])])
-        checkpoint._seal(f)
-    index.write_bytes(checkpoint._with_header(index.read_bytes()[checkpoint._BLOCK:]))
+        fileformat._seal(f)
+    index.write_bytes(fileformat._with_header(index.read_bytes()[fileformat._BLOCK:]))
     return legacy
 
 

@@ -11,14 +11,14 @@ from npddp.comm import BACKENDS, TRANSPORTS, backend_names
 from npddp.train.config import (Config, ConfigError, build_parser, default_backend, fixed_on_resume, flag,
                                  inherited_on_resume, parse_args,
                                  parse_config)
-from npddp.train.validate import check_config
+from npddp.train.cli.validate import check_config
 from npddp.data import DATASET_NAMES, NORMALIZE_MODES
 from npddp.parallel.builtin import HOOKS
 from npddp.parallel.ddp import SYNCS
 from npddp.train.models import MODELS, REGISTRY
 from npddp.nn.gpt import PRESETS
 from npddp.optim import OPTIMIZERS
-from npddp.train.console import PROGRESS_MODES
+from npddp.train.console.printer import PROGRESS_MODES
 
 
 def test_no_flags_gives_the_dataclass_defaults_and_they_are_valid_on_1_to_8_ranks():

@@ -5,7 +5,7 @@ import io
 
 import pytest
 
-from npddp.train.console import Printer, Progress, format_duration
+from npddp.train.console.printer import Printer, Progress, format_duration
 
 
 class _Stream(io.StringIO):
@@ -108,5 +108,5 @@ def test_only_rank_0_prints_and_quiet_keeps_only_the_summary_and_problems(rank, 
     ([0, 1, 0, 1], "nodes: 2 x 2 ranks (node0: 0,2; node1: 1,3)"),
 ])
 def test_the_header_line_of_a_run_across_nodes_lists_each_nodes_ranks(nodes, line):
-    from npddp.train.banner import nodes_line
+    from npddp.train.console.banner import nodes_line
     assert nodes_line(nodes) == line

@@ -8,9 +8,9 @@ import h5py
 import numpy as np
 import pytest
 
-from npddp.train import outputs
-from npddp.train.checkpoint import FORMAT as CHECKPOINT_FORMAT
-from npddp.train.inputs import load_data, scaling_warning
+from npddp.train.cli import outputs
+from npddp.train.checkpoint.fileformat import FORMAT as CHECKPOINT_FORMAT
+from npddp.train.cli.inputs import load_data, scaling_warning
 from npddp.train.models import REGISTRY
 
 BASE = {"model": "mlp", "dtype": "float32", "normalize": "none"}

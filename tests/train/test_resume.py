@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from npddp.train import resume
-from npddp.train.checkpoint import Checkpoint
+from npddp.train.checkpoint import resume
+from npddp.train.checkpoint.fileformat import Checkpoint
 from npddp.train.config import Config, ConfigError, fixed_on_resume, inherited_on_resume, parse_args
 from npddp.nn import mlp
 from npddp.optim import SGD, AdamW

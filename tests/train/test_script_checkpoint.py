@@ -19,7 +19,7 @@ from npddp.nn import CrossEntropyLoss, gpt_preset, mlp
 from npddp.optim import SGD, AdamW
 from npddp.parallel.ddp import DistributedDataParallel
 from npddp.parallel.zero import ShardedOptimizer, ZeroDataParallel
-from npddp.train import checkpoint
+from npddp.train.checkpoint import fileformat
 
 from tests.conftest import check_all_ranks, check_ranks_agree, world_raw
 
@@ -66,7 +66,7 @@ def test_a_scripts_checkpoint_evaluates_and_resumes_with_the_cli(tmp_path):
     assert code == 0 and "(step 3, mlp 64-16-10) on synthetic val" in out, out
     code, out = run_cli("npddp.train", "--checkpoint", str(path), "--resume", "--epochs", "2", "--quiet")
     assert code == 0, out
-    assert checkpoint.read(path).epochs_done == 2 and checkpoint.read(path).step > 3
+    assert fileformat.read(path).epochs_done == 2 and fileformat.read(path).step > 3
 
 
 def test_a_scripts_gpt_checkpoint_generates(tmp_path):
@@ -114,7 +114,7 @@ def test_load_restores_the_model_and_optimizer(tmp_path, kind, optimizer):
     params_only, _ = train_mlp(comm, steps=0, kind=kind, optimizer=optimizer, seed=9)
     assert load_checkpoint(path, params_only)["step"] == 3
     assert np.array_equal(values(params_only), np.concatenate([v.ravel() for v in
-                                                               checkpoint.read(path).params.values()]))
+                                                               fileformat.read(path).params.values()]))
 
 
 @pytest.mark.parametrize("change, pattern", [
@@ -141,11 +141,11 @@ def test_load_names_what_does_not_fit(tmp_path):
     path = tmp_path / "ckpt.h5"
     save_checkpoint(path, ddp, opt, config=MLP_CONFIG, input_shape=(64,), num_classes=10)
     other = DistributedDataParallel(mlp(64, [8], 10, seed=0), comm)
-    with pytest.raises(checkpoint.CheckpointError, match=r"parameter '0.weight' is \(16, 64\).*\(8, 64\)"):
+    with pytest.raises(fileformat.CheckpointError, match=r"parameter '0.weight' is \(16, 64\).*\(8, 64\)"):
         load_checkpoint(path, other, SGD(other.parameters(), lr=0.05, momentum=0.9))
-    with pytest.raises(checkpoint.CheckpointError, match="holds SGD state|holds sgd state"):
+    with pytest.raises(fileformat.CheckpointError, match="holds SGD state|holds sgd state"):
         load_checkpoint(path, ddp, AdamW(ddp.parameters()))
-    with pytest.raises(checkpoint.CheckpointError, match="does not exist"):
+    with pytest.raises(fileformat.CheckpointError, match="does not exist"):
         load_checkpoint(tmp_path / "missing.h5", ddp, opt)
 
 
@@ -162,6 +162,6 @@ def test_save_and_load_on_every_rank(kind, agreed_tmpdir):
                     "the loaded parameters differ from the saved ones")
     check_ranks_agree(values(fresh))
     if comm.rank == 0:
-        world = checkpoint.read(path).world_size
+        world = fileformat.read(path).world_size
         shutil.rmtree(agreed_tmpdir)
         assert world == comm.size

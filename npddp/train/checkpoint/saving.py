@@ -5,9 +5,9 @@
                     input_shape=(64,), num_classes=10, epoch=3)      # every rank; rank 0 writes
     position = load_checkpoint("run.h5", ddp, opt)                  # every rank; {"step": ..., ...}
 
-The file is written by :func:`npddp.train.checkpoint.write` from the state
-:func:`npddp.train.state.collect` gathers, and read back through :func:`npddp.train.checkpoint.read`
-and :func:`npddp.train.state.restore`, so ``python -m npddp.evaluate``, ``python -m npddp.generate``
+The file is written by :func:`npddp.train.checkpoint.fileformat.write` from the state
+:func:`npddp.train.checkpoint.state.collect` gathers, and read back through :func:`npddp.train.checkpoint.fileformat.read`
+and :func:`npddp.train.checkpoint.state.restore`, so ``python -m npddp.evaluate``, ``python -m npddp.generate``
 and ``python -m npddp.train --checkpoint run.h5 --resume`` take it like one of their own.
 
 What the file cannot learn from the objects, the script says: ``config`` holds the training
@@ -30,11 +30,11 @@ import numpy as np
 from npddp.nn import Dropout
 from npddp.optim import SGD, AdamW
 from npddp.parallel.zero import ShardedOptimizer, ZeroDataParallel, ZeroRedundancyOptimizer
-from npddp.train import checkpoint, resume, state
+from npddp.train.checkpoint import fileformat, resume, state
 from npddp.train.agree import agree, share_text
-from npddp.train.banner import transport_of
+from npddp.train.console.banner import transport_of
 from npddp.train.config import Config
-from npddp.train.metrics import TOTALS
+from npddp.train.console.metrics import TOTALS
 from npddp.train.models import build_model
 from npddp.train.sharding import CheckpointedOptimizer
 from npddp.util.runinfo import environment
@@ -132,7 +132,7 @@ def save_checkpoint(path, ddp, optimizer, *, config: dict, input_shape, num_clas
     message = None
     if comm.rank == 0:
         try:
-            checkpoint.write(path, ckpt)
+            fileformat.write(path, ckpt)
         except OSError as exc:
             message = f"cannot write checkpoint {os.fspath(path)!r}: {exc.strerror or exc}"
     message = agree(comm, message)
@@ -156,18 +156,18 @@ def load_checkpoint(path, ddp, optimizer=None) -> dict:
     with ddp.full_parameters():
         if comm.rank == 0:
             try:
-                ckpt = checkpoint.read(path)
+                ckpt = fileformat.read(path)
                 if opt is not None:
                     message = resume.incompatibility(ckpt, path, named_params=named, optimizer=_Template(opt),
                                                      ddp=ddp, optimizer_name=name)
                 else:
                     message = _params_misfit(ckpt, path, named)
                 text = json.dumps(ckpt.config)
-            except checkpoint.CheckpointError as exc:
+            except fileformat.CheckpointError as exc:
                 message = str(exc)
         message = agree(comm, message)
         if message:
-            raise checkpoint.CheckpointError(message.removeprefix("--resume: "))
+            raise fileformat.CheckpointError(message.removeprefix("--resume: "))
         config = json.loads(share_text(comm, text))
         if opt is None:
             head = np.array([ckpt.per_rank, ckpt.epochs_done, ckpt.batches_done, ckpt.step] if comm.rank == 0

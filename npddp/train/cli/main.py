@@ -32,24 +32,24 @@ import io
 import sys
 import time
 
-from npddp.train import outputs
-from npddp.train import resume
+from npddp.train.cli import outputs
+from npddp.train.checkpoint import resume
 from npddp.train import sharding
 from npddp.process import threads
 from npddp.train.agree import agree
-from npddp.train.banner import header, summary, transport_of
+from npddp.train.console.banner import header, summary, transport_of
 from npddp.train.config import Config, ConfigError, default_backend, load_plugins, parse_args
-from npddp.train.validate import check_config
+from npddp.train.cli.validate import check_config
 from npddp.comm.node.memory import node_ids
 from npddp.comm.transports.base import resolve_transport
 from npddp.parallel import builtin as hooks
 from npddp.parallel.ddp import DistributedDataParallel
-from npddp.train.inputs import dataset_name, load_data, scaling_warning
+from npddp.train.cli.inputs import dataset_name, load_data, scaling_warning
 from npddp.util import env, tracing
 from npddp.process.job import EXIT_USAGE, EXIT_WRITE, JobError, open_communicator, run_main
 from npddp.train.models import build_model
 from npddp.optim import make_optimizer
-from npddp.train.console import Printer
+from npddp.train.console.printer import Printer
 from npddp.util.runinfo import environment
 from npddp.train.trainer import Trainer
 
@@ -221,7 +221,3 @@ def _trace_failure(tracer, exc: BaseException, rank: int, out: Printer) -> None:
 def main(argv=None) -> int:
     """The CLI: ``train(argv)`` under npddp.process.job's abort hooks; the exit status."""
     return run_main(train, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

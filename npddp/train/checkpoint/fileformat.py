@@ -25,7 +25,7 @@ them and refuses a file that fails, lacks them, or holds a position or counter o
 (:class:`CheckpointError`, one line naming the file and what is wrong).
 
 The data order needs no state: the sampler shuffles with ``sampler_seed + epoch``. Gathering and
-restoring state over the communicator lives in :mod:`npddp.train.state`; :func:`load_model`
+restoring state over the communicator lives in :mod:`npddp.train.checkpoint.state`; :func:`load_model`
 rebuilds the trained model for use after training.
 """
 
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from npddp.train.shardread import ShardError, assemble
+from npddp.train.checkpoint.shardread import ShardError, assemble
 from npddp.util.atomicfile import atomic_h5
 from npddp.util.runinfo import SCHEMA_VERSION, read_attrs, write_attrs
 
@@ -234,7 +234,7 @@ def read(path) -> Checkpoint:
             if whole:
                 raise CheckpointError(f"checkpoint {path!r} {whole}")
             ckpt = _from_file(f, attrs)
-            if attrs.get("sharded"):          # --zero: the index of shard files (npddp.train.shardfiles)
+            if attrs.get("sharded"):          # --zero: the index of shard files (npddp.train.checkpoint.shardwrite)
                 try:
                     ckpt = assemble(path, f, ckpt)
                 except ShardError as exc:

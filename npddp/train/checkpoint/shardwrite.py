@@ -18,7 +18,7 @@ naming every shard's size and whole-file CRC-32 replaces the previous index only
 shards are on disk, and only then are the other step directories of this index removed (the
 previous generation, one a crash left without an index, or one of another world size), so a
 crash or a failed write at any moment leaves a complete set. Indexes of the earlier layout
-(``run.h5.step-00000012/`` named in ``files``) are still read, and replaced by the next save. :func:`npddp.train.checkpoint.read` assembles the whole-model
+(``run.h5.step-00000012/`` named in ``files``) are still read, and replaced by the next save. :func:`npddp.train.checkpoint.fileformat.read` assembles the whole-model
 state from the shards (so resume at any world size or stage, ``npddp.evaluate`` and
 ``load_model`` take it as any checkpoint); a missing or damaged shard is a CheckpointError naming it.
 """
@@ -36,9 +36,9 @@ import numpy as np
 
 from npddp.parallel.zero import ZeroRedundancyOptimizer
 from npddp.process.job import EXIT_WRITE, JobError
-from npddp.train import checkpoint, state
+from npddp.train.checkpoint import fileformat, state
 from npddp.train.agree import agree, share_text
-from npddp.train.shardread import SHARD_FORMAT
+from npddp.train.checkpoint.shardread import SHARD_FORMAT
 from npddp.util.atomicfile import atomic_h5
 from npddp.util.runinfo import SCHEMA_VERSION
 
@@ -97,11 +97,11 @@ def write_shard(target, *, rank: int, size: int, stage: int, step: int, rows, va
     written = {}
 
     def finish(image: bytes) -> bytes:
-        data = checkpoint._with_header(image)
+        data = fileformat._with_header(image)
         written["size"], written["crc"] = len(data), zlib.crc32(data)
         return data
 
-    with atomic_h5(target, finish=finish, userblock_size=checkpoint._BLOCK) as f:
+    with atomic_h5(target, finish=finish, userblock_size=fileformat._BLOCK) as f:
         f.attrs.update({"format": SHARD_FORMAT, "schema_version": SCHEMA_VERSION, "rank": rank,
                         "world_size": size, "stage": stage, "step": step})
         f.create_dataset("layout", data=np.array(rows, dtype=np.int64).reshape(-1, _ROW))
@@ -113,7 +113,7 @@ def write_shard(target, *, rank: int, size: int, stage: int, step: int, rows, va
             gb = g.create_group(b)
             for k, v in enumerate(arrays):
                 gb.create_dataset(str(k), data=v)
-        checkpoint._seal(f)
+        fileformat._seal(f)
     return written["size"], written["crc"]
 
 
@@ -130,7 +130,7 @@ class _Scalars:
 def save(comm, path, *, stage: int, named_params, engine, optimizer, **collect_kwargs) -> None:
     """Collective: write this step's sharded checkpoint at ``path``; JobError (exit 4) when a write fails.
 
-    ``collect_kwargs`` are :func:`npddp.train.state.collect`'s (position, totals, config, ...).
+    ``collect_kwargs`` are :func:`npddp.train.checkpoint.state.collect`'s (position, totals, config, ...).
     """
     path, named_params = os.fspath(path), list(named_params)
     step = int(collect_kwargs["position"][2])
@@ -192,7 +192,7 @@ def _write_index(path: str, meta, *, stage: int, directory: str, files: list, ta
         for key, value in layout.items():
             g.attrs[key] = json.dumps(value)
 
-    checkpoint.write(path, meta, extra=extra)
+    fileformat.write(path, meta, extra=extra)
 
 
 def remove_old_steps(path, keep: str) -> None:

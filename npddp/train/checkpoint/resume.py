@@ -20,12 +20,12 @@ import os
 
 import numpy as np
 
-from npddp.train import checkpoint
-from npddp.train import state
+from npddp.train.checkpoint import fileformat
+from npddp.train.checkpoint import state
 from npddp.train.agree import agree, share_text
 from npddp.train.config import Config, ConfigError, fixed_on_resume, flag, inherited_on_resume
 from npddp.process.job import EXIT_USAGE, JobError
-from npddp.train.metrics import TOTALS, MetricsLog
+from npddp.train.console.metrics import TOTALS, MetricsLog
 
 #: Fields whose change on resume alters the order of the gradient sums.
 _ORDER_FIELDS = ("backend", "sync", "bucket_mb")
@@ -47,11 +47,11 @@ def read_saved(comm, path: str):
     ckpt, message, text = None, None, ""
     if comm.rank == 0:
         try:
-            ckpt = checkpoint.read(path)
+            ckpt = fileformat.read(path)
             text = json.dumps({"config": ckpt.config, "backend": ckpt.backend, "world_size": ckpt.world_size,
                                "step": ckpt.step, "epochs_done": ckpt.epochs_done,
                                "batches_done": ckpt.batches_done})
-        except checkpoint.CheckpointError as exc:
+        except fileformat.CheckpointError as exc:
             message = f"--resume: {exc}"
     message = agree(comm, message)
     if message:

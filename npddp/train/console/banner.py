@@ -8,7 +8,7 @@ on ``--resume``, where the run continues.
 from __future__ import annotations
 
 from npddp.train.config import Config
-from npddp.train.console import format_bytes
+from npddp.train.console.printer import format_bytes
 
 
 def header(cfg: Config, comm, ds, model_text: str, model, ddp, trainer, env: dict,

@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 
 from npddp.util.atomicfile import remove_stale_temps, target_problem
-from npddp.train.checkpoint import FORMAT as CHECKPOINT_FORMAT
-from npddp.train.metrics import FORMAT as METRICS_FORMAT
-from npddp.train.console import format_bytes
+from npddp.train.checkpoint.fileformat import FORMAT as CHECKPOINT_FORMAT
+from npddp.train.console.metrics import FORMAT as METRICS_FORMAT
+from npddp.train.console.printer import format_bytes
 
 #: field name -> the ``format`` attribute a file there must already have to be replaced.
 KINDS = {"checkpoint": CHECKPOINT_FORMAT, "metrics": METRICS_FORMAT}

@@ -1,0 +1,1 @@
+"""The communicator's command-line tools: the contract check (check) and the all-reduce tuner (tune)."""
