@@ -217,6 +217,7 @@ STOPS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_stopped_rank_is_named_as_the_cause(tmp_path):
     """Item 9: a rank stopped by SIGSTOP was blamed on rank 0, which only timed out waiting for it."""
     script = tmp_path / "stops.py"

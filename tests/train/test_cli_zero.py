@@ -38,6 +38,7 @@ def test_every_stage_trains_to_ddps_parameters_and_states_its_memory(tmp_path, d
     assert relative(params_of(tmp_path / "z.h5"), ddp_run) < 1e-12
 
 
+@pytest.mark.slow
 def test_a_zero3_checkpoint_resumes_as_zero2_on_three_ranks_and_ends_at_ddps_parameters(tmp_path, ddp_run):
     ok(train(tmp_path, *GPT, "--zero", "3", "--checkpoint", "z.h5", "--max-steps", "5"))
     assert fileformat.read(str(tmp_path / "z.h5")).step == 5

@@ -47,6 +47,7 @@ def one_error(proc) -> str:
 
 @pytest.mark.parametrize("flags, stage, n, launcher", [(MLP, 1, 2, "mpirun"), (GPT, 2, 3, "mpirun"),
                                                       (GPT, 3, 2, "mpirun"), (MLP, 2, 2, "npddp.run")])
+@pytest.mark.slow
 def test_each_rank_writes_its_shard_and_a_resume_at_the_same_world_size_is_bit_identical(tmp_path, flags, stage, n,
                                                                                          launcher):
     whole, parts = tmp_path / "whole", tmp_path / "parts"
@@ -81,6 +82,7 @@ def ddp_gpt(tmp_path_factory):
     return params_of(cwd / "ref.h5")
 
 
+@pytest.mark.slow
 def test_written_on_three_ranks_resumed_on_two_with_another_stage_reaches_ddps_parameters(tmp_path, ddp_gpt):
     ok(train(tmp_path, *GPT, "--zero", "1", "--checkpoint", "z.h5", "--max-steps", "5", n=3))
     assert steps_saved(tmp_path) == [5] and len(os.listdir(tmp_path / step_dirs(tmp_path)[0])) == 3
@@ -148,6 +150,7 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_a_crash_between_the_shards_and_the_index_leaves_the_previous_set_loadable(tmp_path):
     (tmp_path / "crash.py").write_text(CRASH)
     flags = [*MLP, "--zero", "3", "--checkpoint", "z.h5", "--checkpoint-every", "3"]
@@ -166,6 +169,7 @@ def test_a_crash_between_the_shards_and_the_index_leaves_the_previous_set_loadab
     assert steps_saved(tmp_path) == steps_saved(whole)
 
 
+@pytest.mark.slow
 def test_a_shard_write_that_fails_is_one_line_exit_4_and_the_previous_set_survives(tmp_path):
     ok(train(tmp_path, *MLP, "--zero", "2", "--checkpoint", "z.h5", "--max-steps", "5"))
     before = sorted(p.name for p in tmp_path.rglob("*"))
