@@ -24,6 +24,7 @@ import re
 import numpy as np
 
 from benchmarks.columns import COLLECTIVES, NO_COMM
+from npddp.comm import DoneWork
 from npddp.util.atomicfile import target_problem
 
 GB = 1e9
@@ -205,6 +206,7 @@ class NoComm:
     """
 
     name = NO_COMM
+    algorithm_for = None   # picks no algorithm: not the wrapped communicator's (DDP's traces name none)
 
     def __init__(self, inner):
         self._inner = inner
@@ -228,28 +230,11 @@ class NoComm:
 
     def iallreduce(self, buf, op="sum"):
         """A Work handle that is already complete."""
-        return _Done(buf)
+        return DoneWork(buf)
 
     def __getattr__(self, name):
         """Everything else (barrier, broadcast, allgather, ...) is the wrapped communicator's."""
         return getattr(self._inner, name)
-
-
-class _Done:
-    """Completed Work: ``wait`` returns the buffer at once."""
-
-    __slots__ = ("_buf",)
-
-    def __init__(self, buf):
-        self._buf = buf
-
-    def wait(self):
-        """The buffer, unchanged."""
-        return self._buf
-
-    def test(self) -> bool:
-        """Always complete."""
-        return True
 
 
 # ----------------------------------------------------------------------------- the MLP workload

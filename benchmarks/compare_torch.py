@@ -52,7 +52,7 @@ from mpi4py import MPI  # noqa: E402
 
 from npddp import comm as npcomm  # noqa: E402
 from benchmarks import results  # noqa: E402
-from npddp.parallel.ddp import SYNCS, DistributedDataParallel  # noqa: E402
+from npddp.parallel.ddp import BUCKET_CAP_MB, SYNCS, DistributedDataParallel  # noqa: E402
 from npddp.process.job import abort_on_exception  # noqa: E402
 from npddp.process.threads import set_threads  # noqa: E402
 from npddp.nn import CrossEntropyLoss, mlp  # noqa: E402
@@ -94,7 +94,8 @@ def build_parser(verbose: bool = True) -> argparse.ArgumentParser:
                    help=f"npddp backends, NAME/tcp over the TCP transport (default mpi,ring,ring/tcp; valid: "
                         f"{', '.join(npcomm.BACKENDS)}, and NAME/tcp for all but mpi)")
     p.add_argument("--sync", choices=SYNCS, default="overlap", help="npddp sync strategy (default overlap)")
-    p.add_argument("--bucket-mb", type=float, default=25.0, help="bucket cap in MiB, both sides (default 25)")
+    p.add_argument("--bucket-mb", type=float, default=BUCKET_CAP_MB,
+                   help=f"bucket cap in MiB, both sides (default {BUCKET_CAP_MB:g})")
     p.add_argument("--batch", type=bc.int_at_least(1), default=64, help="samples per rank per step (default 64)")
     p.add_argument("--steps", type=bc.int_at_least(1), default=10, help="steps per timed block (default 10)")
     p.add_argument("--reps", type=bc.int_at_least(1), default=5, help="timed blocks per side (default 5)")

@@ -62,7 +62,7 @@ from mpi4py import MPI  # noqa: E402
 from npddp import comm as npcomm  # noqa: E402
 from benchmarks import results  # noqa: E402
 from npddp.data import synthetic_tokens  # noqa: E402
-from npddp.parallel.ddp import SYNCS, DistributedDataParallel  # noqa: E402
+from npddp.parallel.ddp import BUCKET_CAP_MB, SYNCS, DistributedDataParallel  # noqa: E402
 from npddp.process.job import abort_on_exception  # noqa: E402
 from npddp.nn import PRESETS, CrossEntropyLoss, gpt_num_parameters, gpt_preset  # noqa: E402
 from npddp.optim import SGD, AdamW  # noqa: E402
@@ -107,7 +107,8 @@ def build_parser(verbose: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--sync", type=bc.names(SYNCS), default=("per_param",),
                    help=f"comma-separated sync strategies (default per_param; valid: {', '.join(SYNCS)})")
     p.add_argument("--backend", choices=npcomm.BACKENDS, default="mpi", help="all-reduce backend (default mpi)")
-    p.add_argument("--bucket-mb", type=float, default=25.0, help="bucket cap for bucketed/overlap (default 25)")
+    p.add_argument("--bucket-mb", type=float, default=BUCKET_CAP_MB,
+                   help=f"bucket cap for bucketed/overlap (default {BUCKET_CAP_MB:g})")
     p.add_argument("--context-length", type=bc.int_at_least(1), default=256, help="tokens per sequence (default 256)")
     p.add_argument("--vocab-size", type=bc.int_at_least(2), default=10000, help="vocabulary (default 10000)")
     p.add_argument("--batch-size", type=bc.int_at_least(1), default=4,

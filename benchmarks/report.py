@@ -61,6 +61,7 @@ from benchmarks import results
 from benchmarks import _common as bc
 from benchmarks import _costmodel as cm
 from benchmarks import _timeline
+from npddp.parallel.ddp import BUCKET_CAP_MB
 
 PROG = "report.py"
 #: How benchmarks/mpi_algorithms.py names MPI's own algorithms in the backend column: ``mpi:<algorithm>``.
@@ -288,7 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model size the projection plot shows (default 25M; added to --model-params)")
     p.add_argument("--world-sizes", type=_list(int), default=[2, 8, 64, 256, 1024],
                    help="world sizes to project (default 2,8,64,256,1024)")
-    p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket cap in MiB (default 25)")
+    p.add_argument("--bucket-mb", type=float, default=BUCKET_CAP_MB,
+                   help=f"DDP bucket cap in MiB (default {BUCKET_CAP_MB:g})")
     return p
 
 

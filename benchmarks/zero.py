@@ -37,6 +37,8 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from npddp.parallel.ddp import BUCKET_CAP_MB  # noqa: E402
+
 FORMULA = {0: (16, 0), 1: (8, 8), 2: (4, 12), 3: (0, 16)}   # bytes per parameter: (whole, divided by N)
 MARK = "ZERO-BENCH "
 
@@ -172,7 +174,7 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=2, help="sequences per rank")
     p.add_argument("--context", type=int, default=64, help="tokens per sequence")
     p.add_argument("--backend", default="ring", help="communicator backend")
-    p.add_argument("--bucket-mb", type=float, default=25.0, help="bucket / group cap in MiB")
+    p.add_argument("--bucket-mb", type=float, default=BUCKET_CAP_MB, help="bucket / group cap in MiB")
     p.add_argument("--json", default=None, help="sweep: also write the rows to this JSON file")
     p.add_argument("--paired", action="store_true",
                    help="time the stage against DDP in the same job, steps interleaved (memory columns then "

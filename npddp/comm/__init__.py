@@ -31,6 +31,7 @@ import os
 
 from npddp.comm.checks import DEFAULT_TIMEOUT, DTYPES, OPS, check_timeout
 from npddp.comm.base import Communicator, Work
+from npddp.comm.p2p.engine import DoneWork
 from npddp.comm.signature import CollectiveMismatchError
 from npddp.comm.wrappers.progress_thread import PROGRESS
 from npddp.comm.registry import ALGORITHMS, BACKENDS, backend_names, load_plugins
@@ -39,7 +40,7 @@ from npddp.comm.transports.base import TRANSPORTS, Transport, is_transport, reso
 from npddp.util import env, guard
 
 __all__ = ["ALGORITHMS", "BACKENDS", "DEFAULT_TIMEOUT", "DTYPES", "OPS", "TRANSPORTS",
-           "CollectiveMismatchError", "Communicator", "Transport", "Work", "check_args_from_env", "create",
+           "CollectiveMismatchError", "Communicator", "DoneWork", "Transport", "Work", "check_args_from_env", "create",
            "debug_from_env",
            "timeout_from_env", "register_algorithm", "backend_names", "load_plugins"]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -33,6 +34,10 @@ class Communicator(Protocol):
     @property
     def name(self) -> str:
         """Backend name as accepted by ``npddp.comm.create``."""
+
+    #: Optional capability (read with ``getattr(comm, "algorithm_for", None)``): a backend that picks an all-reduce
+    #: algorithm per call (``auto``) names it by ``algorithm_for(nbytes, dtype) -> str``; elsewhere it is :attr:`name`.
+    algorithm_for: Callable[[int, np.dtype], str] | None = None
 
     @property
     def shared_memory(self) -> bool:

@@ -35,6 +35,7 @@ from collections import Counter
 import numpy as np
 
 from npddp.nn.module import Module, Parameter, settle_grads
+from npddp.parallel.buckets import cut_buckets
 from npddp.parallel.hooks import GradBucket, Handle, allreduce_hook
 from npddp.parallel.wrapper import DataParallelModule, StepStats
 from npddp.util import tracing
@@ -49,10 +50,10 @@ SYNCS = ("per_param", "flat", "bucketed", "overlap")
 class _Bucket:
     """A flat gradient buffer and the parameters whose ``.grad`` are views into it."""
 
-    __slots__ = ("index", "params", "buffer", "reports", "pending", "work", "grad_bucket",
+    __slots__ = ("index", "params", "buffer", "reports", "pending", "work", "done", "grad_bucket",
                  "trace_name", "trace_t0")
 
-    def __init__(self, index: int, params: list[Parameter], buffer: np.ndarray):
+    def __init__(self, index: int, params: list[Parameter], buffer: np.ndarray, done):
         self.index = index
         self.params = params
         self.buffer = buffer  # (n,) this bucket's stretch of its dtype's gradient arena
@@ -64,26 +65,11 @@ class _Bucket:
             offset += p.data.size
         self.reports = len(params)  # gradient-ready reports that complete the bucket (-1: never)
         self.pending = self.reports
-        self.work = None      # the comm hook's handle while the bucket is being reduced
+        self.work = None      # the comm hook's handle while the bucket is being reduced, then ``done``
+        self.done = done      # the completed work handle that marks the bucket reduced for this step
         self.grad_bucket = None  # what the comm hook sees of this bucket (set once buckets are cut)
         self.trace_name = 0   # the tracer's name of this bucket's all-reduce event
         self.trace_t0 = 0     # issue time of the all-reduce being traced (0: none)
-
-
-def _cut_buckets(params: list[Parameter], cap_bytes: float) -> list[list[Parameter]]:
-    """Group parameters in reverse order into buckets of at most ``cap_bytes`` (one dtype each)."""
-    groups: list[list[Parameter]] = []
-    current: list[Parameter] = []
-    size = 0
-    for p in reversed(params):
-        if current and (size + p.data.nbytes > cap_bytes or p.data.dtype != current[0].data.dtype):
-            groups.append(current)
-            current, size = [], 0
-        current.append(p)
-        size += p.data.nbytes
-    if current:
-        groups.append(current)
-    return groups
 
 
 def _arenas(groups: list[list[Parameter]], empty) -> list[np.ndarray]:
@@ -128,9 +114,10 @@ class DistributedDataParallel(DataParallelModule):
             comm.broadcast(p.data, root=0)
 
         cap = {"per_param": 0.0, "flat": math.inf}.get(sync, self.bucket_cap_mb * 2**20)
-        groups = _cut_buckets(self._params, cap)
+        groups = cut_buckets(self._params, cap)
         buffers = _arenas(groups, comm.empty)
-        self.buckets = [_Bucket(i, ps, buf) for i, (ps, buf) in enumerate(zip(groups, buffers))]
+        from npddp.comm import DoneWork   # here, not at import: importing npddp.parallel loads no npddp.comm
+        self.buckets = [_Bucket(i, ps, buf, DoneWork(buf)) for i, (ps, buf) in enumerate(zip(groups, buffers))]
         for b in self.buckets:
             b.grad_bucket = GradBucket(b.index, b.buffer, b.params, b.index == len(self.buckets) - 1)
         self._layer_buckets = self._map_leaf_layers(model)
@@ -144,7 +131,8 @@ class DistributedDataParallel(DataParallelModule):
         self.module.trace_layers(tracer, tracing.COMPUTE)
         for b in self.buckets:
             nbytes = b.buffer.nbytes
-            algorithm = comm.algorithm_for(nbytes, b.buffer.dtype) if comm.name == "auto" else comm.name
+            pick = getattr(comm, "algorithm_for", None)     # declared by the Communicator protocol, optional
+            algorithm = comm.name if pick is None else pick(nbytes, b.buffer.dtype)
             b.trace_name = tracer.name(f"all-reduce bucket {b.index}", bucket=b.index, bytes=nbytes,
                                        params=len(b.params), dtype=str(b.buffer.dtype), backend=comm.name,
                                        algorithm=algorithm, sync=self.sync)
@@ -160,7 +148,6 @@ class DistributedDataParallel(DataParallelModule):
         self._steps = value
         self.tracer.at_step(value)
 
-    # --- construction ---------------------------------------------------------------
     # --- forward / backward ---------------------------------------------------------
     def register_comm_hook(self, state, hook) -> None:
         """Reduce every bucket with ``hook(state, bucket) -> handle`` (see :mod:`npddp.parallel.hooks`).
@@ -219,10 +206,10 @@ class DistributedDataParallel(DataParallelModule):
 
     def _finish(self, bucket: _Bucket) -> None:
         """Wait for the hook's handle; its result is the averaged gradient (copied in if another array)."""
-        if bucket.work.__class__ is _Done:
+        if bucket.work is bucket.done:
             return
         result = bucket.work.wait()
-        bucket.work = _Done()
+        bucket.work = bucket.done
         if bucket.trace_t0:
             self._traced_done(bucket)
         if result is not bucket.buffer:
@@ -251,14 +238,3 @@ class DistributedDataParallel(DataParallelModule):
         for p in self._params:
             p.zero_grad()
 
-
-class _Done:
-    """Work handle of an operation that already completed."""
-
-    __slots__ = ()
-
-    def wait(self):
-        return None
-
-    def test(self):
-        return True

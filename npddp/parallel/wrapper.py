@@ -1,9 +1,10 @@
 """What every data-parallel wrapper of a model shares (DDP and the ZeRO stages).
 
 The model check at construction, which bucket each leaf layer's parameters fall in, forward,
-``no_sync``, metric sums and the pass-throughs to the wrapped model. A subclass sets ``module``,
-``comm``, ``stats``, ``buckets`` (each with ``params``, ``pending``, ``work``), ``_params``, ``_sync_enabled`` and
-``_in_backward``, and defines ``_start(bucket)`` and ``_polled(bucket)`` for the grad hook.
+``no_sync``, metric sums and the pass-throughs to the wrapped model. :class:`DataParallelModule`
+is an abstract base: a subclass sets the attributes it declares (each annotated there, one line
+each, the buckets following :class:`Bucket`) and defines its abstract methods: ``backward``,
+``step``, ``zero_grad``, and ``_start``/``_polled``, which the grad hook calls per bucket.
 
 The backward check: the grad hook also hears a backward of the wrapped model that did not go
 through the wrapper's ``backward`` (``ddp.module.backward(dloss)``), whose gradients no rank
@@ -16,14 +17,18 @@ made the mistake, the others wait in the all-reduce they started until the excep
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
 from npddp.nn.module import Module, Parameter
+
+__all__ = ["Bucket", "DataParallelModule", "StepStats", "UnsyncedGradientsError"]
 
 
 @dataclass
@@ -53,8 +58,31 @@ class UnsyncedGradientsError(RuntimeError):
     """The wrapped model's own backward ran where the wrapper's should have: gradients not averaged."""
 
 
-class DataParallelModule:
+class Bucket(Protocol):
+    """What the grad hook needs of a subclass's bucket (DDP's gradient bucket, ZeRO's flat group)."""
+
+    index: int            # position in ``buckets``
+    params: list          # the parameters whose gradients it carries
+    reports: int          # gradient-ready reports that complete it in one backward (-1: never)
+    pending: int          # reports still missing in this backward
+    work: Any             # the communication in flight (``test()``, ``wait()``), None when none
+
+
+class DataParallelModule(abc.ABC):
     """The parts of a data-parallel wrapper that do not depend on how gradients travel."""
+
+    # --- what a subclass sets in its constructor
+    module: Module               # the wrapped model
+    comm: Any                    # the Communicator gradients travel over
+    sync: str                    # the gradient sync strategy (one of ddp.SYNCS)
+    stats: StepStats             # timings and traffic of the last step
+    tracer: Any                  # the timeline tracer (tracing.NULL when untraced)
+    buckets: list[Bucket]        # the units communicated, in the order backward fills them
+    comm_hook_state: Any         # the comm hook's state a checkpoint saves (None: no comm hook)
+    _params: list[Parameter]     # the model's parameters, each once
+    _layer_buckets: dict         # id(leaf layer) -> buckets of its parameters (from _map_leaf_layers)
+    _sync_enabled: bool          # False inside no_sync
+    _in_backward: bool           # True while the wrapper's backward runs and buckets start from the grad hook
 
     _wrapped = False   # True while the wrapper's own backward runs (when _in_backward alone does not say so)
     _unsynced = False  # the model's backward ran outside the wrapper's, outside no_sync, since the last sync
@@ -118,6 +146,27 @@ class DataParallelModule:
             if bucket.work is not None and bucket.work.test():
                 self._polled(bucket)
         self.stats.comm_issue_s += time.perf_counter() - t0
+
+    # --- what a subclass defines ------------------------------------------------------
+    @abc.abstractmethod
+    def _start(self, bucket) -> None:
+        """Start communicating ``bucket`` (its gradients are final); sets ``bucket.work``."""
+
+    @abc.abstractmethod
+    def _polled(self, bucket) -> None:
+        """``bucket``'s work was found complete between two layers of backward."""
+
+    @abc.abstractmethod
+    def backward(self, dout: np.ndarray) -> np.ndarray:
+        """Backward through the model, leaving the gradients reduced over ranks; returns dL/d(input)."""
+
+    @abc.abstractmethod
+    def step(self, optimizer) -> None:
+        """Step ``optimizer`` on the reduced gradients and count the step."""
+
+    @abc.abstractmethod
+    def zero_grad(self) -> None:
+        """Zero every gradient this wrapper reduces."""
 
     # --- forward / backward ---------------------------------------------------------
     def forward(self, x: np.ndarray) -> np.ndarray:

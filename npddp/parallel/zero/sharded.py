@@ -31,7 +31,8 @@ import numpy as np
 
 from npddp.nn.module import Module, Parameter, settle_grads
 from npddp.optim import Wrapping
-from npddp.parallel.ddp import BUCKET_CAP_MB, _cut_buckets
+from npddp.parallel.buckets import cut_buckets
+from npddp.parallel.ddp import BUCKET_CAP_MB
 from npddp.parallel.wrapper import DataParallelModule, StepStats
 from npddp.parallel.zero.flat import BufferPool, FlatGroup
 from npddp.util import tracing
@@ -62,7 +63,7 @@ class ZeroDataParallel(DataParallelModule):
         self._check_same_model()
         for p in self._params:
             comm.broadcast(p.data, root=0)
-        groups = _cut_buckets(self._params, self.bucket_cap_mb * 2**20)
+        groups = cut_buckets(self._params, self.bucket_cap_mb * 2**20)
         pool = BufferPool()   # ZeRO-3: a couple of freed buffers reused by the next gathers
         self.buckets = [FlatGroup(i, ps, comm, sharded_values=stage == 3, pool=pool) for i, ps in enumerate(groups)]
         self._layer_buckets = self._map_leaf_layers(model)
