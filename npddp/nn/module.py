@@ -15,12 +15,23 @@ Contract used by DDP:
   right after each leaf layer's backward returns, at which point that layer's parameter
   gradients are final for this backward pass (layers without parameters report too, so a
   listener can poll outstanding communication between layers).
+* Call hooks (PyTorch's module hooks, for a module's own ``forward``/``backward``):
+  ``register_forward_pre_hook(fn)`` runs ``fn(module, args)`` before each ``forward(*args)``,
+  ``register_forward_hook(fn)`` runs ``fn(module, args, output)`` after it, and
+  ``register_backward_pre_hook``/``register_backward_hook`` do the same around ``backward``
+  (``args`` the tuple it was called with, ``output`` what it returned). Pre-hooks run in
+  registration order, post-hooks in reverse, so a pair registered together brackets every pair
+  registered after it (as nested context managers do). Each returns a :class:`HookHandle`
+  whose ``remove()`` takes the hook off; return values are ignored. A module without such hooks
+  is not touched: its calls cost nothing extra. The tracer (``trace_layers``) and ZeRO-3's
+  gather/free schedule are both built on them.
 * ``trace_layers(tracer)``: record every module's forward and backward on a timeline (see
-  :mod:`npddp.util.tracing`); an untraced model is not touched, so its calls cost nothing extra.
+  :mod:`npddp.util.tracing`); an untraced model gets no hooks.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Callable, Iterator
 
 import numpy as np
@@ -75,6 +86,76 @@ class Parameter:
 
     def __repr__(self) -> str:
         return f"Parameter(shape={self.data.shape}, dtype={self.data.dtype})"
+
+
+class HookHandle:
+    """What a ``register_*_hook`` returns: ``remove()`` takes that hook off its module (again: nothing)."""
+
+    __slots__ = ("_table", "_key")
+
+    def __init__(self, table: "_CallHooks", key: int):
+        self._table, self._key = table, key
+
+    def remove(self) -> None:
+        """Take the hook off; the module's own method is back once it has no hooks left."""
+        self._table.remove(self._key)
+
+
+class _CallHooks:
+    """The pre- and post-hooks of one method (``forward`` or ``backward``) of one module instance.
+
+    While any hook is registered the instance attribute of that name is a dispatcher running
+    them around the method found before (the class's, or one the instance already had); with the
+    last hook removed that earlier state comes back.
+    """
+
+    __slots__ = ("module", "kind", "pre", "post", "keys", "saved", "dispatcher")
+
+    def __init__(self, module: "Module", kind: str):
+        self.module, self.kind, self.keys = module, kind, itertools.count()
+        self.pre: dict[int, Callable] = {}
+        self.post: dict[int, Callable] = {}
+        self.saved = None        # the instance attribute the dispatcher replaced (None: the class's method)
+        self.dispatcher = None   # installed while any hook is registered
+
+    def add(self, fn: Callable, after: bool) -> HookHandle:
+        """Register ``fn`` as a post-hook (``after``) or pre-hook; install the dispatcher if needed."""
+        if not callable(fn):
+            raise TypeError(f"a {self.kind} hook must be callable, got {type(fn).__name__}")
+        key = next(self.keys)
+        (self.post if after else self.pre)[key] = fn
+        if self.dispatcher is None:
+            self._install()
+        return HookHandle(self, key)
+
+    def remove(self, key: int) -> None:
+        """Drop hook ``key``; with none left put the method back as it was."""
+        self.pre.pop(key, None)
+        self.post.pop(key, None)
+        if not (self.pre or self.post) and self.dispatcher is not None:
+            attrs = vars(self.module)
+            if attrs.get(self.kind) is self.dispatcher:
+                if self.saved is None:
+                    del attrs[self.kind]
+                else:
+                    attrs[self.kind] = self.saved
+            self.dispatcher = self.saved = None
+
+    def _install(self) -> None:
+        module, pre, post = self.module, self.pre, self.post
+        self.saved = vars(module).get(self.kind)
+        inner = getattr(module, self.kind)
+
+        def dispatch(*args):
+            for fn in tuple(pre.values()):
+                fn(module, args)
+            out = inner(*args)
+            for fn in reversed(tuple(post.values())):
+                fn(module, args, out)
+            return out
+        dispatch.__doc__, dispatch.__wrapped__ = inner.__doc__, inner
+        self.dispatcher = dispatch
+        setattr(module, self.kind, dispatch)
 
 
 def settle_grads(params) -> None:
@@ -202,21 +283,54 @@ class Module:
                 fn(child)
         return dx
 
+    # --- call hooks -------------------------------------------------------------------
+    def register_forward_pre_hook(self, fn: Callable) -> HookHandle:
+        """Run ``fn(module, args)`` before each call of this module's ``forward(*args)``."""
+        return self._call_hooks("forward").add(fn, after=False)
+
+    def register_forward_hook(self, fn: Callable) -> HookHandle:
+        """Run ``fn(module, args, output)`` after each call of this module's ``forward``."""
+        return self._call_hooks("forward").add(fn, after=True)
+
+    def register_backward_pre_hook(self, fn: Callable) -> HookHandle:
+        """Run ``fn(module, args)`` before each call of this module's ``backward(*args)``."""
+        return self._call_hooks("backward").add(fn, after=False)
+
+    def register_backward_hook(self, fn: Callable) -> HookHandle:
+        """Run ``fn(module, args, dx)`` after each call of this module's ``backward``."""
+        return self._call_hooks("backward").add(fn, after=True)
+
+    def _call_hooks(self, kind: str) -> _CallHooks:
+        """This instance's hook table for ``kind``, made on first use."""
+        tables = vars(self).setdefault("_call_hook_tables", {})
+        if kind not in tables:
+            tables[kind] = _CallHooks(self, kind)
+        return tables[kind]
+
     # --- timeline tracing -------------------------------------------------------------
     def trace_layers(self, tracer, track: int) -> None:
         """Record each module's forward and backward as events on ``tracer``'s ``track``.
 
         This module's events are named ``forward``/``backward``, a sub-module's ``backward
-        NAME`` (its dotted name), with its type as argument. The calls are wrapped per
-        instance; a disabled tracer (``tracer.enabled`` false) removes the wrapping.
+        NAME`` (its dotted name), with its type as argument. Each is a pre/post call-hook pair,
+        registered after any hooks already there (so it times the layer inside them); calling it
+        again replaces the earlier tracer's hooks, and a disabled tracer (``tracer.enabled``
+        false) only removes them.
         """
         for name, module in self.named_modules():
+            for handle in vars(module).pop("_trace_hooks", ()):
+                handle.remove()
+            if not tracer.enabled:
+                continue
+            handles = []
             for kind in ("forward", "backward"):
-                vars(module).pop(kind, None)
-                if tracer.enabled:
-                    label = f"{kind} {name}" if name else kind
-                    event = tracer.name(label, layer=name, type=type(module).__name__)
-                    setattr(module, kind, tracer.wrap(getattr(module, kind), event, track))
+                label = f"{kind} {name}" if name else kind
+                start, end = _timing_hooks(tracer, tracer.name(label, layer=name, type=type(module).__name__), track)
+                add_pre, add_post = ((module.register_forward_pre_hook, module.register_forward_hook)
+                                     if kind == "forward" else
+                                     (module.register_backward_pre_hook, module.register_backward_hook))
+                handles += [add_pre(start), add_post(end)]
+            module._trace_hooks = handles
 
     # --- computation -----------------------------------------------------------------
     def forward(self, x: np.ndarray) -> np.ndarray:
@@ -240,6 +354,18 @@ class Module:
             return f"{type(self).__name__}({self.extra_repr()})"
         body = "\n".join(f"  ({k}): " + repr(m).replace("\n", "\n  ") for k, m in kids)
         return f"{type(self).__name__}(\n{body}\n)"
+
+
+def _timing_hooks(tracer, event: int, track: int) -> tuple[Callable, Callable]:
+    """A pre-hook reading ``tracer``'s clock and a post-hook recording ``event`` from it (calls may nest)."""
+    starts: list[int] = []
+
+    def start(module, args) -> None:
+        starts.append(tracer.clock())
+
+    def end(module, args, out) -> None:
+        tracer.add(starts.pop(), event, track)
+    return start, end
 
 
 class Sequential(Module):

@@ -9,8 +9,10 @@ step whole parameters, so the result equals DDP's.
 
 * Stage 2: every rank keeps all parameter values; after the step each group's shards are
   all-gathered in place (all groups in flight at once, waited for before ``step`` returns).
-* Stage 3: a rank keeps only its shards. Every module that holds parameters has its
-  ``forward`` and ``backward`` wrapped: before it runs, the groups of its parameters are
+* Stage 3: a rank keeps only its shards. Every module that holds parameters gets call hooks
+  (:meth:`npddp.nn.Module.register_forward_pre_hook` and its kin) around its ``forward`` and
+  ``backward``, registered before the tracer's so a traced layer's time leaves the gathers
+  out: before it runs, the groups of its parameters are
   gathered (the next module's groups are prefetched while it computes); after the last
   module that uses a group (in definition order) has run forward, or the first has run
   backward, the group is freed again. Tied weights keep their group alive between their uses.
@@ -69,14 +71,15 @@ class ZeroDataParallel(DataParallelModule):
         self._layer_buckets = self._map_leaf_layers(model)
         self._in_backward = False
         model.register_grad_hook(self._on_layer_done)
-        model.trace_layers(self.tracer, tracing.COMPUTE)
         self._owners: list[tuple[Module, list[FlatGroup]]] = []
+        self._gather_hooks: list = []   # the HookHandles of stage 3's schedule
         if stage == 3:
-            self._wrap_owners(model)
+            self._schedule_gathers(model)
+        model.trace_layers(self.tracer, tracing.COMPUTE)
 
     # --- stage 3: gather before use, free after ------------------------------------------------
-    def _wrap_owners(self, model: Module) -> None:
-        """Wrap forward/backward of every module holding parameters with the gather/free schedule."""
+    def _schedule_gathers(self, model: Module) -> None:
+        """Hook forward/backward of every module holding parameters with the gather/free schedule."""
         group_of = {id(p): g for g in self.buckets for p in g.params}
         for _, module in model.named_modules():
             held = [v for v in vars(module).values() if isinstance(v, Parameter)]
@@ -93,28 +96,10 @@ class ZeroDataParallel(DataParallelModule):
             after_bwd = [g for g in needs if first[g.index] == i]
             ahead = self._owners[i + 1][1] if i + 1 < len(self._owners) else []
             behind = self._owners[i - 1][1] if i > 0 else []
-            module.forward = self._around(module.forward, needs, ahead, after_fwd)
-            module.backward = self._around(module.backward, needs, behind, after_bwd, grads=True)
-
-    def _around(self, fn, needs, prefetch, free, grads=False):
-        """``fn`` with its groups gathered (``grads``: and given gradients) first, the neighbour's prefetched,
-        and ``free`` released after."""
-        def run(x):
-            for g in needs:
-                g.start_gather()
-            for g in prefetch:
-                g.start_gather()
-            for g in needs:
-                g.finish_gather()
-            if grads:
-                for g in needs:
-                    g.ensure_grads()
-            out = fn(x)
-            for g in free:
-                g.release()
-            return out
-        run.__doc__ = fn.__doc__
-        return run
+            self._gather_hooks += [module.register_forward_pre_hook(_gathering(needs, ahead, grads=False)),
+                                   module.register_forward_hook(_releasing(after_fwd)),
+                                   module.register_backward_pre_hook(_gathering(needs, behind, grads=True)),
+                                   module.register_backward_hook(_releasing(after_bwd))]
 
     @contextlib.contextmanager
     def full_parameters(self):
@@ -281,6 +266,29 @@ class ShardedOptimizer(Wrapping):
                 local[f"{b}.{j}"] = flat[rank * g.shard_size:(rank + 1) * g.shard_size]
         self.optim.load_state_dict(local)
         self._consolidated = None
+
+
+def _gathering(needs: list[FlatGroup], prefetch: list[FlatGroup], grads: bool):
+    """A pre-hook gathering ``needs`` (``grads``: and giving them gradients), the neighbour's ``prefetch`` started."""
+    def gather(module, args) -> None:
+        for g in needs:
+            g.start_gather()
+        for g in prefetch:
+            g.start_gather()
+        for g in needs:
+            g.finish_gather()
+        if grads:
+            for g in needs:
+                g.ensure_grads()
+    return gather
+
+
+def _releasing(free: list[FlatGroup]):
+    """A post-hook releasing the groups ``free`` (their last use in this pass is over)."""
+    def release(module, args, out) -> None:
+        for g in free:
+            g.release()
+    return release
 
 
 def _is_buffer(key: str, buffers) -> bool:
