@@ -3,7 +3,8 @@
 ``auto`` gives each rank its share of the node's CPUs (see :mod:`npddp.util.cores`, which
 counts them and the ranks sharing them: ``LOCAL_WORLD_SIZE`` of ``python -m npddp.run`` and
 torchrun-style launchers, ``MPI_LOCALNRANKS`` of MPICH's hydra, ``OMPI_COMM_WORLD_LOCAL_SIZE``
-of Open MPI, else MPI's shared-memory split) unless a thread variable is set.
+of Open MPI, srun's ``SLURM_STEP_TASKS_PER_NODE``, else MPI's shared-memory split) unless a thread
+variable is set; under Slurm, ``SLURM_CPUS_PER_TASK`` (``srun -c N``) gives each rank N threads.
 
 The number is applied with threadpoolctl, which limits BLAS and OpenMP libraries already
 loaded, so it works after NumPy is imported (environment variables such as

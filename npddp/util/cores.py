@@ -4,7 +4,8 @@ Several ranks on one node each running one OpenBLAS thread per core fight over t
 (on 2 cores, two ranks with two threads each run 10-100x slower). ``auto`` gives each rank
 its share: the CPUs this process may run on (its affinity mask) divided by the ranks sharing
 this node, at least 1 -- unless ``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS`` or
-``MKL_NUM_THREADS`` is set to a positive number, which is then taken as the user's choice.
+``MKL_NUM_THREADS`` is set to a positive number, which is then taken as the user's choice, or
+Slurm gave each task its CPUs (``SLURM_CPUS_PER_TASK``), which are then that task's threads.
 
 The ranks on this node are counted without initialising MPI, from what launchers put in the
 environment (:data:`npddp.util.env.LOCAL_SIZE_VARIABLES`); when none is set and MPI is already
@@ -50,6 +51,9 @@ def auto_threads(environ=None, cpus: int | None = None, ask_mpi: bool = True) ->
     setting = env.thread_setting(environ)
     if setting is not None:
         return setting[0], f"auto: {setting[1]}={setting[0]}"
+    per_task = env.slurm_cpus_per_task(environ)
+    if per_task is not None:
+        return per_task, f"auto: SLURM_CPUS_PER_TASK={per_task}"
     cpus = available_cpus() if cpus is None else cpus
     ranks, source = local_ranks(environ, ask_mpi)
     n = max(1, cpus // ranks)

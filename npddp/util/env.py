@@ -2,19 +2,27 @@
 
 Every layer that needs to know how the job was launched reads it here, so each list of
 launcher variables exists once. Nothing here imports MPI: the facts come from the environment
-variables the launchers set (MPICH/Hydra, Open MPI, PMIx, Slurm, and the torchrun-style
+variables the launchers set (MPICH/Hydra, Open MPI, PMIx, Slurm's srun, and the torchrun-style
 ``python -m npddp.run``), and a process started by none of them is rank 0 of a world of one.
+
+Launcher kinds (:func:`launcher`), first match wins: ``mpi`` (an MPI launcher's variables: mpirun,
+mpiexec, or srun with an MPI plugin such as ``--mpi=pmi2``/``--mpi=pmix`` while mpi4py is installed),
+``tcp`` (``RANK`` and ``WORLD_SIZE``: ``python -m npddp.run`` or torchrun), ``slurm`` (one task of an
+srun step, :func:`slurm_task`: the TCP world is formed from Slurm's variables), else None.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
+from dataclasses import dataclass
 
 #: Thread-count variables BLAS and OpenMP libraries read, in the order npddp reads them (OpenBLAS first,
 #: as OpenBLAS itself does).
 THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-#: Variables MPI launchers set holding the world size (MPICH/Hydra, Open MPI, PMIx; Slurm's srun sets
-#: PMI or PMIx variables for the ranks it starts, while SLURM_* describe the allocation, not this process).
+#: Variables MPI launchers set holding the world size (MPICH/Hydra, Open MPI, PMIx; srun with an MPI plugin
+#: sets PMI or PMIx variables for the ranks it starts: PMIx gives a rank but no size, Slurm's variables do).
 MPI_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE")
 #: Variables MPI launchers set holding this process's rank.
 MPI_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
@@ -54,31 +62,43 @@ def launched_by_mpi(environ=None) -> bool:
 
 
 def launched_by_tcp_launcher(environ=None) -> bool:
-    """True when a torchrun-style launcher set RANK and WORLD_SIZE and no MPI launcher is involved."""
-    environ = _environ(environ)
-    return all(name in environ for name in TCP_LAUNCHER_VARIABLES) and not launched_by_mpi(environ)
+    """True when the launcher's world is over TCP: ``RANK``/``WORLD_SIZE`` (npddp.run, torchrun) or srun without MPI."""
+    return launcher(environ) in ("tcp", "slurm")
 
 
 def launcher(environ=None) -> str | None:
-    """``mpi``, ``tcp`` (``python -m npddp.run`` or torchrun), or None when no launcher started us."""
-    if launched_by_mpi(environ):
+    """``mpi``, ``tcp`` (``python -m npddp.run`` or torchrun), ``slurm`` (srun, TCP world), or None: no launcher."""
+    environ = _environ(environ)
+    task = slurm_task(environ)
+    if launched_by_mpi(environ) and (task is None or mpi4py_installed()):
         return "mpi"
-    return "tcp" if launched_by_tcp_launcher(environ) else None
+    if all(name in environ for name in TCP_LAUNCHER_VARIABLES):
+        return "tcp"
+    return "slurm" if task is not None else None
+
+
+def mpi4py_installed() -> bool:
+    """True when mpi4py can be imported (found on the path; neither it nor MPI is loaded here)."""
+    return importlib.util.find_spec("mpi4py") is not None
 
 
 def mpi_world_size(environ=None) -> int:
-    """The world size an MPI launcher announced (1 when there is none)."""
-    return max(1, first_int(MPI_SIZE_VARIABLES, environ, 1))
+    """The world size an MPI launcher announced (1 when there is none; srun's under its PMIx plugin)."""
+    announced = first_int(MPI_SIZE_VARIABLES, environ, 0)
+    task = slurm_task(environ) if launched_by_mpi(environ) else None
+    return max(1, announced or (task.size if task is not None else 1))
 
 
 def world_size(environ=None) -> int:
     """The world size any launcher announced (1 when there is none)."""
-    return max(1, first_int((*MPI_SIZE_VARIABLES, "WORLD_SIZE"), environ, 1))
+    task = slurm_task(environ)
+    return max(1, first_int((*MPI_SIZE_VARIABLES, "WORLD_SIZE"), environ, task.size if task is not None else 1))
 
 
 def world_rank(environ=None) -> int:
     """This process's rank as the launcher announced it (0 when there is none); MPI is not touched."""
-    return max(0, first_int((*MPI_RANK_VARIABLES, "RANK"), environ, 0))
+    task = slurm_task(environ)
+    return max(0, first_int((*MPI_RANK_VARIABLES, "RANK"), environ, task.rank if task is not None else 0))
 
 
 def first_positive(names, environ=None) -> tuple[int, str] | None:
@@ -93,12 +113,20 @@ def first_positive(names, environ=None) -> tuple[int, str] | None:
 
 def local_size(environ=None) -> tuple[int, str] | None:
     """(ranks on this node, the variable that said so), or None when no launcher said."""
-    return first_positive(LOCAL_SIZE_VARIABLES, environ)
+    announced = first_positive(LOCAL_SIZE_VARIABLES, environ)
+    task = slurm_task(environ) if announced is None else None
+    return announced if task is None else (task.local_size, "SLURM_STEP_TASKS_PER_NODE")
 
 
 def thread_setting(environ=None) -> tuple[int, str] | None:
     """(threads, variable) for the first thread variable set to a positive integer, else None."""
     return first_positive(THREAD_VARIABLES, environ)
+
+
+def slurm_cpus_per_task(environ=None) -> int | None:
+    """The CPUs Slurm gave each task (``SLURM_CPUS_PER_TASK``, set by ``-c``/``--cpus-per-task``), else None."""
+    found = first_positive(("SLURM_CPUS_PER_TASK",), environ)
+    return None if found is None else found[0]
 
 
 #: ``0``/``false``/``no``/``off`` turns off the argument check every collective makes by default
@@ -120,3 +148,124 @@ def mark_join(stage: str, rank: int, environ=None) -> None:
                 pass
         except OSError:
             pass  # the launcher has gone or cleaned up: nothing to tell it
+
+
+#: The ports a TCP world under srun listens on for its rendezvous when ``MASTER_PORT`` is not given:
+#: ``SLURM_PORT_BASE + (job id * SLURM_STEP_SLOTS + step id) % SLURM_PORT_SPAN``, below Linux's ephemeral range.
+SLURM_PORT_BASE = 12000
+SLURM_PORT_SPAN = 20000
+SLURM_STEP_SLOTS = 16
+
+
+@dataclass(frozen=True)
+class SlurmTask:
+    """This process as one task of an srun step: what Slurm's variables say about it."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    nodelist: str      # the step's nodes, in Slurm's compressed form (``node[01-04,07]``)
+    nodes: int
+    job_id: int
+    step_id: int
+
+    @property
+    def master_addr(self) -> str:
+        """Where rank 0 listens: loopback when the step has one node, else the first node of the step."""
+        hosts = [] if self.nodes == 1 else expand_hostlist(self.nodelist)
+        return "127.0.0.1" if self.nodes == 1 or len(hosts) == 1 else hosts[0]
+
+    @property
+    def master_port(self) -> int:
+        """The rendezvous port every task of this step derives alike from the job and step ids."""
+        return SLURM_PORT_BASE + (self.job_id * SLURM_STEP_SLOTS + self.step_id) % SLURM_PORT_SPAN
+
+
+def _first(environ, *names: str) -> str | None:
+    return next((environ[n].strip() for n in names if environ.get(n, "").strip()), None)
+
+
+def slurm_task(environ=None) -> SlurmTask | None:
+    """This process as a task of an srun step, or None: not started by srun (a batch script itself, an
+    allocation's shell), or started by a launcher inside the job (``python -m npddp.run``; mpirun, whose ranks
+    announce another rank or size than Slurm's)."""
+    environ = _environ(environ)
+    if all(name in environ for name in TCP_LAUNCHER_VARIABLES):
+        return None
+    raw = [_first(environ, *names) for names in (("SLURM_PROCID",), ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
+                                                 ("SLURM_JOB_ID", "SLURM_JOBID"), ("SLURM_STEP_ID", "SLURM_STEPID"))]
+    nodelist = _first(environ, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+    if nodelist is None or not all(v is not None and v.isdigit() for v in raw):
+        return None
+    rank, size, job_id, step_id = map(int, raw)
+    if not 0 <= rank < size:
+        return None
+    if first_int(MPI_RANK_VARIABLES, environ, rank) != rank or first_int(MPI_SIZE_VARIABLES, environ, size) != size:
+        return None
+    local_rank = first_int(("SLURM_LOCALID",), environ, rank)
+    local_size = _tasks_on_this_node(environ)
+    local_size = local_size if local_size is not None and local_size > local_rank else local_rank + 1
+    nodes = first_int(("SLURM_STEP_NUM_NODES", "SLURM_NNODES"), environ, 0)   # 0: unknown, the list decides
+    return SlurmTask(rank, size, local_rank, local_size, nodelist, nodes, job_id, step_id)
+
+
+def _tasks_on_this_node(environ) -> int | None:
+    """Tasks of the step on this node, from ``SLURM_STEP_TASKS_PER_NODE`` (``2(x3),1``) and ``SLURM_NODEID``."""
+    text = _first(environ, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+    counts = []
+    for part in (text or "").split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if match is None:
+            return None
+        counts += [int(match[1])] * int(match[2] or 1)
+    node = first_int(("SLURM_NODEID",), environ, 0)
+    return counts[node] if 0 <= node < len(counts) else None
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's compressed host list as names: ``node[01-03,07],login1`` -> node01, node02, node03, node07, login1.
+
+    Several bracket groups in one name multiply (``r[1-2]n[1-2]`` -> r1n1, r1n2, r2n1, r2n2); a range keeps
+    the zero padding of its start. ValueError naming the list for anything else (unbalanced brackets, a
+    range that runs backwards, an empty name).
+    """
+    names: list[str] = []
+    for item in _top_level_items(text):
+        names += _expand_name(item, text)
+    if not names:
+        raise ValueError(f"host list {text!r} names no host; valid: e.g. node[01-04,07],login1")
+    return names
+
+
+def _top_level_items(text: str) -> list[str]:
+    """``text`` split at the commas outside brackets."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if depth not in (0, 1):
+            raise ValueError(f"host list {text!r} has unbalanced brackets; valid: e.g. node[01-04,07],login1")
+        if ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise ValueError(f"host list {text!r} has unbalanced brackets; valid: e.g. node[01-04,07],login1")
+    items.append(text[start:])
+    return [item.strip() for item in items if item.strip()]
+
+
+def _expand_name(item: str, text: str) -> list[str]:
+    """One name of a host list with its bracket groups expanded."""
+    match = re.match(r"([^\[]*)\[([^\]]*)\](.*)", item)
+    if match is None:
+        return [item]
+    head, ranges, tail = match.groups()
+    numbers = []
+    for part in ranges.split(","):
+        bounds = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if bounds is None or (bounds[2] is not None and int(bounds[2]) < int(bounds[1])):
+            raise ValueError(f"host list {text!r}: {part!r} in [{ranges}] is not a number or a range low-high; "
+                             "valid: e.g. node[01-04,07]")
+        low, high = int(bounds[1]), int(bounds[2] or bounds[1])
+        numbers += [str(n).zfill(len(bounds[1])) for n in range(low, high + 1)]
+    return [head + n + rest for n in numbers for rest in _expand_name(tail, text)]

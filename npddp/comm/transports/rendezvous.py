@@ -1,7 +1,8 @@
 """How TCP ranks find each other: torchrun's environment variables, a table from rank 0, a full mesh.
 
 Every rank reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` (and
-``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` when set). Then:
+``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` when set); under srun, Slurm's variables stand for them
+(:class:`~npddp.util.env.SlurmTask`). Then:
 
 1. every rank opens a listening socket of its own on an ephemeral port;
 2. rank 0 listens on ``MASTER_ADDR:MASTER_PORT``; every other rank connects there (retrying
@@ -99,6 +100,15 @@ def launch_env(environ=None) -> LaunchEnv:
     local_size = _int_var(environ, "LOCAL_WORLD_SIZE", 1, size, default=size)
     local_rank = _int_var(environ, "LOCAL_RANK", 0, local_size - 1, default=rank % local_size)
     return LaunchEnv(rank, size, addr, port, local_rank, local_size, handshake.secret_from_env(environ))
+
+
+def env_from_slurm(task: process_env.SlurmTask, environ) -> LaunchEnv:
+    """For a TCP world under srun: rank and size from Slurm; rank 0 at ``MASTER_ADDR:MASTER_PORT`` when given,
+    else on the step's first node (loopback on one node) at a port derived from the job and step ids."""
+    addr = environ.get("MASTER_ADDR", "").strip() or task.master_addr
+    port = _int_var(environ, "MASTER_PORT", 1, 65535, default=task.master_port)
+    return LaunchEnv(task.rank, task.size, addr, port, task.local_rank, task.local_size,
+                     handshake.secret_from_env(environ))
 
 
 def env_from_mpi(mpi_comm=None) -> LaunchEnv:
@@ -294,7 +304,7 @@ def connect(env: LaunchEnv, timeout: float) -> tuple[list, list[str]]:
         if not env.secret and not is_loopback(env.master_addr):
             raise RendezvousError(f"no job secret: across machines (MASTER_ADDR={env.master_addr}) every rank "
                                   f"needs the same {handshake.SECRET_VARIABLE} (python -m npddp.run --secret-file "
-                                  "FILE on every machine)")
+                                  "FILE on every machine; under srun: export it in the job script, docs/slurm.md)")
         refusal = listen_refusal(env.secret)
         if refusal:
             raise RendezvousError(refusal)
@@ -395,10 +405,14 @@ def transport_from_env(timeout: float, environ=None) -> TCPTransport:
 def world_from_env(timeout: float, environ=None) -> TCPTransport:
     """The transport over every rank the launcher's environment describes; connects on first use.
 
-    Inside an MPI job without those variables, MPI tells rank and size and carries rank 0's address.
+    Under srun, Slurm's variables tell them (:func:`env_from_slurm`); inside another MPI job without those
+    variables, MPI tells rank and size and carries rank 0's address.
     """
     environ = os.environ if environ is None else environ
-    if process_env.launched_by_mpi(environ) and not all(v in environ for v in process_env.TCP_LAUNCHER_VARIABLES):
+    task = process_env.slurm_task(environ)
+    if task is not None:
+        env = env_from_slurm(task, environ)
+    elif process_env.launched_by_mpi(environ) and not all(v in environ for v in process_env.TCP_LAUNCHER_VARIABLES):
         env = _WORLDS.get("mpi") or env_from_mpi()
         _WORLDS["mpi"] = env
     else:
