@@ -19,6 +19,7 @@ ALLOWED = {
     "run": {"process"}, "evaluate": {"train"}, "__init__": set(),
     "generate": {"train"},
     "cluster": {"util", "process"},
+    "results": {"util"},
 }
 
 
