@@ -1,6 +1,6 @@
 """Model averaging outside DDP: local SGD as an averager the loop calls after ``optimizer.step()``.
 
-Like PyTorch's ``PeriodicModelAverager``: for the first ``warmup_steps`` steps it does nothing
+An averager derives from the abstract :class:`ModelAverager`. Like PyTorch's ``PeriodicModelAverager``: for the first ``warmup_steps`` steps it does nothing
 (DDP averages gradients then, as usual); afterwards every ``period`` steps it replaces each
 parameter by its mean over ranks. Between averagings the replicas differ. To train with local
 SGD, wrap the model in DDP and run the steps inside ``ddp.no_sync()`` once the warm-up is over
@@ -14,12 +14,29 @@ SGD, wrap the model in DDP and run the steps inside ``ddp.no_sync()`` once the w
 
 from __future__ import annotations
 
+import abc
+
 import numpy as np
 
 from npddp.util.shown import shown
 
+__all__ = ["ModelAverager", "PeriodicModelAverager"]
 
-class PeriodicModelAverager:
+
+class ModelAverager(abc.ABC):
+    """Base of model averagers (PyTorch's ``ModelAverager``): called after each optimizer step."""
+
+    __slots__ = ()
+
+    comm: object   # the communicator parameters are averaged over
+    step: int      # calls of average_parameters so far (restored on resume)
+
+    @abc.abstractmethod
+    def average_parameters(self, params) -> bool:
+        """Count a step; when this step averages, replace every parameter by its mean over ranks. True if averaged."""
+
+
+class PeriodicModelAverager(ModelAverager):
     """Average parameters over ranks every ``period`` steps once ``warmup_steps`` steps have passed."""
 
     __slots__ = ("comm", "period", "warmup_steps", "step", "calls", "bytes")

@@ -1,6 +1,7 @@
 """DDP communication hooks: how a bucket of gradients becomes the rank-averaged gradient.
 
-A hook is a plain function ``hook(state, bucket) -> handle``: ``bucket`` is a
+A hook is a plain function ``hook(state, bucket) -> handle`` (the :class:`CommHook` protocol, the
+handle a :class:`HookWork`): ``bucket`` is a
 :class:`GradBucket` (index, flat buffer, parameters, is_last), ``state`` whatever the hook
 needs (the communicator, or a small state object), and the handle's ``wait()`` returns the
 bucket's averaged gradient (DDP copies it into the bucket if it is another array). Register one
@@ -14,17 +15,23 @@ The built-in hooks follow PyTorch's ``default_hooks.py`` and ``powerSGD_hook.py`
   of gradient plus carried error; what it did not send stays in its error (error feedback).
 * :func:`npddp.parallel.powersgd.powersgd_hook` (state: ``PowerSGDState``): low-rank matrices.
 
-:func:`npddp.parallel.builtin.build` makes ``(state, hook)`` from a name, as the CLI's ``--comm-hook``.
+A state a checkpoint saves derives from the abstract :class:`HookState`. Hooks by name, as the
+CLI's ``--comm-hook`` builds them (a ``--plugin`` adds its own): :mod:`npddp.parallel.builtin`.
 """
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
 from npddp.util.shown import shown
+
+__all__ = ["CommHook", "GradBucket", "Handle", "HookState", "HookWork", "TopKState", "allreduce_hook",
+           "allreduce_prescaled", "fp16_compress_hook", "fp16_compress_wrapper", "topk_hook"]
 
 
 class GradBucket:
@@ -46,6 +53,23 @@ class GradBucket:
     def with_buffer(self, buffer: np.ndarray) -> "GradBucket":
         """The same bucket over another flat buffer (e.g. a float16 copy)."""
         return GradBucket(self.index, buffer, self.parameters, self.is_last)
+
+
+class HookWork(Protocol):
+    """What a comm hook returns: polled between layers, waited for after backward (:class:`Handle` is one)."""
+
+    def test(self) -> bool:
+        """True once the bucket's communication has completed."""
+
+    def wait(self) -> np.ndarray:
+        """Finish; return the bucket's averaged gradient (the bucket's buffer or another array)."""
+
+
+class CommHook(Protocol):
+    """A comm hook: ``hook(state, bucket)`` starts reducing ``bucket`` on every rank alike."""
+
+    def __call__(self, state: Any, bucket: GradBucket) -> HookWork:
+        """Start the bucket's reduction; the handle's ``wait()`` gives the averaged gradient."""
 
 
 class Handle:
@@ -127,7 +151,7 @@ def _copy_back(buffer: np.ndarray, result: np.ndarray) -> np.ndarray:
     return buffer
 
 
-class HookState:
+class HookState(abc.ABC):
     """Base of hook states that a checkpoint saves: ``state_dict()`` -> {name: array}, ``load_state_dict``.
 
     Every rank's arrays have the same names and shapes (a checkpoint stacks them by rank); the
@@ -136,13 +160,13 @@ class HookState:
 
     __slots__ = ()
 
+    @abc.abstractmethod
     def state_dict(self) -> dict:
         """{name: array} to save."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` returned."""
-        raise NotImplementedError
 
 
 class TopKState(HookState):

@@ -24,6 +24,8 @@ import numpy as np
 from npddp.parallel.hooks import GradBucket, Handle, HookState, allreduce_hook
 from npddp.util.shown import shown
 
+__all__ = ["PowerSGDState", "orthogonalize", "powersgd_hook"]
+
 
 class PowerSGDState(HookState):
     """PowerSGD's settings and memory: per-bucket error, P and Q, the step counter and the seed stream."""

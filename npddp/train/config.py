@@ -22,7 +22,7 @@ from npddp.comm.transports.base import resolve_transport
 from npddp.data import DATASET_NAMES, NORMALIZE_MODES
 from npddp.data.arrays import ARRAY_SUFFIXES
 from npddp.parallel.ddp import BUCKET_CAP_MB, SYNCS
-from npddp.parallel.builtin import HOOKS
+from npddp.parallel.builtin import comm_hook_help, comm_hook_names
 from npddp.train.models import DTYPES, MODELS
 from npddp.nn.gpt import PRESETS
 from npddp.optim import OPTIMIZERS
@@ -106,10 +106,8 @@ class Config:
     bucket_mb: float = _opt(BUCKET_CAP_MB, "bucket size cap in MiB for bucketed/overlap (DistributedDataParallel's "
                             "bucket_cap_mb); smaller buckets start all-reducing earlier during backward",
                             metavar="MB", resume="inherit")
-    comm_hook: str = _opt("allreduce", "DDP communication hook: allreduce (the average over ranks), fp16 "
-                          "(half-precision all-reduce), topk (largest --topk-ratio of each bucket, with error "
-                          "feedback) or powersgd (rank --powersgd-rank matrices, with error feedback)",
-                          choices=HOOKS, resume="match")
+    comm_hook: str = _opt("allreduce", "DDP communication hook: " + comm_hook_help(),    # with --plugin's: below
+                          choices=comm_hook_names(), resume="match")
     topk_ratio: float = _opt(0.01, "fraction of each bucket sent by --comm-hook topk, in (0, 1]",
                              metavar="R", resume="match")
     powersgd_rank: int = _opt(1, "rank of PowerSGD's low-rank approximation (--comm-hook powersgd)",
@@ -335,7 +333,8 @@ def build_parser(help_file=None) -> argparse.ArgumentParser:
         meta = f.metadata
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
         shown = meta["shown"] if meta["shown"] is not None else _show(default)
-        text = meta["help"] + f" (default: {shown})"
+        text = (meta["help"] if f.name != "comm_hook" else "DDP communication hook: " + comm_hook_help()) \
+            + f" (default: {shown})"
         if meta["resume"] == "match":
             text += " [fixed on resume]"
         elif meta["resume"] == "inherit":
@@ -355,7 +354,8 @@ def build_parser(help_file=None) -> argparse.ArgumentParser:
             if f.name == "backend":
                 kwargs["type"] = _checked(backend_name)     # its error names --plugin, which registers more
             if meta["choices"]:
-                kwargs["choices"] = backend_names() if f.name == "backend" else meta["choices"]
+                kwargs["choices"] = {"backend": backend_names, "comm_hook": comm_hook_names}.get(
+                    f.name, lambda: meta["choices"])()
                 kwargs["metavar"] = "{" + ",".join(meta["choices"]) + "}"
             elif meta["metavar"]:
                 kwargs["metavar"] = meta["metavar"]
@@ -384,7 +384,7 @@ def parse_args(argv=None, help_file=None) -> dict:
     import sys
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a == "--compression" or a.startswith("--compression=") for a in argv):
-        raise ConfigError("--compression is gone; use --comm-hook {" + ",".join(HOOKS) + "} "
+        raise ConfigError("--compression is gone; use --comm-hook {" + ",".join(comm_hook_names()) + "} "
                           "(none is allreduce; with --topk-ratio, --powersgd-rank, --powersgd-start-iter)")
     plugins = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--plugin"]
     plugins += [a.split("=", 1)[1] for a in argv if a.startswith("--plugin=")]

@@ -105,3 +105,30 @@ def test_ddp_names_the_algorithm_of_any_backend_that_declares_algorithm_for():
         assert len(buckets) == len(ddp.buckets)
         assert all(args["algorithm"] == (want + str(args["bytes"]) if want == "ring-" else want)
                    and args["backend"] == comm.name for args in buckets), buckets
+
+
+def test_hook_states_and_averagers_are_abstract_bases():
+    from npddp.parallel.averaging import ModelAverager, PeriodicModelAverager
+    from npddp.parallel.hooks import HookState, TopKState
+    from npddp.parallel.powersgd import PowerSGDState
+
+    class NoLoad(HookState):
+        def state_dict(self):
+            return {}
+
+    class NoAverage(ModelAverager):
+        pass
+
+    for cls, missing in ((NoLoad, "load_state_dict"), (NoAverage, "average_parameters")):
+        with pytest.raises(TypeError, match=missing):
+            cls()
+    assert isinstance(TopKState(None), HookState) and isinstance(PowerSGDState(None, start_iter=5), HookState)
+    assert isinstance(PeriodicModelAverager(None, period=2), ModelAverager)
+
+
+@pytest.mark.parametrize("module", ["hooks", "builtin", "powersgd", "averaging", "buckets", "wrapper"])
+def test_every_public_module_of_parallel_lists_what_it_exports(module):
+    import importlib
+
+    mod = importlib.import_module(f"npddp.parallel.{module}")
+    assert mod.__all__ and all(hasattr(mod, name) for name in mod.__all__)
