@@ -62,7 +62,7 @@ cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONUNBUFFERED=1
 TCP_TESTS=(tests/comm tests/reliability/test_timeouts.py tests/reliability/test_mismatch.py)
 TCP_TESTS+=(tests/parallel/test_zero.py)   # ZeRO stages equal DDP over TCP too
-run serial 1500 python -m pytest -q -m "not mpi" "$@"
+run serial 1500 python -m pytest -q -m "not mpi" --ignore=tests/slurm "$@"   # tests/slurm: its own run below
 run mpi-1 300 python -m pytest -q --with-mpi -m mpi tests/parallel/test_ddp.py -k "not overlap_starts and not mismatched" "$@"
 run mpi-2 1200 ./mpi_run.sh -n 2 python -m pytest -q --with-mpi -m mpi "$@"
 for k in 3 4; do  # the benchmark scripts' own tests run at N = 2 only
@@ -86,8 +86,10 @@ if why=$(python -c "from tests.cluster.conftest import WHY_NOT; print(WHY_NOT or
 else
   echo "=== cluster runs skipped: emulated nodes unavailable: $why"
 fi
+# srun against a one-node Slurm of the tests' own (tests/slurm/daemons.py); skipped with the reason where it cannot start
+run slurm 600 python -m pytest -q -rs tests/slurm "$@"
 if [[ ${#failed[@]} -gt 0 ]]; then
   echo "FAILED runs: ${failed[*]}"
   exit 1
 fi
-echo "all runs passed: serial, mpi-1 (DDP), mpi-2/3/4, tcp-2/3/4, hier-mpi-4, hier-tcp-4, cluster-{tcp,mpi}-{2x1,3x1,2x2}"
+echo "all runs passed: serial, mpi-1 (DDP), mpi-2/3/4, tcp-2/3/4, hier-mpi-4, hier-tcp-4, cluster-{tcp,mpi}-{2x1,3x1,2x2}, slurm"
