@@ -81,69 +81,97 @@ def restore(comm, ckpt: Checkpoint | None, *, named_params, optimizer, ddp, drop
     Returns the position (epochs_done, batches_done, step), the checkpoint's world_size, the
     epoch totals, and ``fresh``: the per-rank state that could not be restored (another world size).
     """
+    epochs_done, batches_done, step, saved_size, per_rank, has_dropout, n_hook = _shared_head(comm, ckpt)
+    same = saved_size == comm.size
     root = comm.rank == 0
+    for name, p in named_params:
+        _place(comm, ckpt.params[name] if root else None, p.data, bool(per_rank) and same, bool(per_rank))
+    _restore_optimizer(comm, ckpt, optimizer, bool(per_rank), same)
+    fresh = []
+    if has_dropout and same:
+        _restore_dropouts(comm, ckpt, dropouts)
+    elif dropouts:
+        fresh.append("dropout streams")
+    hook = ddp.comm_hook_state
+    if n_hook and same and isinstance(hook, HookState):
+        hook.load_state_dict(_scattered_hook_state(comm, ckpt))
+    elif n_hook:
+        fresh.append("comm hook state")
+    ddp.steps = step
+    return {"epochs_done": epochs_done, "batches_done": batches_done, "step": step,
+            "world_size": saved_size, "totals": _shared_totals(comm, ckpt), "fresh": fresh}
+
+
+def _shared_head(comm, ckpt: Checkpoint | None) -> tuple[int, ...]:
+    """Rank 0's position, world size and what the checkpoint holds, on every rank."""
     head = np.zeros(7, dtype=np.int64)
-    if root:
+    if comm.rank == 0:
         head[:] = [ckpt.epochs_done, ckpt.batches_done, ckpt.step, ckpt.world_size, ckpt.per_rank,
                    ckpt.dropout_rng is not None, len(ckpt.hook_state)]
     comm.broadcast(head, root=0)
-    epochs_done, batches_done, step, saved_size, per_rank, has_dropout, n_res = (int(v) for v in head)
-    same = saved_size == comm.size
+    return tuple(int(v) for v in head)
 
-    def place(saved, target: np.ndarray, stacked: bool) -> None:
-        """Copy a saved array into ``target`` on every rank (its own row when ``stacked``)."""
-        if stacked and same:
-            stack = np.asarray(saved) if root else np.empty((comm.size,) + target.shape, target.dtype)
-            np.copyto(target, comm.scatter(np.ascontiguousarray(stack, dtype=target.dtype), root=0))
-            return
-        if root:
-            np.copyto(target, np.asarray(saved)[0] if stacked else saved)
-        comm.broadcast(target, root=0)
 
-    for name, p in named_params:
-        place(ckpt.params[name] if root else None, p.data, bool(per_rank))
+def _place(comm, saved, target: np.ndarray, scatter: bool, stacked: bool) -> None:
+    """Copy a saved array into ``target`` on every rank: each its own row (``scatter``) or rank 0's copy."""
+    root = comm.rank == 0
+    if scatter:
+        stack = np.asarray(saved) if root else np.empty((comm.size,) + target.shape, target.dtype)
+        np.copyto(target, comm.scatter(np.ascontiguousarray(stack, dtype=target.dtype), root=0))
+        return
+    if root:
+        np.copyto(target, np.asarray(saved)[0] if stacked else saved)
+    comm.broadcast(target, root=0)
+
+
+def _restore_optimizer(comm, ckpt: Checkpoint | None, optimizer, per_rank: bool, same: bool) -> None:
+    """The optimizer's buffers and scalars from rank 0's checkpoint, in sorted key order on every rank."""
+    root = comm.rank == 0
     state = optimizer.state_dict()
     for key in sorted(state):
         value = state[key]
         if isinstance(value, np.ndarray) and value.ndim:
-            place(ckpt.optimizer[key] if root else None, value, bool(per_rank))
+            _place(comm, ckpt.optimizer[key] if root else None, value, per_rank and same, per_rank)
             continue
         kind = np.int64 if key == "step" or isinstance(value, (bool, np.bool_)) else np.float64
         box = np.array([ckpt.optimizer[key] if root else 0], dtype=kind)
         comm.broadcast(box, root=0)
         state[key] = np.int64(box[0]) if key == "step" else type(value)(box[0].item())
     optimizer.load_state_dict(state)
-    fresh = []
-    if has_dropout and same:
-        words = np.stack([d.get_rng_state() for d in dropouts]).view(np.int64)       # (n_dropout, 6)
-        stack = ckpt.dropout_rng.view(np.int64) if root else np.empty((comm.size,) + words.shape, np.int64)
-        mine = comm.scatter(np.ascontiguousarray(stack), root=0).view(np.uint64)
-        for d, w in zip(dropouts, mine):
-            d.set_rng_state(w)
-    elif dropouts:
-        fresh.append("dropout streams")
-    hook = ddp.comm_hook_state
-    if n_res and same and isinstance(hook, HookState):
-        names = _names(comm, sorted(ckpt.hook_state) if root else [])
-        loaded = {}
-        for name in names:
-            saved = np.ascontiguousarray(ckpt.hook_state[name]) if root else None
-            head = np.zeros(9, dtype=np.int64)   # dtype code, ndim, shape (up to 7 axes)
-            if root:
-                head[:2] = [_DTYPES.index(saved.dtype.name), saved.ndim]
-                head[2:2 + saved.ndim] = saved.shape
-            comm.broadcast(head, root=0)
-            shape = tuple(int(v) for v in head[2:2 + int(head[1])])
-            src = saved if root else np.empty(shape, dtype=_DTYPES[int(head[0])])
-            loaded[name] = comm.scatter(src, root=0)
-        hook.load_state_dict(loaded)
-    elif n_res:
-        fresh.append("comm hook state")
-    ddp.steps = step
+
+
+def _restore_dropouts(comm, ckpt: Checkpoint | None, dropouts) -> None:
+    """Each rank's own dropout streams from the checkpoint's (same world size)."""
+    words = np.stack([d.get_rng_state() for d in dropouts]).view(np.int64)       # (n_dropout, 6)
+    stack = ckpt.dropout_rng.view(np.int64) if comm.rank == 0 else np.empty((comm.size,) + words.shape, np.int64)
+    mine = comm.scatter(np.ascontiguousarray(stack), root=0).view(np.uint64)
+    for d, w in zip(dropouts, mine):
+        d.set_rng_state(w)
+
+
+def _scattered_hook_state(comm, ckpt: Checkpoint | None) -> dict:
+    """Each rank's own comm hook arrays from the checkpoint's (same world size), by name."""
+    root = comm.rank == 0
+    loaded = {}
+    for name in _names(comm, sorted(ckpt.hook_state) if root else []):
+        saved = np.ascontiguousarray(ckpt.hook_state[name]) if root else None
+        head = np.zeros(9, dtype=np.int64)   # dtype code, ndim, shape (up to 7 axes)
+        if root:
+            head[:2] = [_DTYPES.index(saved.dtype.name), saved.ndim]
+            head[2:2 + saved.ndim] = saved.shape
+        comm.broadcast(head, root=0)
+        shape = tuple(int(v) for v in head[2:2 + int(head[1])])
+        src = saved if root else np.empty(shape, dtype=_DTYPES[int(head[0])])
+        loaded[name] = comm.scatter(src, root=0)
+    return loaded
+
+
+def _shared_totals(comm, ckpt: Checkpoint | None) -> np.ndarray:
+    """Rank 0's running sums of the epoch in progress, on every rank."""
+    root = comm.rank == 0
     totals = np.array(ckpt.totals if root else np.zeros(0), dtype=np.float64)
     size = np.array([totals.size], dtype=np.int64)
     comm.broadcast(size, root=0)
     totals = totals if root else np.zeros(int(size[0]))
     comm.broadcast(totals, root=0)
-    return {"epochs_done": epochs_done, "batches_done": batches_done, "step": step,
-            "world_size": saved_size, "totals": totals, "fresh": fresh}
+    return totals

@@ -99,6 +99,34 @@ def _mpi_over_tcp(cfg: Config) -> str | None:
 
 def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
     """Everything after the communicator exists; JobError for failures every rank agrees on."""
+    cfg, comm, ckpt, saved = _settle_config(cfg, given, comm)
+    n_threads, why = threads.resolve(cfg.threads)
+    threads.apply(n_threads)
+    settings, ds, model, dropouts, model_text = _inputs_and_model(cfg, comm)
+    ddp, optimizer = _engine(cfg, model, comm)
+    env = _environment(cfg, comm, n_threads)
+    attrs = {**env, "config": settings, "model": model_text,
+             "parameters": model.num_parameters(), "dataset_rows": [ds.n_train, ds.n_val]}
+    trainer = Trainer(cfg, comm, out, ds, model, dropouts, ddp, optimizer, attrs)
+    ddp.tracer.describe(config=settings, backend=cfg.backend, model=model_text)
+    if cfg.resume:
+        with ddp.full_parameters():
+            resume.restore_into(trainer, ckpt, saved, out)
+    chosen = "" if "backend" in given or cfg.resume else default_backend(cfg.transport)[1]
+    for line in header(cfg, comm, ds, model_text, model, ddp, trainer, env, threads.describe(n_threads, why),
+                       chosen, _nodes(comm)):
+        out.info(line)
+    _announce(cfg, given, saved, comm, out, ddp, optimizer, scaling_warning(ds, settings))
+    if _nothing_to_do(cfg, trainer, out):
+        return 0
+    return _train(cfg, comm, out, trainer, ddp, started)
+
+
+def _settle_config(cfg: Config, given: dict, comm):
+    """The run's settings (from the checkpoint on --resume), checked; the communicator they ask for.
+
+    Returns ``(cfg, comm, ckpt, saved)``: the checkpoint read on --resume (rank 0) and its settings.
+    """
     opened, ckpt, saved = (cfg.backend, cfg.transport), None, None
     if cfg.resume == "auto":  # resume when the checkpoint exists (rank 0 looks), else start fresh
         cfg = resume.auto(comm, cfg)
@@ -118,10 +146,17 @@ def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
         raise JobError(str(exc), EXIT_USAGE) from None
     if (cfg.backend, cfg.transport) != opened:  # the checkpoint's backend, taken over on --resume
         comm = open_communicator(cfg.backend, timeout=cfg.timeout, transport=cfg.transport)
-    n_threads, why = threads.resolve(cfg.threads)
-    threads.apply(n_threads)
+    return cfg, comm, ckpt, saved
+
+
+def _inputs_and_model(cfg: Config, comm):
+    """The data set and model, and the output paths checked; JobError (usage) alike on every rank.
+
+    Returns ``(settings, ds, model, dropouts, model_text)``.
+    """
     settings = {**cfg.as_dict(), "dataset": dataset_name(cfg.as_dict())}
     ds, message = load_data(settings)
+    model = dropouts = model_text = None
     if ds is not None:
         try:
             model, dropouts, model_text = build_model(settings, ds.input_shape, ds.num_classes, comm.rank)
@@ -138,32 +173,34 @@ def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
     message = agree(comm, message)
     if message:
         raise JobError(message, EXIT_USAGE)
+    return settings, ds, model, dropouts, model_text
 
+
+def _engine(cfg: Config, model, comm):
+    """The data-parallel wrapper (DDP with its comm hook, or a ZeRO stage) and its optimizer."""
     tracer = tracing.Tracer(cfg.trace, comm, cfg.trace_steps) if cfg.trace else None  # None: $NPDDP_TRACE
     if cfg.zero >= 2:
-        ddp, optimizer = sharding.build(cfg, model, comm, tracer)
-    else:
-        ddp = DistributedDataParallel(model, comm, sync=cfg.sync, bucket_cap_mb=cfg.bucket_mb, tracer=tracer)
-        ddp.register_comm_hook(*hooks.build(cfg.comm_hook, comm, topk_ratio=cfg.topk_ratio,
-                                            powersgd_rank=cfg.powersgd_rank,
-                                            powersgd_start_iter=cfg.powersgd_start_iter, seed=cfg.seed))
-        optimizer = sharding.shard_optimizer(cfg, ddp, comm) if cfg.zero == 1 else make_optimizer(
-            cfg.optimizer, ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    env = environment(world_size=comm.size, backend=cfg.backend, mpi=transport_of(comm) == "mpi") \
-        if comm.rank == 0 else {}
-    if comm.rank == 0:
-        env["threads_per_rank"] = n_threads
-    attrs = {**env, "config": settings, "model": model_text,
-             "parameters": model.num_parameters(), "dataset_rows": [ds.n_train, ds.n_val]}
-    trainer = Trainer(cfg, comm, out, ds, model, dropouts, ddp, optimizer, attrs)
-    ddp.tracer.describe(config=settings, backend=cfg.backend, model=model_text)
-    if cfg.resume:
-        with ddp.full_parameters():
-            resume.restore_into(trainer, ckpt, saved, out)
-    chosen = "" if "backend" in given or cfg.resume else default_backend(cfg.transport)[1]
-    for line in header(cfg, comm, ds, model_text, model, ddp, trainer, env, threads.describe(n_threads, why),
-                       chosen, _nodes(comm)):
-        out.info(line)
+        return sharding.build(cfg, model, comm, tracer)
+    ddp = DistributedDataParallel(model, comm, sync=cfg.sync, bucket_cap_mb=cfg.bucket_mb, tracer=tracer)
+    ddp.register_comm_hook(*hooks.build(cfg.comm_hook, comm, topk_ratio=cfg.topk_ratio,
+                                        powersgd_rank=cfg.powersgd_rank,
+                                        powersgd_start_iter=cfg.powersgd_start_iter, seed=cfg.seed))
+    optimizer = sharding.shard_optimizer(cfg, ddp, comm) if cfg.zero == 1 else make_optimizer(
+        cfg.optimizer, ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    return ddp, optimizer
+
+
+def _environment(cfg: Config, comm, n_threads: int) -> dict:
+    """The run's environment for the header and the files (rank 0; empty elsewhere)."""
+    if comm.rank != 0:
+        return {}
+    env = environment(world_size=comm.size, backend=cfg.backend, mpi=transport_of(comm) == "mpi")
+    env["threads_per_rank"] = n_threads
+    return env
+
+
+def _announce(cfg: Config, given: dict, saved, comm, out: Printer, ddp, optimizer, warning: str | None) -> None:
+    """The lines after the header: ZeRO memory, what a resume changed, stale files removed, a scaling warning."""
     if cfg.zero:
         out.info(sharding.memory_line(cfg.zero, ddp, optimizer))
     if cfg.resume:
@@ -172,15 +209,22 @@ def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
     if comm.rank == 0:
         for line in outputs.remove_stale([cfg.checkpoint, cfg.metrics]):
             out.warn(line)
-    warning = scaling_warning(ds, settings)
     if warning:
         out.warn(warning)
-    if trainer.epochs_done >= cfg.epochs or (cfg.max_steps and trainer.step >= cfg.max_steps):
-        limit = f" (--max-steps {cfg.max_steps})" if cfg.max_steps else ""
-        out.summary(f"nothing to do: {cfg.checkpoint} is at step {trainer.step}, epoch "
-                    f"{trainer.epochs_done} of {cfg.epochs}{limit}")
-        return 0
 
+
+def _nothing_to_do(cfg: Config, trainer: Trainer, out: Printer) -> bool:
+    """True (and a summary line) when the checkpoint is already at the last epoch or --max-steps."""
+    if trainer.epochs_done < cfg.epochs and not (cfg.max_steps and trainer.step >= cfg.max_steps):
+        return False
+    limit = f" (--max-steps {cfg.max_steps})" if cfg.max_steps else ""
+    out.summary(f"nothing to do: {cfg.checkpoint} is at step {trainer.step}, epoch "
+                f"{trainer.epochs_done} of {cfg.epochs}{limit}")
+    return True
+
+
+def _train(cfg: Config, comm, out: Printer, trainer: Trainer, ddp, started: float) -> int:
+    """The epochs, the files at the end, the trace and the summary; JobError when the trace failed."""
     t0 = time.perf_counter()
     try:
         status = trainer.run()
