@@ -206,8 +206,9 @@ class Config:
         metavar="auto", shown="off", parse=resume_text, const=True)
     metrics: typing.Optional[str] = _opt(
         None, "HDF5 file of per-step and per-epoch metrics (groups /steps and /epochs of 1-D "
-        "columns), rewritten atomically by rank 0 at every epoch end and checkpoint; it may "
-        "replace an npddp metrics file, never another file",
+        "columns), rewritten atomically by rank 0 at every epoch end and checkpoint; an existing "
+        "metrics file is replaced only with --overwrite (as the checkpoint is) and continued by "
+        "--resume; never another file",
         metavar="PATH.h5", shown="none", resume="inherit")
     trace: typing.Optional[str] = _opt(
         None, "timeline of the --trace-steps steps on every rank (layers' forward and backward, each "
@@ -216,8 +217,9 @@ class Config:
         "on a failure with what each failing rank recorded", metavar="FILE.json", shown="none, or $NPDDP_TRACE")
     trace_steps: str = _opt(DEFAULT_STEPS, "optimizer steps --trace records, FIRST:LAST counted from 1 "
                             "as in the metrics, both included", metavar="FIRST:LAST", parse=steps_text)
-    overwrite: bool = _opt(False, "let a new run replace an existing --checkpoint file; without it (or "
-                           "--resume) a run refuses to overwrite a checkpoint, which may hold another run")
+    overwrite: bool = _opt(False, "let a new run replace an existing --checkpoint, --metrics or --trace "
+                           "file; without it a run refuses to overwrite them, as they may hold another run "
+                           "(--resume continues the checkpoint and metrics, and writes its own trace)")
     # --- process
     threads: typing.Union[int, str] = _opt(
         "auto", "BLAS threads per rank, applied with threadpoolctl before any NumPy work: auto "

@@ -258,6 +258,17 @@ def test_zero_help_says_checkpoints_are_sharded_as_they_are_written():
     assert "one shard file per rank plus an index" in zero
 
 
+
+def test_help_says_the_metrics_file_and_the_trace_need_overwrite_as_the_checkpoint_does():
+    text = " ".join(build_parser().format_help().split())
+    start = text.index("--overwrite let")
+    overwrite = text[start:text.index("--threads", start)]
+    start = text.index("--metrics PATH.h5 HDF5")
+    metrics = text[start:text.index("--trace FILE.json", start)]
+    assert "--checkpoint, --metrics or --trace file" in overwrite
+    assert "--resume continues the checkpoint and metrics" in overwrite
+    assert "replaced only with --overwrite" in metrics and "continued by --resume" in metrics
+
 def test_the_default_backend_follows_the_transport_the_launcher_gives():
     tcp = {"RANK": "0", "WORLD_SIZE": "2"}
     assert default_backend("auto", tcp) == ("auto", "not started by MPI")
