@@ -88,6 +88,7 @@ class OneNodeSlurm:
         self.host = socket.gethostname().split(".")[0]
         self.conf = self.root / "slurm.conf"
         self.procs: list[subprocess.Popen] = []
+        self.started = 0                         # clock ticks since boot when start() began
 
     @property
     def env(self) -> dict:
@@ -98,6 +99,7 @@ class OneNodeSlurm:
         """Write the configuration, start both daemons, return once the node is idle; RuntimeError otherwise."""
         for sub in ("state", "spool"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self.started = _started(Path("/proc/self"))
         ctl, slurmd = _free_ports(2)
         self.conf.write_text(slurm_conf(self.root, self.host, ctl, slurmd))
         for daemon in DAEMONS:
@@ -147,6 +149,29 @@ class OneNodeSlurm:
             _signal_group(proc, signal.SIGKILL)   # also any step daemon or task left in the group
             proc.wait()
         self.procs = []
+        for _ in range(int(STOP_S / 0.1)):     # step daemons leave the group; they started after our slurmctld
+            left = self.leftovers()
+            if not left:
+                break
+            for pid in left:
+                _kill(pid)
+            time.sleep(0.1)
+
+    def leftovers(self) -> list[int]:
+        """slurmstepd processes started since this Slurm's slurmctld, or still holding its SLURM_CONF."""
+        found, mark = [], f"SLURM_CONF={self.conf}".encode()
+        for entry in Path("/proc").iterdir():
+            try:
+                if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                    continue
+                ours = mark in (entry / "environ").read_bytes().split(b"\0")
+                if (entry / "comm").read_text().strip() == "slurmstepd" and _started(entry) >= self.started:
+                    ours = True
+            except OSError:
+                continue
+            if ours:
+                found.append(int(entry.name))
+        return found
 
     def __enter__(self) -> "OneNodeSlurm":
         try:
@@ -158,6 +183,18 @@ class OneNodeSlurm:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _started(proc_dir: Path) -> int:
+    """When a process started, in clock ticks since boot (field 22 of /proc/PID/stat)."""
+    return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[19])
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
