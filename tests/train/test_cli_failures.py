@@ -9,6 +9,7 @@ a crashed writer are removed with one line; progress lines appear in a log; eval
 reproduce the validation numbers of the run.
 """
 
+import resource
 import socket
 import subprocess
 import sys
@@ -66,6 +67,35 @@ resource.setrlimit(resource.RLIMIT_FSIZE, (12000, 12000))
 sys.argv[0] = "npddp.train"
 runpy.run_module("npddp.train", run_name="__main__", alter_sys=True)
 """
+
+
+
+#: The training CLI in a process whose SIGXFSZ is at its default, killing (CPython ignores it at start-up,
+#: a host embedding Python or a wrapper that restores default dispositions does not).
+DEFAULT_SIGXFSZ = """
+import runpy, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+sys.argv[0] = "npddp.train"
+runpy.run_module("npddp.train", run_name="__main__", alter_sys=True)
+"""
+
+
+def _limit_file_size() -> None:
+    """In the child before exec: files of at most 12 kB."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (12000, 12000))
+
+
+def test_a_file_size_limit_makes_a_write_fail_with_exit_4_even_where_sigxfsz_would_kill(tmp_path):
+    command = [sys.executable, "-c", DEFAULT_SIGXFSZ, *TINY, "--epochs", "1", "--backend", "ring",
+               "--checkpoint", "c.h5"]
+    with socket.socket() as s:                 # one rank over TCP: no MPI shared-memory files, which the limit refuses
+        s.bind(("127.0.0.1", 0))
+        world = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(s.getsockname()[1])}
+    proc = subprocess.run(command, cwd=tmp_path, env={**_env(), **world, "PYTHONDONTWRITEBYTECODE": "1"},
+                          capture_output=True, text=True, timeout=120, preexec_fn=_limit_file_size)
+    assert proc.returncode == 4, f"exit {proc.returncode}\n{proc.stdout}{proc.stderr}"
+    assert _error_line(proc).startswith("error: cannot write c.h5: File too large"), proc.stderr
+    assert not (tmp_path / "c.h5").exists()
 
 
 @pytest.mark.slow

@@ -20,7 +20,8 @@ epoch and a summary, and writes the HDF5 checkpoint (--checkpoint) and metrics (
 
 Exit status (npddp.process.job): 0 done; 2 bad input, one ``error: ...`` line, nothing overwritten;
 3 a non-finite loss, gradient or parameter (one line; the last checkpoint is kept); 4 a
-checkpoint or metrics file could not be written (one line; the previous file is kept); 1 an
+checkpoint or metrics file could not be written (one line; the previous file is kept; a file-size
+limit too: SIGXFSZ is ignored, so the write fails with EFBIG); 1 an
 exception on any rank (a --timeout, --inject-fault) aborts the whole job, as does sys.exit(N)
 on one rank, with status N.
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import signal
 import sys
 import time
 
@@ -264,4 +266,11 @@ def _trace_failure(tracer, exc: BaseException, rank: int, out: Printer) -> None:
 
 def main(argv=None) -> int:
     """The CLI: ``train(argv)`` under npddp.process.job's abort hooks; the exit status."""
+    _writes_fail_past_the_file_size_limit()
     return run_main(train, argv)
+
+
+def _writes_fail_past_the_file_size_limit() -> None:
+    """A write over RLIMIT_FSIZE fails with EFBIG (one line, exit 4) instead of SIGXFSZ killing the process."""
+    if hasattr(signal, "SIGXFSZ"):
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
