@@ -55,7 +55,8 @@ def _parser(form: str | None) -> argparse.ArgumentParser:
         _shape_args(p)
         p.add_argument("--ranks-per-node", type=int, default=1, metavar="R", help="ranks on each node (default: 1)")
         p.add_argument("--launcher", choices=("tcp", "mpi"), default="tcp",
-                       help="tcp: python -m npddp.run on every node; mpi: MPICH's mpiexec (default: tcp)")
+                       help="tcp: python -m npddp.run on every node; mpi: the launcher of the MPI library mpi4py "
+                            "loads (MPICH, Open MPI, Intel MPI) (default: tcp)")
         p.add_argument("--grace", type=float, default=3.0, metavar="SECONDS",
                        help="after a failure, seconds the other ranks get before SIGKILL (default: 3)")
         return p
@@ -203,11 +204,13 @@ def _bring_up(cluster: Cluster, owner: int) -> state.Record:
 
 def run(args) -> int:
     """The run form: up, (probe,) job, teardown; the job's exit code."""
-    mpiexec = None
+    lib = launcher = None
     if args.launcher == "mpi":
-        mpiexec = launch.find_mpiexec()
-        if mpiexec is None:
-            _say("--launcher mpi needs MPICH's mpiexec (Hydra) beside this Python or on PATH (pip install mpich)")
+        try:
+            lib = launch.active_library()
+            launcher = launch.find_launcher(lib)
+        except launch.LauncherError as exc:
+            _say(str(exc))
             return EXIT_USAGE
     _cleanup_leftovers()
     cluster = Cluster.new(args.nodes, rate=args.rate_bits, delay=args.delay_s, mtu=args.mtu)
@@ -224,16 +227,18 @@ def run(args) -> int:
             procs = [_start(c, env) for c in launch.tcp_commands(cluster, args.ranks_per_node, args.command,
                                                                  args.grace)]
         else:
-            env = {**launch.mpi_env(), "TMPDIR": tmp}
+            env = {**launch.mpi_env(lib, record.runtime), "TMPDIR": tmp}
             launch.write_stand_in(cluster, record.runtime)
-            if cluster.nodes > 1 and cluster.rate is not None:
-                probe = _start(launch.probe_command(cluster, mpiexec, record.runtime), env)
+            if cluster.nodes > 1:
+                probe = _start(launch.probe_command(cluster, lib, launcher, record.runtime), env)
                 procs = [probe]
-                if probe.wait(timeout=120):
+                code = probe.wait(timeout=120)
+                if code:
+                    if code != launch.PROBE_REFUSED:   # the probe said why; else the library did, above
+                        _say(f"{lib.name}'s start-up check between node0 and node1 failed (exit {_code(code)})")
                     return EXIT_USAGE
-            hostfile = launch.write_hostfile(cluster, record.runtime, args.ranks_per_node)
-            procs = [_start(launch.mpi_command(cluster, mpiexec, record.runtime,
-                                               cluster.nodes * args.ranks_per_node, hostfile, args.command), env)]
+            procs = [_start(launch.mpi_command(cluster, lib, launcher, record.runtime, args.ranks_per_node,
+                                               args.command), env)]
         return watch(procs, args.grace, seen)
     except Interrupted as exc:
         for s in old:
