@@ -9,7 +9,7 @@ a stand-in (a small script written per cluster) that runs the launcher's daemon 
 instead. Each library would otherwise reach the other "nodes" through shared memory (they are one
 machine), so its network variables keep traffic between nodes on TCP, hence on the links, while
 on-node traffic keeps the library's shared memory, as on a real cluster. :func:`probe_command`
-checks this at start-up: a ping-pong between node0 and node1 must take at least what the rate allows.
+checks this at start-up (:mod:`npddp.cluster.probe`: two hosts, the bytes on node0's link, the time).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class MpiLibrary:
     launcher_marker: str      # a word of the launcher's --version that names this library
     args: tuple               # the launcher's arguments before the program: {hostfile} {stand_in} {per_node} {ranks}
     host_line: str            # one line of the host file: {host} {slots}
-    bootstrap_env: dict       # the launcher's ssh pointed at the stand-in (always set)
+    bootstrap_env: dict       # the launcher's ssh pointed at the stand-in, and what it needs to start (always set)
     network_env: dict         # traffic between nodes on TCP (set where the caller chose nothing)
 
 

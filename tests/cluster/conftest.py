@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from npddp.cluster.cli import missing_privilege
+from npddp.cluster.launch import LIBRARIES
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = str(Path(__file__).resolve().parent / "job.py")
@@ -38,7 +39,8 @@ def cluster_env(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                NPDDP_CLUSTER_STATE=str(tmp_path / "state"), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env.pop("UCX_TLS", None)
+    for name in {name for lib in LIBRARIES for name in lib.network_env}:   # each MPI's links as the harness sets them
+        env.pop(name, None)
     return env
 
 

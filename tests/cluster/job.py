@@ -56,7 +56,7 @@ def kill(victim: str) -> None:
 
 def sleep(pid_dir: str) -> None:
     """Write this rank's pid into ``pid_dir`` and sleep (until a signal ends it)."""
-    rank = os.environ.get("RANK", os.environ.get("PMI_RANK", "0"))
+    rank = next((os.environ[name] for name in ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK") if name in os.environ), "0")
     with open(os.path.join(pid_dir, f"{rank}.pid.tmp"), "w") as f:
         f.write(str(os.getpid()))
     os.replace(os.path.join(pid_dir, f"{rank}.pid.tmp"), os.path.join(pid_dir, f"{rank}.pid"))

@@ -1,4 +1,4 @@
-"""``--launcher mpi`` for each MPI library: the table's commands, host files and environments, and the probe's verdict."""
+"""``--launcher mpi`` per MPI library: the table's commands, host files and environments, and the probe's verdict."""
 
 from __future__ import annotations
 
