@@ -10,7 +10,7 @@ Runs COMMAND on N MPI ranks (default 2) with the mpirun of the active environmen
 (the virtual environment's bin/ first, then PATH).
 
   -n, -np N         number of ranks (default: 2)
-  --hostfile FILE   hosts to place ranks on (passed as -f for MPICH, --hostfile for Open MPI)
+  --hostfile FILE   hosts to place ranks on (passed as -f for MPICH and Intel MPI, --hostfile for Open MPI)
   --max-restarts K  when the job fails, run it again, at most K times (default: 0); each run
                     sees NPDDP_RESTART_COUNT (0, 1, ...), so `python -m npddp.train
                     --checkpoint c.h5 --resume auto` continues from its last checkpoint.
@@ -23,8 +23,14 @@ Environment:
   (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, MKL_NUM_THREADS = CPUs / N, at least 1, as
   `python -m npddp.process.threads --ranks N` computes it) unless you already set them: ranks
   sharing cores otherwise fight over them.  With --hostfile nothing is exported: npddp's
-  entry points apply the same rule inside each rank, per node (--threads auto).  With Open MPI, --oversubscribe
-  is added (and --allow-run-as-root when running as root); MPICH needs neither.
+  entry points apply the same rule inside each rank, per node (--threads auto).
+
+MPI libraries (MPICH, Open MPI, Intel MPI; see docs/launching.md, "Every MPI"):
+  The library is told by the launcher's name (prterun) or its --version text. Open MPI gets
+  --oversubscribe (and --allow-run-as-root when running as root), its --hostfile and -x VAR;
+  MPICH and Intel MPI get -f FILE and -envlist. Intel MPI's mpirun is a shell script that passes
+  no signal to the mpiexec it runs: its mpiexec (beside it) runs the job instead. The launcher's
+  directory goes first on PATH (Intel MPI's mpirun needs its mpiexec.hydra there).
   MPIRUN=/path/to/mpirun overrides the launcher lookup.  The full command is printed to
   stderr before it runs.
 
@@ -94,17 +100,21 @@ if [[ -z "$hostfile" ]]; then
   export MKL_NUM_THREADS="${MKL_NUM_THREADS:-$threads}"
 fi
 
-args=(-n "$nprocs")
-if "$mpirun" --version 2>&1 | grep -qiE 'open mpi|open-mpi|openrte'; then
-  args+=(--oversubscribe)
-  [[ "$(id -u)" == 0 ]] && args+=(--allow-run-as-root)
-  [[ -n "$hostfile" ]] && args+=(--hostfile "$hostfile")
-  for v in OMP_NUM_THREADS OPENBLAS_NUM_THREADS MKL_NUM_THREADS; do [[ -n "${!v:-}" ]] && args+=(-x "$v"); done
-  args+=(-x NPDDP_RESTART_COUNT)
+# The launcher's flags come from npddp's table of MPI libraries (npddp/util/mpilibs.py): Open MPI gets
+# --oversubscribe (and --allow-run-as-root as root), each library its hostfile flag and its way to pass variables.
+exported=()
+for v in OMP_NUM_THREADS OPENBLAS_NUM_THREADS MKL_NUM_THREADS; do [[ -n "${!v:-}" ]] && exported+=("$v"); done
+exported+=(NPDDP_RESTART_COUNT)
+if [[ "$npddp_ok" == 1 ]]; then
+  flags="$("$python" -m npddp.process.launchflags --mpirun "$mpirun" -n "$nprocs" ${hostfile:+--hostfile "$hostfile"} \
+           --export "${exported[@]}")" || exit 2
+  mapfile -t args <<< "$flags"
+  mpirun="${args[0]}"; args=("${args[@]:1}")    # Intel MPI: its mpiexec in place of its mpirun script
 else
-  [[ -n "$hostfile" ]] && args+=(-f "$hostfile")
-  [[ -n "${OMP_NUM_THREADS:-}" ]] && args+=(-envlist OMP_NUM_THREADS,OPENBLAS_NUM_THREADS,MKL_NUM_THREADS,NPDDP_RESTART_COUNT)
+  args=(-n "$nprocs"); [[ -n "$hostfile" ]] && args+=(-hostfile "$hostfile")   # understood by every library
 fi
+# Intel MPI's mpirun runs mpiexec.hydra from PATH: the launcher's own directory goes first.
+PATH="$(dirname "$mpirun"):$PATH"; export PATH
 
 echo "+ $mpirun ${args[*]} $*" >&2
 [[ "$dry_run" == 1 ]] && exit 0

@@ -4,9 +4,15 @@ MPICH (like Open MPI) creates files in /dev/shm for on-node messages when a job 
 removes them in ``MPI_Finalize``. A job that ends by ``MPI_Abort`` (any rank's exception) or by
 a kill never finalizes, and its segments (a few MiB each) stay until a reboot.
 
-MPICH's launcher (hydra) also leaves its topology file (``hydra_hwloc_xmlfile_*``) in the
-temporary directory after a failed job; :class:`Watch` removes those that appeared while its
-job ran. A segment belongs to a job when one of the job's processes maps it. :class:`Watch` runs a
+Launchers also leave files in the temporary directory after a killed job: hydra's topology file
+(``hydra_hwloc_xmlfile_*``, MPICH and Intel MPI), Open MPI's session directory (``ompi.*``); the
+names of each library are in :mod:`npddp.util.mpilibs`. Such a file belongs to the job when one
+of the job's processes holds it open or maps it (hydra's proxy holds its file open while the job
+runs); files that merely appeared while the job ran may be another job's, starting beside it, that
+still needs them, so they are never taken as the job's. A job that fails before the watch's first
+look at its processes (50 ms) can leave its file behind.
+
+A segment belongs to a job when one of the job's processes maps it. :class:`Watch` runs a
 launcher command, polls ``/proc/<pid>/maps`` of the launcher's descendants for /dev/shm
 files while it runs, and when it ends abnormally removes those still present that no live
 process maps -- only that job's, never another job's (a segment the job never mapped is
@@ -26,6 +32,7 @@ import argparse
 import fnmatch
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,10 +41,11 @@ import time
 from pathlib import Path
 
 from npddp.comm.node.names import PREFIX, remove_job_segments
-from npddp.util.env import HYDRA_TEMP_PATTERNS, MPI_SHM_PATTERNS, SHM_DIR
+from npddp.util.env import MPI_SHM_PATTERNS, SHM_DIR
+from npddp.util.mpilibs import TEMP_PATTERNS
 
 SHM = Path(SHM_DIR)
-#: Names of the segments MPI libraries create in /dev/shm (MPICH, Open MPI, UCX, libfabric), and npddp's own.
+#: Names of the segments MPI libraries create in /dev/shm (MPICH, Open MPI, Intel MPI, UCX, libfabric), and npddp's own.
 PATTERNS = (*MPI_SHM_PATTERNS, f"{PREFIX}*")
 _FAST_S, _SLOW_S, _FAST_FOR_S = 0.05, 0.5, 5.0   # poll interval while starting, then later
 
@@ -54,6 +62,54 @@ def mapped_segments(pid: int, directory: Path = SHM) -> set[str]:
     except OSError:
         pass
     return found
+
+
+def open_files(pid: int) -> set[str]:
+    """The paths of the files process ``pid`` holds open (empty when it is gone or unreadable)."""
+    found = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found
+    for fd in fds:
+        try:
+            found.add(os.readlink(f"/proc/{pid}/fd/{fd}").removesuffix(" (deleted)"))
+        except OSError:
+            continue
+    return found
+
+
+def temp_entries(paths, directory: str | None = None) -> set[str]:
+    """The launcher files or directories in the temporary directory that ``paths`` lie in (``TEMP_PATTERNS``)."""
+    directory = tempfile.gettempdir() if directory is None else directory
+    found = set()
+    for path in paths:
+        top = os.path.relpath(path, directory).split(os.sep)[0] if path.startswith(f"{directory}/") else ""
+        if any(fnmatch.fnmatch(top, p) for p in TEMP_PATTERNS):
+            found.add(os.path.join(directory, top))
+    return found
+
+
+def held_temp_entries(pid: int, directory: str | None = None) -> set[str]:
+    """The launcher files in the temporary directory that process ``pid`` holds open or maps."""
+    directory = tempfile.gettempdir() if directory is None else directory
+    return temp_entries(open_files(pid) | mapped_segments(pid, Path(directory)), directory)
+
+
+def _remove_entry(path: str) -> int:
+    """Remove this user's file or directory tree ``path``; its size in bytes (0 when it could not go)."""
+    try:
+        info = os.lstat(path)
+        if info.st_uid != os.getuid():
+            return 0
+        if os.path.isdir(path) and not os.path.islink(path):
+            size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+            shutil.rmtree(path)
+            return size
+        os.unlink(path)
+        return info.st_size
+    except OSError:
+        return 0
 
 
 def _parents() -> dict[int, list[int]]:
@@ -144,18 +200,13 @@ def segment_files(directory: Path = SHM) -> set[str]:
     return _owned(directory, PATTERNS)
 
 
-def temp_leftovers(directory: str | None = None) -> set[str]:
-    """This user's files in the temporary directory named like those MPICH's launcher leaves (hydra's topology file)."""
-    return _owned(tempfile.gettempdir() if directory is None else directory, HYDRA_TEMP_PATTERNS)
-
-
 class Watch:
     """Run ``command``; record the /dev/shm files its processes map; clean them up if it fails."""
 
     def __init__(self, command: list[str], **popen):
         self.command, self.popen = command, popen     # popen: more keyword arguments of subprocess.Popen
         self.seen: set[str] = set()
-        self.temps_before: set[str] = set()
+        self.temps: set[str] = set()                  # launcher files in the temporary directory the job held
         self.segments_before: set[str] = set()
         self.proc: subprocess.Popen | None = None
         self.job = os.environ.get("NPDDP_JOB_ID") or f"watch{secrets.token_hex(6)}"  # names npddp's segments
@@ -172,7 +223,6 @@ class Watch:
         A SIGINT, SIGTERM or SIGHUP that arrives meanwhile goes to the command; once it has ended the
         signal is raised again in this process (its own handler decides) unless ``reraise`` is False.
         """
-        self.temps_before = temp_leftovers()
         self.segments_before = segment_files()
         environ = {**(self.popen.get("env") or os.environ), "NPDDP_JOB_ID": self.job}
         self.proc = subprocess.Popen(self.command, **{**self.popen, "env": environ})
@@ -191,9 +241,10 @@ class Watch:
             now = time.monotonic()
             fast = now - started < _FAST_FOR_S
             if fast or now - listed > 2.0:
-                pids, listed = descendants(self.proc.pid), now
+                pids, listed = [self.proc.pid, *descendants(self.proc.pid)], now   # the launcher, too
             for pid in pids:
                 self.seen |= mapped_segments(pid)
+                self.temps |= held_temp_entries(pid)
             try:
                 self.proc.wait(_FAST_S if fast else _SLOW_S)
             except subprocess.TimeoutExpired:
@@ -215,13 +266,13 @@ class Watch:
         for name in remove_job_segments(self.job, str(SHM)):  # npddp's own, even those nobody mapped in time
             if str(SHM / name) not in gone:
                 removed.append((str(SHM / name), 0))
-        for path in sorted(temp_leftovers() - self.temps_before):   # hydra's, made while the job ran
-            try:
-                size = os.stat(path).st_size
-                os.unlink(path)
-                removed.append((path, size))
-            except OSError:
-                continue
+        held = set()                                  # what a live process (another job's, too) still holds
+        for entry in os.listdir("/proc") if self.temps else ():
+            if entry.isdigit():
+                held |= held_temp_entries(int(entry))
+        for path in sorted(self.temps - held):        # the launcher's files this job held, and nobody holds now
+            if os.path.lexists(path):
+                removed.append((path, _remove_entry(path)))
         return removed
 
 

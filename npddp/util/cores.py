@@ -6,6 +6,9 @@ its share: the CPUs this process may run on (its affinity mask) divided by the r
 this node, at least 1 -- unless ``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS`` or
 ``MKL_NUM_THREADS`` is set to a positive number, which is then taken as the user's choice, or
 Slurm gave each task its CPUs (``SLURM_CPUS_PER_TASK``), which are then that task's threads.
+An MPI launcher that binds each rank to CPUs of its own (Open MPI without ``--oversubscribe``,
+Intel MPI by default: the rank's mask is smaller than its launcher's, and the node's ranks' masks
+fit in the launcher's side by side) leaves each rank all of its mask: "bound to 1 CPU by the launcher".
 
 The ranks on this node are counted without initialising MPI, from what launchers put in the
 environment (:data:`npddp.util.env.LOCAL_SIZE_VARIABLES`); when none is set and MPI is already
@@ -30,6 +33,14 @@ def available_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def parent_cpus() -> int:
+    """CPUs the parent process (an MPI launcher's proxy, for a rank) may run on; this process's where unreadable."""
+    try:
+        return max(1, len(os.sched_getaffinity(os.getppid())))
+    except OSError:
+        return available_cpus()
+
+
 def local_ranks(environ=None, ask_mpi: bool = True) -> tuple[int, str]:
     """(ranks on this node, where that number came from)."""
     announced = env.local_size(environ)
@@ -45,8 +56,12 @@ def local_ranks(environ=None, ask_mpi: bool = True) -> tuple[int, str]:
     return 1, "no launcher variable"
 
 
-def auto_threads(environ=None, cpus: int | None = None, ask_mpi: bool = True) -> tuple[int, str]:
-    """(BLAS threads for this rank, a short explanation) as ``--threads auto`` chooses them."""
+def auto_threads(environ=None, cpus: int | None = None, ask_mpi: bool = True,
+                 launcher_cpus: int | None = None) -> tuple[int, str]:
+    """(BLAS threads for this rank, a short explanation) as ``--threads auto`` chooses them.
+
+    ``cpus``: this rank's affinity mask, ``launcher_cpus``: its launcher's (defaults: read them).
+    """
     environ = os.environ if environ is None else environ
     setting = env.thread_setting(environ)
     if setting is not None:
@@ -56,5 +71,9 @@ def auto_threads(environ=None, cpus: int | None = None, ask_mpi: bool = True) ->
         return per_task, f"auto: SLURM_CPUS_PER_TASK={per_task}"
     cpus = available_cpus() if cpus is None else cpus
     ranks, source = local_ranks(environ, ask_mpi)
+    parent = parent_cpus() if launcher_cpus is None else launcher_cpus
+    if env.launched_by_mpi(environ) and cpus < parent and cpus * ranks <= parent:
+        # the launcher bound each rank to CPUs of its own (Open MPI's and Intel MPI's default binding)
+        return cpus, f"bound to {cpus} CPU{'s' * (cpus != 1)} by the launcher"
     n = max(1, cpus // ranks)
     return n, f"auto: {cpus} CPU{'s' * (cpus != 1)} / {ranks} rank{'s' * (ranks != 1)} on this node"

@@ -18,6 +18,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from npddp.util import mpilibs
+
 #: Thread-count variables BLAS and OpenMP libraries read, in the order npddp reads them (OpenBLAS first,
 #: as OpenBLAS itself does).
 THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -34,10 +36,9 @@ TCP_LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE")
 LOCAL_SIZE_VARIABLES = ("LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
 #: Where POSIX shared memory lives: npddp's segments and MPI libraries' alike.
 SHM_DIR = "/dev/shm"
-#: Names of the segments MPI libraries create in /dev/shm (MPICH, Open MPI, UCX, libfabric).
-MPI_SHM_PATTERNS = ("mpich_shm_*", "ompi.*", "vader_segment.*", "sm_segment.*", "ucx_shm_*", "fi_*", "psm2_shm.*")
-#: Files MPICH's launcher (hydra) leaves in the temporary directory when a job fails.
-HYDRA_TEMP_PATTERNS = ("hydra_hwloc_xmlfile_*",)
+#: Names of the segments MPI libraries create in /dev/shm (MPICH, Open MPI, Intel MPI, UCX, libfabric, PSM2),
+#: from the table of libraries (npddp/util/mpilibs.py).
+MPI_SHM_PATTERNS = mpilibs.SHM_PATTERNS
 
 
 def _environ(environ):

@@ -88,3 +88,31 @@ def test_the_command_line_prints_what_mpi_run_sh_exports():
     out = subprocess.run([sys.executable, "-m", "npddp.process.threads", "--ranks", "2"], env=env, capture_output=True,
                          text=True, timeout=60, check=True).stdout
     assert out.strip() == str(max(1, len(os.sched_getaffinity(0)) // 2))
+
+
+@pytest.mark.parametrize("cpus, launcher_cpus, ranks, expected", [
+    (1, 2, 2, (1, "bound to 1 CPU by the launcher")),             # Open MPI's or Intel MPI's binding on 2 cores
+    (4, 16, 4, (4, "bound to 4 CPUs by the launcher")),           # each rank all of its own 4, not 4 / 4
+    (2, 2, 2, (1, "auto: 2 CPUs / 2 ranks on this node")),        # not bound: the ranks share the CPUs
+    (4, 8, 4, (1, "auto: 4 CPUs / 4 ranks on this node")),        # 4 masks of 4 cannot lie side by side in 8
+])
+def test_a_rank_its_launcher_bound_to_cpus_of_its_own_uses_them_all(cpus, launcher_cpus, ranks, expected):
+    environ = {"OMPI_COMM_WORLD_LOCAL_SIZE": str(ranks), "OMPI_COMM_WORLD_SIZE": str(ranks)}
+    assert threads.auto_threads(environ, cpus=cpus, launcher_cpus=launcher_cpus) == expected
+
+
+def test_a_smaller_mask_without_an_mpi_launcher_is_divided_as_before():
+    assert threads.auto_threads({"LOCAL_WORLD_SIZE": "2"}, cpus=1, launcher_cpus=2) == (
+        1, "auto: 1 CPU / 2 ranks on this node")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to bind a child to fewer than its parent")
+def test_the_header_line_says_a_rank_is_bound_by_its_launcher():
+    cpu = min(os.sched_getaffinity(0))
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                                            "MKL_NUM_THREADS", "SLURM_CPUS_PER_TASK")}
+    env.update(OMPI_COMM_WORLD_LOCAL_SIZE="2", OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_RANK="0")
+    code = "from npddp.process import threads; print(threads.describe(*threads.resolve('auto')))"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
+                          preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))    # as mpirun's binding does
+    assert done.stdout.strip() == "threads: 1 BLAS thread per rank (bound to 1 CPU by the launcher)", done.stderr

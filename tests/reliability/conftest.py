@@ -50,11 +50,12 @@ def _stat(pid: int) -> tuple[int, int, str] | None:
 
 
 def _rank_of(pid: int) -> int | None:
-    """The rank in a process's environment (PMI_RANK from mpirun, RANK from npddp.run), or None."""
+    """The rank in a process's environment (PMI_RANK from MPICH's or Intel MPI's mpirun, OMPI_COMM_WORLD_RANK from
+    Open MPI's, RANK from npddp.run), or None."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             for item in f.read().split(b"\0"):
-                if item.startswith((b"PMI_RANK=", b"RANK=")):
+                if item.startswith((b"PMI_RANK=", b"OMPI_COMM_WORLD_RANK=", b"RANK=")):
                     return int(item.split(b"=", 1)[1])
     except (OSError, ValueError):
         pass
