@@ -202,6 +202,15 @@ def _bring_up(cluster: Cluster, owner: int) -> state.Record:
     return record
 
 
+def _links_crossed(cluster: Cluster, lib, launcher: str, runtime: str, env: dict, procs: list) -> bool:
+    """Run the start-up check (kept in ``procs`` so a signal stops it); False after it refused or failed."""
+    procs[:] = [_start(launch.probe_command(cluster, lib, launcher, runtime), env)]
+    code = procs[0].wait(timeout=120)
+    if code and code != launch.PROBE_REFUSED:   # a refusal printed its own line; else the library spoke, above
+        _say(f"{lib.name}'s start-up check between node0 and node1 failed (exit {_code(code)})")
+    return not code
+
+
 def run(args) -> int:
     """The run form: up, (probe,) job, teardown; the job's exit code."""
     lib = launcher = None
@@ -229,16 +238,10 @@ def run(args) -> int:
         else:
             env = {**launch.mpi_env(lib, record.runtime), "TMPDIR": tmp}
             launch.write_stand_in(cluster, record.runtime)
-            if cluster.nodes > 1:
-                probe = _start(launch.probe_command(cluster, lib, launcher, record.runtime), env)
-                procs = [probe]
-                code = probe.wait(timeout=120)
-                if code:
-                    if code != launch.PROBE_REFUSED:   # the probe said why; else the library did, above
-                        _say(f"{lib.name}'s start-up check between node0 and node1 failed (exit {_code(code)})")
-                    return EXIT_USAGE
-            procs = [_start(launch.mpi_command(cluster, lib, launcher, record.runtime, args.ranks_per_node,
-                                               args.command), env)]
+            if cluster.nodes > 1 and not _links_crossed(cluster, lib, launcher, record.runtime, env, procs):
+                return EXIT_USAGE
+            procs[:] = [_start(launch.mpi_command(cluster, lib, launcher, record.runtime, args.ranks_per_node,
+                                                  args.command), env)]
         return watch(procs, args.grace, seen)
     except Interrupted as exc:
         for s in old:
