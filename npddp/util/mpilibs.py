@@ -41,7 +41,7 @@ LIBRARIES = (
                ("Intel_MPI_*",), ("hydra_hwloc_xmlfile_*",), runs_under="mpiexec"),
     MPILibrary("Open MPI", r"open mpi|open-mpi|openrte|prrte", ("prterun", "prte"),
                ("--oversubscribe",), ("--allow-run-as-root",), "--hostfile", "-x", "OMPI_COMM_WORLD_LOCAL_SIZE",
-               ("sm_segment.*", "vader_segment.*", "ompi.*"), ("ompi.*",)),
+               ("sm_segment.*", "vader_segment.*", "ompi.*"), ("ompi.[0-9]*",)),
     MPILibrary("MPICH", r"hydra|mpich", (), (), (), "-f", "-envlist", "MPI_LOCALNRANKS",
                ("mpich_shm_*",), ("hydra_hwloc_xmlfile_*",)),
 )

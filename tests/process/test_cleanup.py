@@ -108,8 +108,8 @@ def test_orphans_are_old_unmapped_files_of_this_user_named_like_mpi_segments(tmp
 HOLDING = """
 import os, sys, time
 held = [open(os.path.join(sys.argv[1], "hydra_hwloc_xmlfile_ours"), "w")]      # as hydra's proxy holds its file
-os.makedirs(os.path.join(sys.argv[1], "ompi.1", "1"))
-held.append(open(os.path.join(sys.argv[1], "ompi.1", "1", "pmix-gds"), "w"))  # as Open MPI's ranks hold theirs
+os.makedirs(os.path.join(sys.argv[1], "ompi.12", "1"))
+held.append(open(os.path.join(sys.argv[1], "ompi.12", "1", "pmix-gds"), "w"))  # as Open MPI's ranks hold theirs
 open(os.path.join(sys.argv[1], "started"), "w").close()
 time.sleep(1.0)
 sys.exit(3)
@@ -134,13 +134,13 @@ open({str(theirs)!r}, "w").write("topology")
         proc.wait(30)
     removed = watch.clean(code)
     assert code == 3 and theirs.exists()
-    assert sorted(os.path.basename(p) for p, _ in removed) == ["hydra_hwloc_xmlfile_ours", "ompi.1"]
-    assert not (tmp_path / "hydra_hwloc_xmlfile_ours").exists() and not (tmp_path / "ompi.1").exists()
+    assert sorted(os.path.basename(p) for p, _ in removed) == ["hydra_hwloc_xmlfile_ours", "ompi.12"]
+    assert not (tmp_path / "hydra_hwloc_xmlfile_ours").exists() and not (tmp_path / "ompi.12").exists()
 
 
 def test_a_launcher_file_another_process_still_holds_is_kept(tmp_path):
     kept = tmp_path / "hydra_hwloc_xmlfile_held"
     with open(kept, "w"):
         assert shm.held_temp_entries(os.getpid(), str(tmp_path)) == {str(kept)}
-        assert shm.temp_entries([str(kept), str(tmp_path / "ompi.7" / "x"), str(tmp_path / "other")],
-                                str(tmp_path)) == {str(kept), str(tmp_path / "ompi.7")}
+        paths = [str(kept), str(tmp_path / "ompi.7" / "x"), str(tmp_path / "other"), str(tmp_path / "ompi.notes")]
+        assert shm.temp_entries(paths, str(tmp_path)) == {str(kept), str(tmp_path / "ompi.7")}
