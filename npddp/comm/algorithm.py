@@ -61,7 +61,7 @@ class Peers:
 
     def __init__(self, ctx, call, ufunc):
         self.rank, self.size, self.chunk_bytes = ctx.rank, ctx.size, ctx.chunk_bytes
-        self._transport, self._tag, self._ufunc, self._pool = ctx.transport, call.tag, ufunc, ctx.scratch
+        self._transport, self._tag, self._ufunc, self._pool = call.transport, call.tag, ufunc, ctx.scratch
         self._lent: list = []
         self.posted: list[Request] = []  # requests not yet waited for
 

@@ -96,14 +96,15 @@ class MPICommunicator(c.Backend):
         sg.encode(sig[0], operation, self._calls + 1, buf, op, root)
         np.negative(sig[0], out=sig[1])
         comm = self.comm
-        self._run(f"{operation} argument check", lambda: comm.Allreduce(sig, extremes, op=MPI.MAX),
+        what = f"{operation} (collective #{self._calls + 1}) argument check"
+        self._run(what, lambda: comm.Allreduce(sig, extremes, op=MPI.MAX),
                   lambda: comm.Iallreduce(sig, extremes, op=MPI.MAX))
         self._calls -= 1   # the check is part of the call it checks
         np.negative(extremes[1], out=extremes[1])   # the minima
         if sg.agree(extremes[0], extremes[1]):
             return
         every = np.empty((self._size, sg.WORDS), dtype=np.int64)
-        self._run(f"{operation} argument check", lambda: comm.Allgather(sig[0], every),
+        self._run(what, lambda: comm.Allgather(sig[0], every),
                   lambda: comm.Iallgather(sig[0], every))
         self._calls -= 1
         mine = every[self._rank]
@@ -138,7 +139,7 @@ class MPICommunicator(c.Backend):
                 if not expires:
                     expires = now + self._timeout
                 elif now > expires:
-                    number = "" if what.endswith(")") else f" (collective #{self._calls})"
+                    number = "" if "(collective #" in what or what.endswith(")") else f" (collective #{self._calls})"
                     self._abandoned[0] = True
                     self._failure = (f"[rank {self._rank}] mpi {what}{number} timed out after "
                                      f"{self._timeout:g} s waiting {waiting}: a peer crashed, hangs, or called a different collective "

@@ -1,7 +1,8 @@
 """The signature of one collective call: what every rank must pass alike, and the error when they do not.
 
 A signature is ``WORDS`` int64s: the collective's kind, its number, dtype, element count, op
-and root. The hand-written backends send it ahead of the first message of a call to each peer
+and root (:func:`words` gives them as a tuple, :data:`HEAD` packs them into a message). The
+hand-written backends send it at the head of the first message of a call to each peer
 (:mod:`npddp.comm.p2p.signed`), the shared-memory path folds it into one word of its control line
 (:func:`pack`), and the ``mpi`` backend agrees on it with one small all-reduce before the data
 (:mod:`npddp.comm.mpi`). A rank that finds a peer's signature differs from its own raises
@@ -14,6 +15,8 @@ message only: ranks number their calls alike, and a call skipped by one rank sho
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 from npddp.comm import checks as c
@@ -22,13 +25,17 @@ from npddp.comm import checks as c
 KINDS = ("barrier", "broadcast", "allreduce", "reduce_scatter", "allgather", "gather", "scatter")
 _KIND_CODE = {**{k: i for i, k in enumerate(KINDS)},
               "iallreduce": 2, "ireduce_scatter": 3, "iallgather": 4}
-_DTYPE_CODE = {name: i for i, name in enumerate(c.DTYPES)}
+_DTYPE_CODE = {np.dtype(name): i for i, name in enumerate(c.DTYPES)}   # keyed by dtype: faster than its name
 _OP_CODE = {name: i for i, name in enumerate(c.REDUCTIONS)}
 #: Field names, in word order.
 FIELDS = ("kind", "number", "dtype", "count", "op", "root")
 WORDS = len(FIELDS)
 _COMPARED = (0, 2, 3, 4, 5)   # every field but the number
 _NONE = -1
+#: The signature as the head of a message: ``WORDS`` little-endian int64s.
+HEAD = struct.Struct(f"<{WORDS}q")
+#: The signature of a message whose sender is not known to have signed it (a message of unexpected size).
+UNKNOWN = (_NONE,) * WORDS
 
 
 class CollectiveMismatchError(RuntimeError, ValueError):
@@ -40,15 +47,18 @@ def kind_code(operation: str) -> int:
     return _KIND_CODE.get(operation, _NONE)
 
 
+def words(operation: str, number: int, buf=None, op=None, root=None) -> tuple:
+    """The signature of one call as a tuple of ``WORDS`` ints."""
+    if buf is None:
+        return (_KIND_CODE[operation], number, _NONE, _NONE, _NONE if op is None else _OP_CODE[op],
+                _NONE if root is None else root)
+    return (_KIND_CODE[operation], number, _DTYPE_CODE[buf.dtype], buf.size,
+            _NONE if op is None else _OP_CODE[op], _NONE if root is None else root)
+
+
 def encode(out: np.ndarray, operation: str, number: int, buf=None, op=None, root=None) -> np.ndarray:
     """Write the signature of one call into ``out`` (WORDS int64s); return it."""
-    out[0], out[1] = _KIND_CODE[operation], number
-    if buf is None:
-        out[2] = out[3] = _NONE
-    else:
-        out[2], out[3] = _DTYPE_CODE[buf.dtype.name], buf.size
-    out[4] = _NONE if op is None else _OP_CODE[op]
-    out[5] = _NONE if root is None else root
+    out[:] = words(operation, number, buf, op, root)
     return out
 
 
@@ -77,9 +87,12 @@ def describe(sig) -> str:
 
 
 def message(number: int, rank: int, mine, peer: int, theirs, found_by: int | None = None) -> str:
-    """The error text: who passed what, and which fields differ."""
-    fields = differing(mine, theirs)
+    """The error text: who passed what, and which fields differ (``theirs`` :data:`UNKNOWN`: a message's size did)."""
     where = "" if found_by is None else f" (found by rank {found_by})"
+    if tuple(int(w) for w in theirs) == UNKNOWN:
+        return (f"collective #{number} mismatch{where}: rank {peer} sent a message of another size than rank {rank}'s "
+                f"call {describe(mine)} expects; differing fields: count or dtype")
+    fields = differing(mine, theirs)
     return (f"collective #{number} mismatch{where}: rank {peer} called {describe(theirs)} but rank {rank} called "
             f"{describe(mine)}; differing fields: {', '.join(fields)}")
 

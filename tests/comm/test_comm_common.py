@@ -8,6 +8,7 @@ import pytest
 from npddp.comm import BACKENDS, DTYPES, OPS, create
 from npddp.comm import checks as c
 from npddp.comm.p2p.engine import ScratchPool, TagSequence
+from npddp.comm.p2p.signed import CONTROL_TAG
 
 
 def test_block_bounds_match_array_split():
@@ -96,13 +97,13 @@ def test_check_stacked():
             c.check_stacked(bad, size)
 
 
-def test_tag_sequence_stays_above_user_tags_and_wraps():
-    tags = TagSequence()
-    seen = [tags.next() for _ in range(c.COLLECTIVE_TAG_SPAN + 3)]
+def test_tag_sequence_stays_above_user_tags_and_wraps_short_of_the_abort_tag():
+    tags, span = TagSequence(), c.COLLECTIVE_TAG_SPAN - 1   # the span's last tag carries the argument check's aborts
+    seen = [tags.next() for _ in range(span + 3)]
     assert seen[0] == c.USER_TAG_LIMIT
-    assert min(seen) == c.USER_TAG_LIMIT and max(seen) == c.USER_TAG_LIMIT + c.COLLECTIVE_TAG_SPAN - 1
-    assert seen[c.COLLECTIVE_TAG_SPAN:] == seen[:3]
-    assert len(set(seen[:c.COLLECTIVE_TAG_SPAN])) == c.COLLECTIVE_TAG_SPAN
+    assert min(seen) == c.USER_TAG_LIMIT and max(seen) == c.USER_TAG_LIMIT + span - 1 == CONTROL_TAG - 1
+    assert seen[span:] == seen[:3]
+    assert len(set(seen[:span])) == span
 
 
 def test_scratch_pool_reuses_and_grows():

@@ -112,6 +112,17 @@ def test_a_frame_larger_than_its_receive_buffer_is_an_error(pair):
         drive([b.irecv(np.zeros(5), 0, 3), send])
 
 
+def test_a_frame_larger_than_its_receive_fails_that_receive_only_and_the_stream_stays_in_step(pair):
+    a, b = pair
+    too_small, out = b.irecv(np.zeros(5), 0, 3), np.zeros(4)
+    after = b.irecv(out, 0, 3)
+    sends = [a.isend(np.zeros(10), 1, 3), a.isend(np.arange(4.0), 1, 3)]
+    with pytest.raises(ValueError, match="80 bytes, more than the 40 bytes"):
+        drive([too_small, *sends])
+    drive([after, *sends])
+    assert out.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
 def test_a_cancelled_receive_leaves_the_stream_in_step(pair):
     a, b = pair
     doomed = b.irecv(np.zeros(4), 0, 6)

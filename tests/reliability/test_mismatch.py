@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from npddp.comm import BACKENDS, CollectiveMismatchError, create
+from npddp.comm.p2p.signed import SMALL_BYTES
 from npddp.comm.wrappers.debug import FINGERPRINT_LENGTH, DebugCommunicator, describe, encode, mismatch
 
 from tests.conftest import RUN_BACKENDS
@@ -179,11 +180,20 @@ def test_matching_collectives_pass_through_unchanged(backend, world, assert_all_
 
 # ----------------------------------------------------------------------------- the default check (no debug mode)
 
-#: Mismatches the default check must catch: name, and how the last rank changes (buffer, op) from the others'.
+#: Mismatches the default check must catch: name -> (the field that differs, how the last rank changes
+#: (buffer, op) from the others').
 KINDS = {
-    "dtype": lambda buf, op: (buf.view(np.int32), op),          # the same bytes, another dtype
-    "count": lambda buf, op: (buf[:-3].copy(), op),
-    "op": lambda buf, op: (buf, "max"),
+    "dtype": ("dtype", lambda buf, op: (buf.view(np.int32), op)),          # the same bytes, another dtype
+    "count": ("count", lambda buf, op: (buf[:-3].copy(), op)),
+    "op": ("op", lambda buf, op: (buf, "max")),
+}
+#: Count mismatches across the ways a first message goes (run on fewer collectives: each case needs a
+#: communicator of its own, and MPI has a few thousand): the hand-written backends send a first message of
+#: up to SMALL_BYTES with the signature in it, a larger one behind a signature of its own, and an empty call
+#: trades signatures with every peer.
+COUNT_KINDS = {
+    "count, small against large": ("count", lambda buf, op: (np.ones(4 * SMALL_BYTES, dtype=buf.dtype), op)),
+    "count, empty against not": ("count", lambda buf, op: (buf[:0], op)),
 }
 #: Collective -> how to call it with (comm, buf, op); the reductions take every kind, the others no op.
 COLLECTIVES = {
@@ -203,6 +213,16 @@ def _mismatch_cases():
             if kind == "op" and name in ("allgather", "broadcast"):
                 continue
             yield name, kind
+    for name in ("allreduce", "broadcast"):
+        for kind in COUNT_KINDS:
+            yield name, kind
+
+
+def _not_caught(comm, name: str, kind: str) -> bool:
+    """The known gaps of the shared-memory all-reduce (docs/comm.md): an empty call does nothing there, and a
+    rank whose larger call grows the staging area first waits for its node's ranks, which wait at the barrier."""
+    return (kind in ("count, empty against not", "count, small against large") and "allreduce" in name
+            and getattr(comm, "node", None) is not None)
 
 
 @pytest.mark.mpi(min_size=2)
@@ -214,10 +234,13 @@ def test_by_default_every_rank_raises_on_a_mismatch_naming_the_field_and_the_com
     problems = []
     for name, kind in _mismatch_cases():
         comm = create(backend, world.fresh(), timeout=30)
+        if _not_caught(comm, name, kind):
+            continue
         odd = comm.rank == comm.size - 1
+        field, change = {**KINDS, **COUNT_KINDS}[kind]
         buf, op = np.arange(1, 41, dtype=np.float32), "sum"
         if odd:
-            buf, op = KINDS[kind](buf, op)
+            buf, op = change(buf, op)
         error = None
         try:
             COLLECTIVES[name](comm, buf, op)
@@ -228,7 +251,7 @@ def test_by_default_every_rank_raises_on_a_mismatch_naming_the_field_and_the_com
         if error is None:
             problems.append(f"{name}/{kind}: no CollectiveMismatchError on rank {comm.rank}")
             continue
-        if f"differing fields: {kind}" not in error or f"rank {world.size - 1} called" not in error:
+        if f"differing fields: {field}" not in error or f"rank {world.size - 1} called" not in error:
             problems.append(f"{name}/{kind}: the error does not name the field or the rank: {error}")
         try:
             comm.allreduce(np.ones(3))

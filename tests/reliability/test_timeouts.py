@@ -139,7 +139,8 @@ def test_a_peer_that_never_arrives_raises_timeout_error_on_the_waiting_ranks(bac
 def test_a_timeout_abandons_every_outstanding_handle(backend, world, abandoned, assert_all_ranks):
     """Two all-reduces in flight, one rank never joins: waiting on the second times out, the first is void."""
     abandoned.append(world.fresh())
-    comm = create(backend, abandoned[-1], timeout=TIMEOUT)
+    # mpi's argument check is a blocking all-reduce when a call starts, so its handles would never be outstanding
+    comm = create(backend, abandoned[-1], timeout=TIMEOUT, check_args=backend != "mpi")
     skipper, problems = comm.size - 1, []
     if comm.rank != skipper:
         try:

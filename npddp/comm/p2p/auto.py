@@ -246,6 +246,11 @@ class AutoCommunicator(P2PCommunicator):
             pick = self._picks[key] = (name, chosen, getattr(chosen, "run", None))
         return pick
 
+    def _sub_communicators(self) -> tuple:
+        """hier's communicator across nodes, when hier is a candidate: it checks its calls as this one does."""
+        hier = self.algorithms.get("hier")
+        return () if hier is None or hier.inter is None else (hier.inter,)
+
     def barrier(self) -> None:
         """Dissemination barrier; with hier among the candidates, after the calls in flight (node barriers count in
         call order, so a peer waiting on one of them needs this rank's part)."""

@@ -28,7 +28,7 @@ import numpy as np
 
 from npddp.comm import checks as c
 from npddp.comm import signature as sg
-from npddp.comm.p2p.signed import AbortWatch, SignedTransport
+from npddp.comm.p2p.signed import AbortWatch, Signer
 from npddp.comm.p2p.engine import Call, Context, DoneWork, Overdue, P2PWork, ScratchPool, TagSequence
 from npddp.comm.p2p.ring import ReduceScatterWork, Ring
 
@@ -40,7 +40,8 @@ class P2PCommunicator(c.Backend):
     chain_bytes = 1 << 20
 
     def __init__(self, transport, algorithm, name: str, timeout: float = c.DEFAULT_TIMEOUT):
-        self.transport = self.wire = transport   # wire: what calls send on (signed while check_args is on)
+        self.transport = transport
+        self.signer: Signer | None = None         # signs every collective's messages while check_args is on
         self.watch: AbortWatch | None = None      # the peers' aborts, while check_args is on
         self._rank, self._size = transport.rank, transport.size
         self.name = name
@@ -77,7 +78,7 @@ class P2PCommunicator(c.Backend):
     def check_args(self) -> bool:
         """Whether every collective checks that all ranks passed the same kind, dtype, count, op and root
         (:mod:`npddp.comm.p2p.signed`); ``create`` turns it on unless ``NPDDP_CHECK_ARGS=0``."""
-        return self.wire is not self.transport
+        return self.signer is not None
 
     @check_args.setter
     def check_args(self, on: bool) -> None:
@@ -87,8 +88,7 @@ class P2PCommunicator(c.Backend):
             raise RuntimeError("check_args cannot change while non-blocking calls are in flight; wait for them first")
         if on and self.watch is None and self._size > 1:
             self.watch = AbortWatch(self.transport)
-        self.wire = SignedTransport(self.transport, self) if on else self.transport
-        self.context.transport = self.wire
+        self.signer = Signer() if on else None
         if not on:
             self._stranded.append(self.watch)   # its receives stay posted: a peer may still send to them
             self.watch = None
@@ -103,17 +103,17 @@ class P2PCommunicator(c.Backend):
     def _begin(self, operation: str, user_tag: int | None = None, buf=None, op=None, root=None) -> Call:
         """Open a call (after its arguments were checked): a fresh collective tag, or the user's tag.
 
-        With ``check_args``, the call's signature (``buf``'s dtype and count, ``op``, ``root``) is
-        registered under its tag, to go ahead of its first message to each peer."""
+        With ``check_args``, a collective is a :class:`~npddp.comm.p2p.signed.SignedCall`, whose first
+        message each way between two ranks carries the call's signature (``buf``'s dtype and count,
+        ``op``, ``root``)."""
         if self._failure is not None:
             raise self.unusable()
         if user_tag is not None:
             return Call(self, operation, None, user_tag)
         tag = self._tags.next()
-        call = Call(self, operation, self._tags.count, tag)
-        if self.wire is not self.transport:
-            call.signature = self.wire.open(tag, self._tags.count, operation, buf, op, root)
-        return call
+        if self.signer is not None:
+            return self.signer.open(self, operation, self._tags.count, tag, buf, op, root)
+        return Call(self, operation, self._tags.count, tag)
 
     def mismatch(self, number: int, peer: int, mine, theirs) -> sg.CollectiveMismatchError:
         """After ``peer``'s signature differed from this rank's: tell every rank, close; return the error to raise."""
@@ -124,11 +124,36 @@ class P2PCommunicator(c.Backend):
         return sg.CollectiveMismatchError(f"[rank {self._rank}] {text}; this communicator is now closed")
 
     def heard_abort(self) -> None:
-        """CollectiveMismatchError (and close) if a peer has told this rank of a mismatch."""
+        """CollectiveMismatchError (and close) if a peer has told this rank of a mismatch; the abort is passed on
+        to every rank, so a rank waiting on this one hears it even if the first copy to it was lost."""
         text = self.watch.heard()
         if text is not None and self._failure is None:
+            self.watch.tell_all(self.watch.found, min(self._timeout, 5.0))
             self._abandon_all(text, [], None)
             raise sg.CollectiveMismatchError(f"[rank {self._rank}] {text}; this communicator is now closed")
+
+    def _signed_empty(self, call) -> None:
+        """A signed collective with nothing to move on this rank still trades signatures with every peer, so a rank
+        that passed a non-empty buffer meets a mismatch instead of waiting for messages that never come.
+
+        Every receive is tested in turn: the peers that passed a buffer send only where their schedule
+        goes, and the first such message must be checked whichever peer it comes from."""
+        if call.signature is None or self._size == 1:
+            return
+        transport, tag, empty = call.transport, call.tag, self._empty
+        peers = [p for p in range(self._size) if p != self._rank]
+        recvs, sends = [], []
+        try:
+            recvs += [(transport.irecv(empty, p, tag), p) for p in peers]
+            sends += [(transport.isend(empty, p, tag), p) for p in peers]
+            call.wait_all([request for request, _ in recvs + sends])
+        except Overdue:
+            raise self.give_up(call, recvs, sends) from None
+        except ConnectionError as exc:
+            raise self.fail(call, exc, recvs, sends) from None
+        except Exception:   # a mismatch found while waiting
+            self.strand(recvs + sends, None)
+            raise
 
     def _setup_done(self) -> None:
         """Number the user's collectives from 1, whatever the constructor exchanged before them."""
@@ -153,6 +178,16 @@ class P2PCommunicator(c.Backend):
         error = ConnectionError(f"[rank {self._rank}] {call.describe()}: {exc}; this communicator is now unusable")
         self._abandon_all(str(error), [*recvs, *sends], keep)
         return error
+
+    def strand(self, requests: list, keep) -> None:
+        """Cancel ``[(request, peer)]`` left behind by an error, and keep them and the buffers ``keep`` alive:
+        the transport may still write into a receive's buffer (MPI, when its message had already matched)."""
+        self._stranded.append((requests, keep))
+        for request, _ in requests:
+            try:
+                request.cancel()
+            except ConnectionError:
+                pass
 
     def _abandon_all(self, why: str, requests: list, keep) -> None:
         """Cancel ``[(request, peer)]`` and every outstanding handle's requests; refuse later calls."""
@@ -203,6 +238,8 @@ class P2PCommunicator(c.Backend):
         call = self._begin(operation, None, buf, op)
         call.scale = scale
         if self._size == 1 or buf.size == 0:
+            if getattr(self, "node", None) is None:   # the shared-memory path never reads the transport
+                self._signed_empty(call)
             if dst is not buf:
                 np.copyto(dst, buf)
             return DoneWork(dst)
@@ -232,6 +269,7 @@ class P2PCommunicator(c.Backend):
         root = c.check_rank(root, self._size)
         call = self._begin("broadcast", None, buf, None, root)
         if buf.size == 0 or self._size == 1:
+            self._signed_empty(call)
             return buf
         if buf.nbytes >= self.chain_bytes and self._size > 2:
             self._chain_broadcast(call, buf.reshape(-1), root)
@@ -266,7 +304,7 @@ class P2PCommunicator(c.Backend):
         if vrank == 0:
             call.transfer(sends=[(p, right) for p in parts])
             return
-        transport, recvs, sends = self.transport, [], []
+        transport, recvs, sends = call.transport, [], []
         try:
             recvs += [(transport.irecv(p, left, tag), left) for p in parts]
             for p, (req, _) in zip(parts, recvs):
@@ -279,6 +317,9 @@ class P2PCommunicator(c.Backend):
             raise self.give_up(call, recvs, sends, parts) from None
         except ConnectionError as exc:
             raise self.fail(call, exc, recvs, sends, parts) from None
+        except Exception:   # a mismatch found while waiting
+            self.strand(recvs + sends, parts)
+            raise
 
     def reduce_scatter(self, buf, op="sum"):
         """The ring schedule's first half: rank r ends with block r of the reduction."""
@@ -290,6 +331,7 @@ class P2PCommunicator(c.Backend):
         bounds = c.block_bounds(flat.size, self._size)
         out = np.empty(int(bounds[self._rank + 1] - bounds[self._rank]), dtype=buf.dtype)
         if self._size == 1 or flat.size == 0:
+            self._signed_empty(call)
             np.copyto(out, flat)
             return out
         raw = self.scratch.acquire(flat.nbytes)
@@ -315,6 +357,8 @@ class P2PCommunicator(c.Backend):
         if buf.size and size > 1:
             flat = out.reshape(-1)
             self._ring.start(call, flat, flat, None, out, phase="allgather").wait()
+        else:
+            self._signed_empty(call)
         return out
 
     def gather(self, buf, root=0):
@@ -371,6 +415,7 @@ class P2PCommunicator(c.Backend):
         call = self._begin("ireduce_scatter", None, buf, op)
         flat = buf.reshape(-1)
         if self._size == 1 or flat.size == 0:
+            self._signed_empty(call)
             np.copyto(out, flat)
             return DoneWork(out)
         return ReduceScatterWork(call, self._ring, flat, ufunc, out, scale)
@@ -383,6 +428,7 @@ class P2PCommunicator(c.Backend):
         if not c.is_row(buf, out, self._rank):
             out.reshape(self._size, -1)[self._rank] = buf.reshape(-1)
         if buf.size == 0 or self._size == 1:
+            self._signed_empty(call)
             return DoneWork(out)
         flat = out.reshape(-1)
         return self._ring.start(call, flat, flat, None, out, phase="allgather")

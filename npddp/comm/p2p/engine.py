@@ -96,19 +96,21 @@ class Call:
     """One collective (or send/recv) in progress: what to name in errors, its tag, and the deadline of its waits.
 
     ``owner`` is the communicator: it turns an overdue wait or a broken connection into the error
-    to raise (``give_up``, ``fail``) and refuses later calls; its ``wire`` is the transport the
-    call's messages use (signed, :mod:`npddp.comm.p2p.signed`, unless the argument check is off),
-    and each clock read asks its ``watch`` (None when off) whether a peer has aborted.
+    to raise (``give_up``, ``fail``) and refuses later calls. ``transport`` is what the call's
+    messages go through: the owner's transport, or a signed call's (:mod:`npddp.comm.p2p.signed`)
+    while the argument check is on; each clock read asks the owner's ``watch`` (None when off)
+    whether a peer has aborted.
     """
 
     __slots__ = ("owner", "transport", "operation", "number", "tag", "expires", "rounds", "scale", "signature")
 
     def __init__(self, owner, operation: str, number: int | None, tag: int):
-        self.owner, self.transport, self.operation, self.number, self.tag = owner, owner.wire, operation, number, tag
+        self.owner, self.transport = owner, owner.transport
+        self.operation, self.number, self.tag = operation, number, tag
         self.expires = 0.0  # set at the first clock read
         self.rounds = 0     # clock reads so far
         self.scale = 0.0    # op avg: the factor (1/N) still to apply to the result; 0.0: none
-        self.signature = None  # with the argument check on: what every rank must pass alike (signature.WORDS int64s)
+        self.signature = None  # with the argument check on: what every rank must pass alike (signature.WORDS ints)
 
     def take_scale(self) -> float:
         """The average's factor (0.0: none), which the caller now applies itself, fused into its reduction."""
@@ -145,6 +147,18 @@ class Call:
             if self.overdue():
                 raise Overdue
 
+    def wait_all(self, requests) -> None:
+        """Complete every request, testing them all in turn (so any one may raise first); Overdue past the deadline."""
+        pending = list(requests)
+        while True:
+            for _ in _POLLS:
+                pending = [r for r in pending if not r.test()]
+                if not pending:
+                    return
+                _yield()
+            if self.overdue():
+                raise Overdue
+
     def transfer(self, recvs=(), sends=()) -> None:
         """Post receives ``[(array, source)]`` and sends ``[(array, dest)]`` under this call's tag; wait for all."""
         transport, tag = self.transport, self.tag
@@ -160,6 +174,9 @@ class Call:
             raise self.owner.give_up(self, rreqs, sreqs, (recvs, sends)) from None
         except ConnectionError as exc:
             raise self.owner.fail(self, exc, rreqs, sreqs, (recvs, sends)) from None
+        except Exception:   # a mismatch found while waiting: the transport may still write the other buffers
+            self.owner.strand(rreqs + sreqs, (recvs, sends))
+            raise
 
     def exchange(self, got, send, peer: int) -> None:
         """Receive ``got`` from and send ``send`` to ``peer`` under this call's tag; wait for both."""
@@ -173,6 +190,9 @@ class Call:
             raise self.owner.give_up(self, [(recv, peer)], [(sent, peer)], (got, send)) from None
         except ConnectionError as exc:
             raise self.owner.fail(self, exc, [(recv, peer)], [(sent, peer)], (got, send)) from None
+        except Exception:   # a mismatch found while waiting
+            self.owner.strand([(recv, peer), (sent, peer)], (got, send))
+            raise
 
     def describe(self) -> str:
         """E.g. ``ring allreduce (collective #12, tag 16395)``."""

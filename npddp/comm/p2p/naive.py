@@ -68,6 +68,8 @@ class NaiveCommunicator(P2PCommunicator):
                 call.transfer(sends=[(buf, dest) for dest in range(self._size) if dest != root])
             else:
                 call.transfer(recvs=[(buf, root)])
+        else:
+            self._signed_empty(call)
         return buf
 
     def reduce_scatter(self, buf, op="sum"):
@@ -80,6 +82,7 @@ class NaiveCommunicator(P2PCommunicator):
         bounds = c.block_bounds(flat.size, self._size).tolist()
         out = np.empty(bounds[self._rank + 1] - bounds[self._rank], dtype=buf.dtype)
         if flat.size == 0 or self._size == 1:
+            self._signed_empty(call)
             np.copyto(out, flat)
             return out
         if self._rank != ROOT:
@@ -114,6 +117,8 @@ class NaiveCommunicator(P2PCommunicator):
             else:
                 call.transfer(sends=[(buf, ROOT)])
                 call.transfer(recvs=[(out, ROOT)])
+        else:
+            self._signed_empty(call)
         return out
 
     def ireduce_scatter(self, buf, op="sum", out=None):
@@ -125,6 +130,7 @@ class NaiveCommunicator(P2PCommunicator):
         call = self._begin("ireduce_scatter", None, buf, op)
         flat = buf.reshape(-1)
         if flat.size == 0 or self._size == 1:
+            self._signed_empty(call)
             np.copyto(out, flat)
             return DoneWork(out)
         if self._rank != ROOT:
@@ -149,6 +155,7 @@ class NaiveCommunicator(P2PCommunicator):
         if not c.is_row(buf, out, self._rank):
             rows[self._rank] = buf.reshape(-1)
         if buf.size == 0 or self._size == 1:
+            self._signed_empty(call)
             return DoneWork(out)
         if self._rank == ROOT:
             others = range(1, self._size)

@@ -124,7 +124,7 @@ class RingWork(P2PWork):
 
     def __init__(self, call, ctx: Context, src, dst, ufunc, plan: RingPlan, result):
         super().__init__(call, result)
-        self._transport, self._tag = ctx.transport, call.tag
+        self._transport, self._tag = call.transport, call.tag
         self._left, self._right = (ctx.rank - 1) % ctx.size, (ctx.rank + 1) % ctx.size
         self._src, self._dst, self._ufunc, self._plan, self._pool = src, dst, ufunc, plan, ctx.scratch
         self._raw = self._pool.acquire(plan.scratch_elems * src.itemsize)

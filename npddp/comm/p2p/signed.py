@@ -1,20 +1,30 @@
-"""The default argument check of the hand-written backends: a signature ahead of each call's first message.
+"""The default argument check of the hand-written backends: the signature rides in each call's first messages.
 
-:class:`SignedTransport` stands between the algorithms and the transport. When a call opens
-(:meth:`open`), its signature (:mod:`npddp.comm.signature`) is registered under the call's tag. The
-first send of that call to each peer is preceded by the signature, under the same tag, so it
-arrives first (messages of one pair and tag keep their order); the receives from each peer are held back until the peer's signature has arrived and matched (then
-posted in order). So a mismatch is found before any data of that peer lands anywhere, and
-whatever the algorithm, every edge of its schedule is checked.
+When a signed call opens, its messages go through a :class:`SignedCall`. Its first message to
+each peer carries the call's signature (:mod:`npddp.comm.signature`, :data:`HEAD_BYTES` bytes) at
+its head, and its first receive from each peer checks the peer's signature before the
+algorithm sees any data:
+
+* A first message of at most :data:`SMALL_BYTES` goes as one message ``[signature | payload]``
+  from a staging buffer; the receiver receives it into a staging buffer, checks the signature,
+  then copies the payload to the algorithm's buffer. No extra message, no wait.
+* A larger first message goes as the signature alone, then the payload, back to back under the
+  call's tag; the receiver posts both receives at once (the signature into a staging buffer, the
+  payload straight into the algorithm's buffer), and the payload's receive completes only after
+  the signature, which arrives first (one pair and tag keep their order), has matched.
+
+A staging buffer holds any small first message, so whichever way a peer sent its first message
+the receiver reads its signature. A receive that fails on the first message from a peer (a
+message of unexpected size) counts as a mismatch on that edge too. Later messages to and from a
+peer pass through unchanged, and so do messages under user tags (``send``/``recv``). Staging
+buffers come from a pool (:class:`Staging`) that grows to the first messages in flight, so
+steady-state calls allocate nothing that lasts.
 
 A rank that finds a mismatch stops: it sends an abort (its own and the peer's signature) to every
-rank under :data:`CONTROL_TAG`, and raises :class:`CollectiveMismatchError`. Every rank keeps one
-receive per peer posted on that tag (:class:`AbortWatch`); a wait that lasts (the engine's clock
-reads) looks at them, so a rank waiting on a rank that stopped raises the same error instead of
-hanging. After a mismatch the communicator is closed: its ranks stand at different calls.
-
-Cost: one message of ``WORDS`` int64s per peer a call sends to, sent back to back with the data.
-Messages under user tags (``send``/``recv``) pass through unchanged.
+rank under :data:`CONTROL_TAG`, and raises :class:`~npddp.comm.signature.CollectiveMismatchError`.
+A wait that lasts (the engine's clock reads) looks for aborts (:class:`AbortWatch`), so a rank
+waiting on a rank that stopped raises the same error instead of hanging. After a mismatch the
+communicator is closed: its ranks stand at different calls.
 """
 
 from __future__ import annotations
@@ -25,159 +35,203 @@ import numpy as np
 
 from npddp.comm import checks as c
 from npddp.comm import signature as sg
+from npddp.comm.p2p.engine import Call
 
 #: The tag of aborts: the last collective tag, which :class:`~npddp.comm.p2p.engine.TagSequence` never hands out.
 CONTROL_TAG = c.USER_TAG_LIMIT + c.COLLECTIVE_TAG_SPAN - 1
 #: Words of an abort: the rank that found the mismatch, the peer, then both signatures.
 ABORT_WORDS = 2 + 2 * sg.WORDS
+#: Bytes of the signature at the head of a first message.
+HEAD_BYTES = sg.HEAD.size
+#: First messages of at most this many bytes travel in one message with the signature (copied through staging).
+SMALL_BYTES = 8192
+_pack_into, _unpack_from, _agree = sg.HEAD.pack_into, sg.HEAD.unpack_from, sg.agree
 
 
-class HeaderFirst:
-    """A send completing once the signature's send (``first``) and the data's (``then``) have completed."""
+class Staging:
+    """Reusable buffers for first messages, lent and given back: whole ones (``HEAD_BYTES + SMALL_BYTES`` bytes,
+    for every first receive and small first send) and heads (``HEAD_BYTES``, the signature ahead of a large send).
 
-    __slots__ = ("first", "then")
+    A buffer is a pair: the array that goes to the transport, and a memoryview of it for copies
+    (cheaper than NumPy's for messages this small)."""
 
-    def __init__(self, first, then):
-        self.first, self.then = first, then
+    __slots__ = ("free", "nbytes")
+
+    def __init__(self):
+        self.free: dict[int, list] = {HEAD_BYTES + SMALL_BYTES: [], HEAD_BYTES: []}   # bytes -> free buffers
+        self.nbytes = 0   # bytes of the buffers the pool owns, free and lent
+
+    def take(self, nbytes: int = HEAD_BYTES + SMALL_BYTES) -> tuple:
+        """A free buffer of ``nbytes`` (a new one only when all are lent: the pool grows to the calls in flight)."""
+        free = self.free[nbytes]
+        if free:
+            return free.pop()
+        self.nbytes += nbytes
+        array = np.empty(nbytes, dtype=np.uint8)
+        return array, array.data
+
+    def give(self, stage: tuple) -> None:
+        """Take back a buffer lent by :meth:`take`."""
+        self.free[len(stage[1])].append(stage)
+
+
+class SignedSend:
+    """A first send: the staged message (``head``: signature and small payload, or signature only), then ``data``."""
+
+    __slots__ = ("head", "data", "stage", "staging")
+
+    def __init__(self, head, data, stage, staging):
+        self.head, self.data, self.stage, self.staging = head, data, stage, staging
 
     def test(self) -> bool:
-        """True once both have completed."""
-        if self.first is not None:
-            if not self.first.test():
+        """True once every part has been sent (the staging buffer then goes back to the pool)."""
+        if self.stage is not None:
+            if not self.head.test():
                 return False
-            self.first = None
-        return self.then.test()
+            self.staging.give(self.stage)
+            self.stage = None
+        return self.data is None or self.data.test()
 
     def cancel(self) -> None:
-        """Abandon both."""
-        if self.first is not None:
-            self.first.cancel()
-        self.then.cancel()
+        """Abandon the parts still in flight (their staging buffer stays out of the pool)."""
+        if self.stage is not None:
+            self.head.cancel()
+        if self.data is not None:
+            self.data.cancel()
 
 
-class _Inbound:
-    """A peer's signature in one call, and the receives from that peer held back until it has matched.
+class SignedRecv:
+    """A first receive: the staged message is checked against the call's signature before any payload counts."""
 
-    Holding them back keeps a mismatched message from ever landing in (or overflowing) a buffer,
-    and posting them in order afterwards keeps the pair's message order.
-    """
+    __slots__ = ("call", "source", "head", "data", "stage", "buf", "error")
 
-    __slots__ = ("header", "theirs", "queued", "checked", "check")
-
-    def __init__(self, header, theirs, check):
-        self.header, self.theirs, self.check = header, theirs, check
-        self.queued: list = []
-        self.checked = False
-
-    def ready(self) -> bool:
-        """True once the signature has arrived and matched (then the held receives are posted)."""
-        if self.checked:
-            return True
-        if not self.header.test():
-            return False
-        self.check(self.theirs)
-        self.checked = True
-        for held in self.queued:
-            held.request = held.post()
-        self.queued = []
-        return True
-
-
-class HeldRecv:
-    """A receive posted only once its peer's signature has matched."""
-
-    __slots__ = ("inbound", "post", "request")
-
-    def __init__(self, inbound: _Inbound, post):
-        self.inbound, self.post, self.request = inbound, post, None
+    def __init__(self, call, source: int, head, data, stage, buf):
+        self.call, self.source, self.head, self.data, self.stage, self.buf = call, source, head, data, stage, buf
+        self.error = None
 
     def test(self) -> bool:
-        """True once the data has arrived (CollectiveMismatchError if the peer's signature differs)."""
-        if self.request is None and not self.inbound.ready():
-            return False
-        return self.request.test()
+        """True once the payload is in the buffer; CollectiveMismatchError if the peer's signature differs."""
+        if self.stage is not None:
+            if self.error is not None:
+                raise self.error
+            call = self.call
+            try:
+                if not self.head.test():
+                    return False
+            except (ValueError, RuntimeError) as exc:   # the first message did not fit: its sender called otherwise
+                if isinstance(exc, sg.CollectiveMismatchError):
+                    raise
+                self.error = call.owner.mismatch(call.number, self.source, call.sig, sg.UNKNOWN)
+                raise self.error from None
+            stage = self.stage
+            theirs = _unpack_from(stage[1])
+            if theirs != call.sig and not _agree(call.sig, theirs):
+                self.error = call.owner.mismatch(call.number, self.source, call.sig, theirs)
+                raise self.error
+            if self.data is None:
+                n = self.buf.nbytes
+                if n:
+                    self.buf.data.cast("B")[:] = stage[1][HEAD_BYTES:HEAD_BYTES + n]
+            self.stage = None
+            call.staging.give(stage)
+        return self.data is None or self.data.test()
 
     def cancel(self) -> None:
-        """Abandon the receive (or the signature's, if the receive was never posted)."""
-        if self.request is not None:
-            self.request.cancel()
-        elif not self.inbound.checked:
-            self.inbound.header.cancel()
-            self.inbound.checked = True   # nothing more will be posted
+        """Abandon the parts still in flight."""
+        if self.stage is not None:
+            self.head.cancel()
+        if self.data is not None:
+            self.data.cancel()
 
 
-class _Open:
-    """One open call's signature, the peers it has sent it to, and what it hears from each peer."""
+class SignedCall(Call):
+    """A call whose messages go through itself: the first message each way between two ranks carries the signature.
 
-    __slots__ = ("sig", "number", "sent", "inbound")
+    It is its own ``transport``: ``isend``/``irecv`` sign or check the first message to or from
+    each peer and pass the others to the communicator's transport (``raw``)."""
 
-    def __init__(self, sig: np.ndarray, number: int):
-        self.sig, self.number, self.sent, self.inbound = sig, number, set(), {}
+    __slots__ = ("raw", "staging", "sig", "sent", "heard")
 
+    def __init__(self, owner, operation: str, number: int, tag: int, staging: Staging, sig: tuple):
+        # Call's fields (but transport, a property here) set without Call.__init__: this runs once per call
+        self.owner, self.operation, self.number, self.tag = owner, operation, number, tag
+        self.expires, self.rounds, self.scale, self.signature = 0.0, 0, 0.0, sig
+        self.raw, self.staging, self.sig = owner.transport, staging, sig
+        self.sent = self.heard = 0   # bit p: the first message to (from) peer p is posted
 
-class SignedTransport:
-    """A transport whose collective messages carry their call's signature; user tags pass through."""
+    @property
+    def transport(self):
+        """The call itself (a property, not a field: a reference to itself would keep it alive until a collection)."""
+        return self
 
-    def __init__(self, transport, owner):
-        self.raw, self.owner = transport, owner
-        self.name, self.rank, self.size = transport.name, transport.rank, transport.size
-        self._open: dict[int, _Open] = {}     # tag -> the call open under it (replaced when the tag comes round)
-
-    def open(self, tag: int, number: int, operation: str, buf=None, op=None, root=None):
-        """Register the signature of the call about to run under ``tag``; return it (not a collective: None)."""
-        if sg.kind_code(operation) < 0:
-            self._open.pop(tag, None)
-            return None
-        sig = sg.encode(np.empty(sg.WORDS, dtype=np.int64), operation, number, buf, op, root)
-        self._open[tag] = _Open(sig, number)
-        return sig
+    @property
+    def name(self) -> str:
+        """The transport's name."""
+        return self.raw.name
 
     def isend(self, buf, dest: int, tag: int):
-        """Send ``buf``; the call's signature goes ahead on its first message to ``dest``."""
-        call = self._open.get(tag)
-        if call is None or dest in call.sent:
+        """Send ``buf``; the first message to ``dest`` carries the signature."""
+        bit = 1 << dest
+        if self.sent & bit:
             return self.raw.isend(buf, dest, tag)
-        call.sent.add(dest)
-        return HeaderFirst(self.raw.isend(call.sig, dest, tag), self.raw.isend(buf, dest, tag))
+        self.sent |= bit
+        n = buf.nbytes
+        if n <= SMALL_BYTES:
+            stage = self.staging.take()
+            array, view = stage
+            _pack_into(view, 0, *self.sig)
+            if n:
+                view[HEAD_BYTES:HEAD_BYTES + n] = buf.data.cast("B")
+            return SignedSend(self.raw.isend(array[:HEAD_BYTES + n], dest, tag), None, stage, self.staging)
+        stage = self.staging.take(HEAD_BYTES)
+        _pack_into(stage[1], 0, *self.sig)
+        raw = self.raw
+        return SignedSend(raw.isend(stage[0], dest, tag), raw.isend(buf, dest, tag), stage, self.staging)
 
     def irecv(self, buf, source: int, tag: int):
-        """Receive into ``buf``; receives from ``source`` wait behind its signature until it has matched."""
-        call = self._open.get(tag)
-        if call is None:
+        """Receive into ``buf``; the first message from ``source`` is checked before it counts as received."""
+        bit = 1 << source
+        if self.heard & bit:
             return self.raw.irecv(buf, source, tag)
-        inbound = call.inbound.get(source)
-        if inbound is None:
-            theirs = np.empty(sg.WORDS, dtype=np.int64)
-            owner, mine, number = self.owner, call.sig, call.number
-
-            def check(got):
-                if not sg.agree(mine, got):
-                    raise owner.mismatch(number, source, mine, got)
-
-            inbound = call.inbound[source] = _Inbound(self.raw.irecv(theirs, source, tag), theirs, check)
-        elif inbound.checked:
-            return self.raw.irecv(buf, source, tag)
+        self.heard |= bit
+        stage = self.staging.take()
         raw = self.raw
-        held = HeldRecv(inbound, lambda: raw.irecv(buf, source, tag))
-        inbound.queued.append(held)
-        return held
+        head = raw.irecv(stage[0], source, tag)
+        data = raw.irecv(buf, source, tag) if buf.nbytes > SMALL_BYTES else None
+        return SignedRecv(self, source, head, data, stage, buf)
 
-    def split(self, colors):
-        """The raw transport's split (a new group signs its own calls)."""
-        return self.raw.split(colors)
+
+class Signer:
+    """What a communicator's signed calls share: the staging pool."""
+
+    __slots__ = ("staging",)
+
+    def __init__(self):
+        self.staging = Staging()
+
+    def open(self, owner, operation: str, number: int, tag: int, buf=None, op=None, root=None) -> Call:
+        """The call about to run: signed if it is a collective, else a plain :class:`Call`."""
+        if sg.kind_code(operation) < 0:
+            return Call(owner, operation, number, tag)
+        return SignedCall(owner, operation, number, tag, self.staging, sg.words(operation, number, buf, op, root))
 
 
 class AbortWatch:
     """One receive per peer on :data:`CONTROL_TAG`: a peer that found a mismatch tells every rank.
 
-    The receives are posted at the first look (the first wait that lasts), not before: until then
-    an abort waits in the transport like any early message, and calls that never wait long post nothing.
+    The receives are posted at the first look (the first wait that lasts), not before, and over MPI
+    they stay posted. Over TCP they are posted for each look only and withdrawn after it: a receive
+    left posted would have the transport read every peer's socket at every poll and read early
+    frames aside into buffers of their own instead of leaving them in the socket (see
+    :mod:`npddp.comm.transports.peer`); between looks an abort waits in the transport like any early message.
     """
 
     def __init__(self, transport):
         self.transport, self.rank, self.size = transport, transport.rank, transport.size
         self.inbox = np.zeros((self.size, ABORT_WORDS), dtype=np.int64)  # row p: peer p's abort
+        self.found: np.ndarray | None = None   # the abort heard (its row of the inbox)
         self.requests: list | None = None
+        self.transient = transport.name == "tcp"   # post for each look only
 
     def heard(self) -> str | None:
         """The message of an abort that has arrived, or None."""
@@ -186,10 +240,14 @@ class AbortWatch:
                              for p in range(self.size) if p != self.rank]
         for p, request in self.requests:
             if request.test():
-                row = self.inbox[p]
+                row = self.found = self.inbox[p]
                 finder, peer = int(row[0]), int(row[1])
                 mine, theirs = row[2:2 + sg.WORDS], row[2 + sg.WORDS:]
                 return sg.message(int(mine[1]), finder, mine, peer, theirs, found_by=finder)
+        if self.transient:
+            for _, request in self.requests:
+                request.cancel()
+            self.requests = None
         return None
 
     def tell_all(self, found: np.ndarray, seconds: float) -> None:

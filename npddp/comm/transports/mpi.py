@@ -42,12 +42,18 @@ class MPIRequest:
         return self._done
 
     def cancel(self) -> None:
-        """Cancel (receives only: cancelling sends is not portable) and free; MPI may still touch the buffer."""
+        """Cancel (receives only: cancelling sends is not portable) and free; MPI may still touch the buffer.
+
+        A request that has failed (a receive whose message did not fit) is complete: nothing to cancel."""
         if not self._done:
             self._done = True
             self._abandoned[0] = True
             request = self._request
-            if not request.Test():
+            try:
+                done = request.Test()
+            except Exception:   # mpi4py's MPI.Exception: the request completed with an error
+                return
+            if not done:
                 if self._is_recv:
                     request.Cancel()
                 request.Free()

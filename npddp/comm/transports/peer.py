@@ -12,7 +12,9 @@ MPI's rendezvous protocol makes a large send wait for its receive. Only when a r
 *different* tag is posted for that peer is the early frame read into a buffer of its own, so
 that frames behind it can be reached; the receive that matches it later copies it out.
 
-A peer whose connection breaks (it exited or was killed) fails every request that involves it
+A frame larger than the receive it matches fails that receive (ValueError, raised by its
+``test()``, as MPI reports a truncated message on its request) and is read past, so the frames
+behind it still arrive. A peer whose connection breaks (it exited or was killed) fails every request that involves it
 with ConnectionError, at once. :class:`SelfPeer` is a rank's link to itself (no socket).
 """
 
@@ -171,8 +173,11 @@ class Peer:
             self.nposted -= 1
             if not queue:
                 del self.posted[key]
-            if nbytes > len(req.view):
-                raise _truncated(self.rank, key, nbytes, len(req.view))
+            if nbytes > len(req.view):  # the receive fails; its frame is read into a sink, so the stream stays in step
+                req.error = _truncated(self.rank, key, nbytes, len(req.view))
+                self.target, self.target_req, self.target_key = memoryview(bytearray(nbytes)), None, None
+                self.target_got = 0
+                return True
             if not nbytes:
                 req.done = True
                 return True
