@@ -74,18 +74,20 @@ def units(model: Module) -> list[tuple[str, Module]]:
 
 
 def balanced_cut(counts: list[int], stages: int) -> list[int]:
-    """Start index of each of ``stages`` contiguous non-empty parts of ``counts`` minimising the largest sum."""
-    n = len(counts)
-    if isinstance(stages, bool) or not isinstance(stages, int) or not 1 <= stages <= n:
-        raise ValueError(f"cannot cut a chain of {n} layers into {stages!r} pipeline stages; "
-                         f"stages must be an integer in [1, {n}]")
+    """Start index of each of ``stages`` contiguous parts of ``counts``, each holding parameters,
+    minimising the largest sum (ties: the earliest cuts)."""
+    n, holding = len(counts), sum(1 for c in counts if c > 0)
+    if isinstance(stages, bool) or not isinstance(stages, int) or not 1 <= stages <= max(holding, 1):
+        raise ValueError(f"cannot cut a chain of {n} layers, {holding} of them with parameters, into "
+                         f"{stages!r} pipeline stages; stages must be an integer in [1, {max(holding, 1)}]")
     prefix = np.concatenate([[0], np.cumsum(counts)])
-    best = {(0, 0): (0, None)}                 # (stages used, units used) -> (largest part, previous cut)
+    best = {(0, 0): (0, 0)}                    # (stages used, units used) -> (largest part, previous cut)
     for k in range(1, stages + 1):
-        for j in range(k, n - (stages - k) + 1):
-            options = [(max(best[(k - 1, i)][0], prefix[j] - prefix[i]), i)
-                       for i in range(k - 1, j) if (k - 1, i) in best]
-            best[(k, j)] = min(options)
+        for j in range(k, n + 1):
+            options = [(max(best[(k - 1, i)][0], prefix[j] - prefix[i]), i) for i in range(k - 1, j)
+                       if (k - 1, i) in best and (prefix[j] > prefix[i] or stages == 1)]
+            if options:
+                best[(k, j)] = min(options)
     starts, j = [], n
     for k in range(stages, 0, -1):
         j = best[(k, j)][1]
