@@ -45,8 +45,8 @@ Stopping:
   SIGINT/SIGTERM/SIGHUP to that pid stop mpirun and its ranks within seconds (mpirun gets
   SIGKILL 5 s after the signal if it is still there) and are never followed by a restart;
   a SIGKILL of that pid makes mpirun stop its ranks too. Where npddp cannot be imported, the
-  script runs mpirun itself: SIGINT/SIGTERM still stop it, but after a SIGKILL of the script
-  kill the job's process group instead (kill -- -PGID).
+  script runs mpirun itself, with -n and -hostfile only (no library's flags): SIGINT/SIGTERM still
+  stop it, but after a SIGKILL of the script kill the job's process group instead (kill -- -PGID).
 
 Examples:
   ./mpi_run.sh -n 4 python -m npddp.train --backend ring
