@@ -108,7 +108,7 @@ class ColumnParallelLinear(Module):
         return self._backward_child(self.enter, self._backward_child(self.local, dout))
 
     def extra_repr(self) -> str:
-        return f"{self.local.in_features} -> output rows {self.rows[0]}..{self.rows[-1]}"
+        return f"{self.local.in_features} -> {len(self.rows)} of the full layer's output rows"
 
 
 class AddBias(Module):
