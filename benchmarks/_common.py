@@ -25,6 +25,7 @@ import numpy as np
 
 from benchmarks.columns import COLLECTIVES, NO_COMM
 from npddp.comm import DoneWork
+from npddp.util import plugins
 from npddp.util.atomicfile import target_problem
 
 GB = 1e9
@@ -280,22 +281,17 @@ def load_plugins(argv) -> None:
     reported by the parser, which knows the flag (argparse ``type`` :func:`plugin`).
     """
     import sys
-    from npddp.comm import load_plugins as load
-    argv = list(sys.argv[1:] if argv is None else argv)
-    names = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--plugin"]
-    names += [a.split("=", 1)[1] for a in argv if a.startswith("--plugin=")]
-    for name in names:
+    for name in plugins.named(sys.argv[1:] if argv is None else argv):
         try:
-            load([name])
+            plugins.load([name])
         except ValueError:
             pass  # the parser's type check reports it
 
 
 def plugin(text: str) -> str:
     """argparse type of ``--plugin``: the module, imported (it registers its algorithms)."""
-    from npddp.comm import load_plugins as load
     try:
-        load([text])
+        plugins.load([text])
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text

@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from npddp.util import variables
+
 VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 CASES = ("none", "omp1", "off")
 
@@ -60,13 +62,13 @@ def worker(steps: int, warmup: int, batch: int) -> None:
 
 def environment(case: str) -> dict:
     """The job's environment for ``case``, without an enclosing job's launcher variables."""
-    skip = ("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_", "NPDDP_")
+    skip = ("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_", variables.PREFIX)
     env = {k: v for k, v in os.environ.items() if not k.startswith(skip) and k not in VARIABLES
            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
     if case == "omp1":
         env.update({v: "1" for v in VARIABLES})
     if case == "off":
-        env["NPDDP_THREADS"] = "off"
+        env[variables.THREADS.name] = "off"
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     return env

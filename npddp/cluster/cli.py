@@ -27,6 +27,7 @@ import time
 from npddp.cluster import launch, shaping, state
 from npddp.cluster.topology import MAX_NODES, Cluster, ClusterError
 from npddp.process import cleanup
+from npddp.util import variables
 
 PROG = "python -m npddp.cluster"
 EXIT_USAGE = 2
@@ -231,8 +232,8 @@ def run(args) -> int:
         tmp = os.path.join(record.runtime, "tmp")   # the job's temporary files go with the cluster, even after SIGKILL
         os.makedirs(tmp, mode=0o700, exist_ok=True)
         if args.launcher == "tcp":
-            env = {**os.environ, "NPDDP_JOB_SECRET": os.environ.get("NPDDP_JOB_SECRET") or secrets.token_hex(32),
-                   "TMPDIR": tmp}
+            secret = variables.text(variables.JOB_SECRET) or secrets.token_hex(32)
+            env = {**os.environ, variables.JOB_SECRET.name: secret, "TMPDIR": tmp}
             procs = [_start(c, env) for c in launch.tcp_commands(cluster, args.ranks_per_node, args.command,
                                                                  args.grace)]
         else:

@@ -18,13 +18,15 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
+from npddp.util import variables
+
 #: Where ``ip netns exec`` finds per-namespace files (``hosts``) to show as /etc/...
 ETC_NETNS = "/etc/netns"
 
 
 def state_dir() -> str:
     """The directory of the state files: ``NPDDP_CLUSTER_STATE``, else /run/npddp-cluster, else the temp dir."""
-    chosen = os.environ.get("NPDDP_CLUSTER_STATE", "").strip()
+    chosen = variables.text(variables.CLUSTER_STATE)
     if chosen:
         return chosen
     return "/run/npddp-cluster" if os.access("/run", os.W_OK) else os.path.join(tempfile.gettempdir(), "npddp-cluster")

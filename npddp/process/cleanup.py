@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 from npddp.comm.node.names import PREFIX, remove_job_segments
+from npddp.util import variables
 from npddp.util.env import MPI_SHM_PATTERNS, SHM_DIR
 from npddp.util.mpilibs import TEMP_PATTERNS
 
@@ -209,7 +210,7 @@ class Watch:
         self.temps: set[str] = set()                  # launcher files in the temporary directory the job held
         self.segments_before: set[str] = set()
         self.proc: subprocess.Popen | None = None
-        self.job = os.environ.get("NPDDP_JOB_ID") or f"watch{secrets.token_hex(6)}"  # names npddp's segments
+        self.job = variables.text(variables.JOB_ID) or f"watch{secrets.token_hex(6)}"  # names npddp's segments
         self.signalled: int | None = None    # the signal forwarded to the command, if one came
 
     def _forward(self, signum, _frame) -> None:
@@ -224,7 +225,7 @@ class Watch:
         signal is raised again in this process (its own handler decides) unless ``reraise`` is False.
         """
         self.segments_before = segment_files()
-        environ = {**(self.popen.get("env") or os.environ), "NPDDP_JOB_ID": self.job}
+        environ = {**(self.popen.get("env") or os.environ), variables.JOB_ID.name: self.job}
         self.proc = subprocess.Popen(self.command, **{**self.popen, "env": environ})
         previous = {sig: signal.signal(sig, self._forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:

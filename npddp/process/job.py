@@ -45,13 +45,11 @@ def _world():
     if "mpi4py.MPI" not in sys.modules and env.mpi_world_size() <= 1:
         return None  # no MPI here (or a launcher without MPI, which ends the job itself)
     try:
-        from mpi4py import MPI  # a rank that failed before importing MPI still aborts the job
-
-        if MPI.Is_finalized() or not MPI.Is_initialized():
-            return None
-        return MPI.COMM_WORLD
+        from mpi4py import MPI  # noqa: F401  (a rank that failed before importing MPI still aborts the job)
     except Exception:  # noqa: BLE001  (MPI unusable: nothing to abort through)
         return None
+    mpi = env.mpi_live()
+    return None if mpi is None else mpi.COMM_WORLD
 
 
 def end_job(code: int, report: str) -> None:

@@ -38,13 +38,18 @@ import threading
 import time
 
 from npddp.comm.node.names import remove_job_segments
-from npddp.comm.transports.handshake import SECRET_VARIABLE, new_secret
+from npddp.comm.transports.handshake import new_secret
 from npddp.comm.transports.rendezvous import is_loopback, listen_refusal
 from npddp.process import joindir, output
 from npddp.process.job import EXIT_USAGE
+from npddp.util import variables
 from npddp.util.env import JOIN_DIR_VARIABLE, THREAD_VARIABLES
 
 PROG = "python -m npddp.run"
+#: The job's secret every TCP connection proves it holds.
+SECRET_VARIABLE = variables.JOB_SECRET.name
+#: The environment variable telling a rank how many times the job was restarted (0: the first start).
+RESTART_VARIABLE = variables.RESTART_COUNT.name
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -68,11 +73,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="after a failure, seconds between SIGTERM and SIGKILL for the others (default: 5)")
     p.add_argument("--secret-file", default=None, metavar="PATH",
                    help="file holding the job secret every connection must prove (readable by you only); the "
-                        "same file on every machine of a multi-node job (default: NPDDP_JOB_SECRET, else a fresh "
+                        f"same file on every machine of a multi-node job (default: {SECRET_VARIABLE}, else a fresh "
                         "secret per job; several machines need one of the two)")
     p.add_argument("--max-restarts", type=int, default=0, metavar="K",
                    help="when a rank fails, stop every rank and start the job again, at most K times; each "
-                        "start sees NPDDP_RESTART_COUNT (default: 0, a failure is final)")
+                        f"start sees {RESTART_VARIABLE} (default: 0, a failure is final)")
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, as python -m MODULE")
     return p
 
@@ -139,7 +144,7 @@ def _job_secret(p: argparse.ArgumentParser, args, environ=None) -> str:
             p.error(f"--secret-file {args.secret_file!r} holds {len(secret)} characters; valid: 16 or more "
                     f"(e.g. python -c 'import secrets; print(secrets.token_hex(32))' > FILE)")
         return secret
-    secret = environ.get(SECRET_VARIABLE, "").strip()
+    secret = variables.text(variables.JOB_SECRET, environ)
     if secret:
         return secret
     if args.nnodes == 1:
@@ -165,7 +170,8 @@ def rank_env(args, local_rank: int, port: int, job: str, environ=None) -> dict:
     env = dict(os.environ if environ is None else environ)
     env.update(RANK=str(args.node_rank * args.nproc + local_rank), WORLD_SIZE=str(args.nnodes * args.nproc),
                LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(args.nproc), MASTER_ADDR=args.master_addr,
-               MASTER_PORT=str(port), NPDDP_JOB_ID=job, PYTHONUNBUFFERED="1")
+               MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
+    env[variables.JOB_ID.name] = job
     secret = getattr(args, "secret", None)
     if secret:
         env[SECRET_VARIABLE] = secret
@@ -310,9 +316,6 @@ def _cause(failures: list) -> tuple[int, int]:
     """
     return next((f for f in failures if f[1] != 1), failures[0])
 
-
-#: The environment variable telling a rank how many times the job was restarted (0: the first start).
-RESTART_VARIABLE = "NPDDP_RESTART_COUNT"
 
 #: Exit statuses never restarted: a failure every rank agreed on (bad flags, files) repeats itself.
 _FINAL = (EXIT_USAGE,)

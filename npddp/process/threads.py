@@ -20,8 +20,7 @@ import argparse
 import os
 import sys
 
-from npddp.util import env
-from npddp.util.cores import auto_threads, available_cpus, local_ranks  # noqa: F401  (re-exported)
+from npddp.util.cores import auto_threads, available_cpus, limit, local_ranks  # noqa: F401  (re-exported)
 
 
 def parse_threads(text) -> int | str:
@@ -49,21 +48,14 @@ def resolve(setting, environ=None) -> tuple[int, str]:
 
 
 def apply(n: int) -> list[tuple[str, int]]:
-    """Limit every BLAS and OpenMP library loaded in this process to ``n`` threads.
+    """Limit every BLAS and OpenMP library loaded in this process to ``n`` threads, and set the thread variables.
 
-    Also sets the thread variables (:data:`npddp.util.env.THREAD_VARIABLES`) to ``n``, for libraries loaded later, child processes and
-    the run's recorded environment. Returns (library, threads) for each library now loaded.
-    The limit lasts for the process.
+    Returns (library, threads) for each library now loaded (:func:`npddp.util.cores.limit`).
     """
-    from threadpoolctl import threadpool_info, threadpool_limits
-
     n = parse_threads(n)
     if n == "auto":
         raise ValueError("apply() takes a number of threads; resolve('auto') first")
-    threadpool_limits(limits=n)
-    for name in env.THREAD_VARIABLES:
-        os.environ[name] = str(n)
-    return [(info.get("internal_api", "?"), int(info.get("num_threads", 0))) for info in threadpool_info()]
+    return limit(n)
 
 
 def set_threads(setting="auto", environ=None) -> tuple[int, str]:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 
-from npddp.comm import backend_names, create, load_plugins
+from npddp.comm import backend_names, create
 from npddp.comm.contract import PROPERTIES, run_contract
-from npddp.util import env
+from npddp.util import env, plugins
 
 PROG = "python -m npddp.check"
 
@@ -40,7 +40,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="seconds a call may wait for its peers (default 60)")
     args = p.parse_args(argv)
     try:
-        load_plugins(args.plugin)
+        plugins.load(args.plugin)
     except ValueError as exc:
         p.error(str(exc))
     if args.backend not in backend_names():

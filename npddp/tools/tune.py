@@ -38,6 +38,7 @@ from npddp.comm.p2p.auto import FORMAT, VERSION, candidates, check_table, hier_p
 from npddp.comm.registry import node_group
 from npddp.comm.transports.base import resolve_transport
 from npddp.process.job import abort_on_exception
+from npddp.util import variables
 from npddp.util.atomicfile import target_problem, write_bytes_atomic
 
 PROG = "python -m npddp.tune"
@@ -232,6 +233,6 @@ def main(argv=None) -> int:
                   file=sys.stderr, flush=True)
             return 4
         print(f"# wrote {args.out}: " + ", ".join(f"<= {m} B: {a}" if m else f"above: {a}" for m, a in table["*"]))
-        print(f"# use it: NPDDP_TUNING={args.out} (or create('auto', tuning='{args.out}'))")
+        print(f"# use it: {variables.TUNING.name}={args.out} (or create('auto', tuning='{args.out}'))")
     timer.barrier()
     return 0

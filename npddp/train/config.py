@@ -21,13 +21,14 @@ from npddp.comm import BACKENDS, DEFAULT_TIMEOUT, TRANSPORTS, backend_names
 from npddp.comm.transports.base import resolve_transport
 from npddp.data import DATASET_NAMES, NORMALIZE_MODES
 from npddp.data.arrays import ARRAY_SUFFIXES
-from npddp.parallel.ddp import BUCKET_CAP_MB, SYNCS
-from npddp.parallel.builtin import comm_hook_help, comm_hook_names
-from npddp.train.models import DTYPES, MODELS
 from npddp.nn.gpt import PRESETS
 from npddp.optim import OPTIMIZERS
-from npddp.train.console.printer import PROGRESS_MODES
+from npddp.parallel.builtin import comm_hook_help, comm_hook_names
+from npddp.parallel.ddp import BUCKET_CAP_MB, SYNCS
 from npddp.process.threads import parse_threads
+from npddp.train.console.printer import PROGRESS_MODES
+from npddp.train.models import DTYPES, MODELS
+from npddp.util import plugins, variables
 from npddp.util.tracing import DEFAULT_STEPS, steps_text
 
 #: Data set names the CLI trains on: the classification sets among the loaders' names.
@@ -121,7 +122,7 @@ class Config:
     timeout: typing.Optional[float] = _opt(
         None, "seconds a collective may wait for the other ranks before raising TimeoutError, which "
         "ends the job (inf: wait forever)", metavar="SECONDS",
-        shown=f"$NPDDP_TIMEOUT, else {DEFAULT_TIMEOUT:g}")
+        shown=f"${variables.TIMEOUT.name}, else {DEFAULT_TIMEOUT:g}")
     zero: int = _opt(0, "sharded data parallelism (ZeRO): 0 plain DDP; 1 shards the optimizer state; 2 also "
                      "the averaged gradients (reduce-scattered during backward); 3 also the parameters "
                      "(gathered per layer group before its forward and backward, freed after); with "
@@ -214,7 +215,7 @@ class Config:
         None, "timeline of the --trace-steps steps on every rank (layers' forward and backward, each "
         "bucket's all-reduce, optimizer, data, checkpoints) in the Chrome trace format, for Perfetto "
         "or chrome://tracing; written by rank 0 when the last traced step ends (or at the end), and "
-        "on a failure with what each failing rank recorded", metavar="FILE.json", shown="none, or $NPDDP_TRACE")
+        "on a failure with what each failing rank recorded", metavar="FILE.json", shown=f"none, or ${variables.TRACE.name}")
     trace_steps: str = _opt(DEFAULT_STEPS, "optimizer steps --trace records, FIRST:LAST counted from 1 "
                             "as in the metrics, both included", metavar="FIRST:LAST", parse=steps_text)
     overwrite: bool = _opt(False, "let a new run replace an existing --checkpoint, --metrics or --trace "
@@ -290,7 +291,7 @@ class _Parser(argparse.ArgumentParser):
         super().print_help(file if file is not None else self._help_file)
 
 
-_EPILOG = """\
+_EPILOG = f"""\
 batch size: --batch-size is the global batch; each rank takes batch_size / world_size rows
   per step, so it must be a multiple of the world size (an error names the nearest valid one).
 resume: --checkpoint run.h5 --resume continues where run.h5 stopped (epoch, batch, optimizer
@@ -306,7 +307,7 @@ exit codes: 0 done; 1 an unhandled exception on any rank (the whole job is abort
   4 a checkpoint or metrics file could not be written (disk full; the previous file is kept);
   130 interrupted (Ctrl-C: one 'interrupted' line).
 failures: an exception, a sys.exit(N), a Ctrl-C or a --timeout on any rank ends every rank; a
-  killed rank ends the job through mpirun; the last checkpoint stays loadable. NPDDP_DEBUG=1
+  killed rank ends the job through mpirun; the last checkpoint stays loadable. {variables.DEBUG.name}=1
   checks before every collective that all ranks make the same call.
 examples:
   mpirun -n 2 python -m npddp.train
@@ -388,18 +389,15 @@ def parse_args(argv=None, help_file=None) -> dict:
     if any(a == "--compression" or a.startswith("--compression=") for a in argv):
         raise ConfigError("--compression is gone; use --comm-hook {" + ",".join(comm_hook_names()) + "} "
                           "(none is allreduce; with --topk-ratio, --powersgd-rank, --powersgd-start-iter)")
-    plugins = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--plugin"]
-    plugins += [a.split("=", 1)[1] for a in argv if a.startswith("--plugin=")]
-    load_plugins(",".join(plugins))
+    load_plugins(",".join(plugins.named(argv)))
     parser = build_parser(help_file)
     return vars(parser.parse_args(argv))
 
 
 def load_plugins(text: str) -> None:
     """Import the comma-separated modules of ``text``; ConfigError naming one that cannot be imported."""
-    from npddp.comm import load_plugins
     try:
-        load_plugins([m.strip() for m in text.split(",") if m.strip()])
+        plugins.load(plugins.split(text))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

@@ -1,1 +1,1 @@
-"""Small helpers every layer may use: atomic files and run metadata."""
+"""Small helpers every layer may use: atomic files, run metadata, the process environment and its variables."""

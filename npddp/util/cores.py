@@ -13,14 +13,14 @@ fit in the launcher's side by side) leaves each rank all of its mask: "bound to 
 The ranks on this node are counted without initialising MPI, from what launchers put in the
 environment (:data:`npddp.util.env.LOCAL_SIZE_VARIABLES`); when none is set and MPI is already
 initialised, from MPI's shared-memory split of ``COMM_WORLD`` (a collective: every rank must
-ask; ``ask_mpi=False`` never asks); otherwise 1. :mod:`npddp.process.threads` applies the number
-for the entry points, :mod:`npddp.util.guard` for a user's own script.
+ask; ``ask_mpi=False`` never asks); otherwise 1. :func:`limit` is the one place a number is applied:
+:mod:`npddp.process.threads` calls it for the entry points, :mod:`npddp.util.guard` (with the rule of
+:func:`share`) for a user's own script.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
 from npddp.util import env
 
@@ -46,8 +46,8 @@ def local_ranks(environ=None, ask_mpi: bool = True) -> tuple[int, str]:
     announced = env.local_size(environ)
     if announced is not None:
         return announced
-    mpi = sys.modules.get("mpi4py.MPI")
-    if ask_mpi and mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+    mpi = env.mpi_live() if ask_mpi else None
+    if mpi is not None:
         node = mpi.COMM_WORLD.Split_type(mpi.COMM_TYPE_SHARED)
         try:
             return node.Get_size(), "MPI shared-memory split"
@@ -77,3 +77,33 @@ def auto_threads(environ=None, cpus: int | None = None, ask_mpi: bool = True,
         return cpus, f"bound to {cpus} CPU{'s' * (cpus != 1)} by the launcher"
     n = max(1, cpus // ranks)
     return n, f"auto: {cpus} CPU{'s' * (cpus != 1)} / {ranks} rank{'s' * (ranks != 1)} on this node"
+
+
+def share(setting, environ=None) -> int | None:
+    """Threads for a user's script under ``NPDDP_THREADS`` (``"auto"``, an int, or None: off), or None: leave BLAS be.
+
+    Nothing changes when a thread variable is set (the user chose) or, under ``auto``, when this rank is alone
+    on its node; MPI is never asked.
+    """
+    if setting is None or env.thread_setting(environ) is not None:
+        return None
+    if setting == "auto":
+        if local_ranks(environ, ask_mpi=False)[0] <= 1:
+            return None
+        return auto_threads(environ, ask_mpi=False)[0]
+    return setting
+
+
+def limit(n: int, export: bool = True) -> list[tuple[str, int]]:
+    """Limit every BLAS and OpenMP library loaded in this process to ``n`` threads, for the process's life.
+
+    ``export`` also sets the thread variables (:data:`npddp.util.env.THREAD_VARIABLES`) to ``n``, for libraries
+    loaded later, child processes and the run's recorded environment. Returns (library, threads) of each loaded.
+    """
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    threadpool_limits(limits=n)
+    if export:
+        for name in env.THREAD_VARIABLES:
+            os.environ[name] = str(n)
+    return [(info.get("internal_api", "?"), int(info.get("num_threads", 0))) for info in threadpool_info()]

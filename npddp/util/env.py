@@ -16,9 +16,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import sys
 from dataclasses import dataclass
 
-from npddp.util import mpilibs
+from npddp.util import mpilibs, variables
 
 #: Thread-count variables BLAS and OpenMP libraries read, in the order npddp reads them (OpenBLAS first,
 #: as OpenBLAS itself does).
@@ -130,19 +131,28 @@ def slurm_cpus_per_task(environ=None) -> int | None:
     return None if found is None else found[0]
 
 
-#: ``0``/``false``/``no``/``off`` turns off the argument check every collective makes by default
-#: (:mod:`npddp.comm.signature`); for measuring what it costs. Unset: on.
-CHECK_ARGS_VARIABLE = "NPDDP_CHECK_ARGS"
+#: The argument check's switch (:mod:`npddp.comm.signature`), declared in :mod:`npddp.util.variables`.
+CHECK_ARGS_VARIABLE = variables.CHECK_ARGS.name
+#: The launcher's join directory (``python -m npddp.run``): each rank marks there when it starts to join the
+#: TCP world and when it has joined, so a rank that leaves before joining is noticed at once.
+JOIN_DIR_VARIABLE = variables.JOIN_DIR.name
 
 
-#: A directory the launcher (``python -m npddp.run``) gives its ranks: each marks there when it starts to
-#: join the TCP world and when it has joined, so a rank that leaves before joining is noticed at once.
-JOIN_DIR_VARIABLE = "NPDDP_JOIN_DIR"
+def mpi_live():
+    """The ``mpi4py.MPI`` module when this process has loaded it and MPI is initialized, not finalized; else None.
+
+    Never imports mpi4py and never initializes MPI; a broken MPI counts as not live.
+    """
+    mpi = sys.modules.get("mpi4py.MPI")
+    try:
+        return mpi if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() else None
+    except Exception:  # noqa: BLE001  (an MPI that cannot answer: nothing to use)
+        return None
 
 
 def mark_join(stage: str, rank: int, environ=None) -> None:
     """Mark ``stage`` ("joining" or "joined") for ``rank`` in the launcher's join directory, if there is one."""
-    directory = _environ(environ).get(JOIN_DIR_VARIABLE)
+    directory = variables.text(variables.JOIN_DIR, environ)
     if directory:
         try:
             with open(os.path.join(directory, f"{stage}-{rank}"), "w"):

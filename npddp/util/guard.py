@@ -26,14 +26,13 @@ import sys
 import time
 import traceback
 
-from npddp.util import cores, env
+from npddp.util import cores, env, variables
 
-ABORT_VARIABLE = "NPDDP_ABORT_ON_EXCEPTION"
-THREADS_VARIABLE = "NPDDP_THREADS"
+ABORT_VARIABLE = variables.ABORT_ON_EXCEPTION.name
+THREADS_VARIABLE = variables.THREADS.name
 #: Set by ``python -m npddp.run`` in every rank's environment; that launcher reports a Ctrl-C itself.
-LAUNCHER_JOB_VARIABLE = "NPDDP_JOB_ID"
+LAUNCHER_JOB_VARIABLE = variables.JOB_ID.name
 EXIT_FAILED, EXIT_INTERRUPTED = 1, 130
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 #: Seconds between printing the report and MPI_Abort, so the launcher can still forward it.
 _GRACE_S = 0.2
 #: Seconds an interrupted rank other than 0 waits, so a Ctrl-C reaching every rank is reported once (by rank 0).
@@ -44,24 +43,12 @@ MARK = "_npddp_guard"
 
 def abort_enabled(environ=None) -> bool:
     """``NPDDP_ABORT_ON_EXCEPTION`` as a bool (unset or empty: True); ValueError naming the valid values."""
-    raw = (os.environ if environ is None else environ).get(ABORT_VARIABLE, "")
-    value = raw.strip().lower()
-    if value and value not in _TRUE + _FALSE:
-        raise ValueError(f"{ABORT_VARIABLE}={raw!r} is not understood; valid: 1/true/yes/on or 0/false/no/off")
-    return value not in _FALSE
+    return variables.flag(variables.ABORT_ON_EXCEPTION, environ)
 
 
 def threads_setting(environ=None) -> int | str | None:
     """``NPDDP_THREADS``: ``"auto"`` (unset or empty), a positive int, or None for ``off``; ValueError otherwise."""
-    raw = (os.environ if environ is None else environ).get(THREADS_VARIABLE, "")
-    value = raw.strip().lower()
-    if value in ("", "auto"):
-        return "auto"
-    if value in _FALSE:
-        return None
-    if value.isdigit() and int(value) > 0:
-        return int(value)
-    raise ValueError(f"{THREADS_VARIABLE}={raw!r} is not understood; valid: auto, a positive integer, or off")
+    return variables.threads(environ)
 
 
 def install(environ=None) -> None:
@@ -108,28 +95,16 @@ def install_exit_hook(world_of=None) -> None:
 def share_threads(environ=None) -> int | None:
     """Limit BLAS to this rank's share of the cores; the number applied, or None (off, the user chose, one rank)."""
     environ = os.environ if environ is None else environ
-    setting = threads_setting(environ)
-    if setting is None or env.thread_setting(environ) is not None:
-        return None
-    if setting == "auto":
-        if cores.local_ranks(environ, ask_mpi=False)[0] <= 1:
-            return None
-        setting = cores.auto_threads(environ, ask_mpi=False)[0]
-    from threadpoolctl import threadpool_limits
-
-    threadpool_limits(limits=setting)
-    return setting
+    n = cores.share(threads_setting(environ), environ)
+    if n is not None:
+        cores.limit(n, export=False)
+    return n
 
 
 def mpi_world():
     """``MPI.COMM_WORLD`` when this process has loaded and initialised MPI (never imports it); else None."""
-    mpi = sys.modules.get("mpi4py.MPI")
-    try:
-        if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
-            return None
-        return mpi.COMM_WORLD
-    except Exception:  # noqa: BLE001  (a broken MPI: nothing to abort through)
-        return None
+    mpi = env.mpi_live()
+    return None if mpi is None else mpi.COMM_WORLD
 
 
 def peer_gone(exc: BaseException, tb) -> bool:
@@ -211,7 +186,7 @@ def install_hook(exit_code: int = EXIT_FAILED, world_of=mpi_world, environ=None)
         rank = world.Get_rank() if world is not None else env.world_rank(environ)
         code, text = report(exc_type, exc, tb, rank, size, "aborting" if world is not None else "ending")
         if code == EXIT_INTERRUPTED:
-            if world is None and LAUNCHER_JOB_VARIABLE in environ:
+            if world is None and variables.is_set(variables.JOB_ID, environ):
                 text = ""                # python -m npddp.run prints the one line itself
             elif rank != 0:
                 time.sleep(_DEFER_S)     # a Ctrl-C of every rank: rank 0 reports it and ends the job first

@@ -77,8 +77,7 @@ def _mpi_info() -> tuple[dict, int]:
         return {}, 1
     info = {"mpi_library": library_name(MPI.Get_library_version()),
             "mpi_version": "{}.{}".format(*MPI.Get_version())}
-    live = MPI.Is_initialized() and not MPI.Is_finalized()
-    return info, (MPI.COMM_WORLD.Get_size() if live else 1)
+    return info, (MPI.COMM_WORLD.Get_size() if env.mpi_live() is not None else 1)
 
 
 def library_name(version: str) -> str:

@@ -39,13 +39,14 @@ from pathlib import Path
 
 import numpy as np
 
+from npddp.util import variables
 from npddp.util.atomicfile import target_problem, write_bytes_atomic
 from npddp.util.tracing import chrome
 
 #: Environment variables that turn tracing on for any script using DDP.
-TRACE_VARIABLE, STEPS_VARIABLE = "NPDDP_TRACE", "NPDDP_TRACE_STEPS"
+TRACE_VARIABLE, STEPS_VARIABLE = variables.TRACE.name, variables.TRACE_STEPS.name
 #: Steps traced by default (first:last, from 1, both included): a few steps after warm-up.
-DEFAULT_STEPS = "3:5"
+DEFAULT_STEPS = variables.TRACE_STEPS.default
 #: Events one rank keeps at most; later ones are counted as dropped.
 CAPACITY = 1 << 17
 PING_ROUNDS = 32
@@ -372,10 +373,10 @@ def _locked(directory: Path):
 def from_env(comm, environ=None, meta: dict | None = None):
     """A Tracer when ``NPDDP_TRACE`` names a file (steps from ``NPDDP_TRACE_STEPS``), else :data:`NULL`."""
     environ = os.environ if environ is None else environ
-    path = environ.get(TRACE_VARIABLE, "").strip()
+    path = variables.text(variables.TRACE, environ)
     if not path:
         return NULL
-    steps = environ.get(STEPS_VARIABLE, "").strip() or DEFAULT_STEPS
+    steps = variables.text(variables.TRACE_STEPS, environ) or DEFAULT_STEPS
     try:
         parse_steps(steps)
     except ValueError as exc:
