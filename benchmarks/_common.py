@@ -18,7 +18,6 @@ script run by path (its directory is then ``sys.path[0]``).
 from __future__ import annotations
 
 import argparse
-import os
 import re
 
 import numpy as np

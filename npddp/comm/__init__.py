@@ -27,8 +27,6 @@ each rank's BLAS gets its share of the node's cores unless a thread variable is 
 
 from __future__ import annotations
 
-import os
-
 from npddp.comm.checks import DEFAULT_TIMEOUT, DTYPES, OPS, check_timeout
 from npddp.comm.base import Communicator, Work
 from npddp.comm.p2p.engine import DoneWork
@@ -37,45 +35,28 @@ from npddp.comm.wrappers.progress_thread import PROGRESS
 from npddp.comm.registry import ALGORITHMS, BACKENDS, backend_names, load_plugins
 from npddp.comm.algorithm import register_algorithm
 from npddp.comm.transports.base import TRANSPORTS, Transport, is_transport, resolve_transport
-from npddp.util import env, guard
+from npddp.util import env, guard, variables
 
 __all__ = ["ALGORITHMS", "BACKENDS", "DEFAULT_TIMEOUT", "DTYPES", "OPS", "TRANSPORTS",
            "CollectiveMismatchError", "Communicator", "DoneWork", "Transport", "Work", "check_args_from_env", "create",
            "debug_from_env",
            "timeout_from_env", "register_algorithm", "backend_names", "load_plugins"]
 
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
-
-
-def _flag(name: str, default: bool, environ=None) -> bool:
-    """Environment variable ``name`` as a bool (unset or empty: ``default``); ValueError naming the valid values."""
-    raw = (os.environ if environ is None else environ).get(name, "")
-    value = raw.strip().lower()
-    if value not in _TRUE + _FALSE:
-        raise ValueError(f"{name}={raw!r} is not understood; valid: 1/true/yes/on or 0/false/no/off (or unset)")
-    return default if not value else value in _TRUE
-
 
 def debug_from_env(environ=None) -> bool:
     """``NPDDP_DEBUG`` as a bool (unset: False); ValueError naming the valid values otherwise."""
-    return _flag("NPDDP_DEBUG", False, environ)
+    return variables.flag(variables.DEBUG, environ)
 
 
 def check_args_from_env(environ=None) -> bool:
     """``NPDDP_CHECK_ARGS`` as a bool (unset: True); ValueError naming the valid values otherwise."""
-    return _flag(env.CHECK_ARGS_VARIABLE, True, environ)
+    return variables.flag(variables.CHECK_ARGS, environ)
 
 
 def timeout_from_env(environ=None) -> float:
     """``NPDDP_TIMEOUT`` in seconds (unset or empty: ``DEFAULT_TIMEOUT``); ValueError when malformed."""
-    raw = (os.environ if environ is None else environ).get("NPDDP_TIMEOUT", "").strip()
-    if not raw:
-        return DEFAULT_TIMEOUT
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"NPDDP_TIMEOUT={raw!r} is not a number; valid: seconds > 0 (inf: wait forever)") from None
-    return check_timeout(value, "NPDDP_TIMEOUT")
+    value = variables.number(variables.TIMEOUT, environ, "seconds > 0 (inf: wait forever)")
+    return DEFAULT_TIMEOUT if value is None else check_timeout(value, variables.TIMEOUT.name)
 
 
 def create(name: str, group=None, debug: bool = False, timeout: float | None = None, *,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from npddp.util import variables
+
 #: Supported element types, by NumPy name.
 DTYPES = ("float16", "float32", "float64", "int32", "int64")
 _DTYPE_SET = frozenset(np.dtype(d) for d in DTYPES)
@@ -26,8 +28,8 @@ USER_TAG_LIMIT = 1 << 14
 COLLECTIVE_TAG_SPAN = 1 << 14
 
 
-#: Seconds the hand-written backends wait for a peer before raising TimeoutError.
-DEFAULT_TIMEOUT = 300.0
+#: Seconds the hand-written backends wait for a peer before raising TimeoutError (declared with ``NPDDP_TIMEOUT``).
+DEFAULT_TIMEOUT = float(variables.TIMEOUT.default)
 
 
 def check_timeout(value, what: str = "timeout") -> float:

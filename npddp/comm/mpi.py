@@ -31,6 +31,7 @@ from npddp.comm import checks as c
 from npddp.comm import signature as sg
 from npddp.comm.p2p.engine import NAP_S, SPIN_ROUNDS, DoneWork
 from npddp.comm.transports.mpi import free_comm
+from npddp.util import variables
 
 _MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
 _CLOCK_EVERY = 64
@@ -143,7 +144,7 @@ class MPICommunicator(c.Backend):
                     self._abandoned[0] = True
                     self._failure = (f"[rank {self._rank}] mpi {what}{number} timed out after "
                                      f"{self._timeout:g} s waiting {waiting}: a peer crashed, hangs, or called a different collective "
-                                     "(NPDDP_DEBUG=1 checks that); this communicator is now unusable")
+                                     f"({variables.DEBUG.name}=1 checks that); this communicator is now unusable")
                     raise TimeoutError(self._failure)
 
     def barrier(self) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib
 
+from npddp.util import plugins
+
 #: Hand-written all-reduce algorithms over point-to-point messages: name -> (module, class).
 ALGORITHMS = {
     "ring": ("p2p.ring", "Ring"),
@@ -97,23 +99,8 @@ def discover() -> bool:
     return True
 
 
-def load_plugins(modules) -> None:
-    """Import each of ``modules`` (dotted names or ``.py`` paths; they register algorithms); ValueError naming a bad one."""
-    for module in modules or ():
-        try:
-            if module.endswith(".py"):
-                from pathlib import Path
-                from importlib.util import module_from_spec, spec_from_file_location
-                spec = spec_from_file_location(f"npddp_plugin_{Path(module).stem}", module)
-                if spec is None or not Path(module).is_file():
-                    raise ImportError(f"no such file {module}")
-                spec.loader.exec_module(module_from_spec(spec))
-            else:
-                importlib.import_module(module)
-        except ImportError as exc:
-            raise ValueError(f"--plugin {module!r} cannot be imported: {exc}") from None
-        except Exception as exc:       # the module's own code failed while it was imported
-            raise ValueError(f"--plugin {module!r} raised {type(exc).__name__} while imported: {exc}") from None
+#: Import the modules ``--plugin`` names (dotted names or ``.py`` paths): the one loader, :func:`npddp.util.plugins.load`.
+load_plugins = plugins.load
 
 
 def backend_names() -> tuple:

@@ -20,6 +20,8 @@ import sys
 
 import numpy as np
 
+from npddp.util import variables
+
 _YAMA = "/proc/sys/kernel/yama/ptrace_scope"
 _PR_SET_PTRACER, _PR_SET_PTRACER_ANY = 0x59616D61, ctypes.c_ulong(-1).value
 
@@ -58,9 +60,8 @@ def ptrace_scope() -> int:
 
 def why_not(environ=None) -> str:
     """One line saying why single-copy transfers are off on this process, or "" when they may be tried."""
-    raw = (os.environ if environ is None else environ).get("NPDDP_SINGLE_COPY", "1").strip().lower()
-    if raw in ("0", "false", "no", "off"):
-        return f"NPDDP_SINGLE_COPY={raw}"
+    if not variables.flag(variables.SINGLE_COPY, environ):
+        return f"{variables.SINGLE_COPY.name}={variables.text(variables.SINGLE_COPY, environ).lower()}"
     if _CALLS is None:
         return "no process_vm_readv on this platform (Linux only)"
     scope = ptrace_scope()

@@ -31,6 +31,7 @@ import numpy as np
 
 from npddp.comm.p2p.engine import CLOCK_EVERY, Overdue
 from npddp.comm.node.names import SHM_DIR, job_id, segment_name
+from npddp.util import variables
 
 #: Words (int64) in each rank's control line: sequence number, then what the algorithm publishes.
 LINE = 8
@@ -61,12 +62,9 @@ def host_id() -> str:
 
 def node_ids(comm, environ=None) -> list[int]:
     """The node of every rank of ``comm`` (0, 1, ... in order of first rank); an all-gather over its transport."""
-    environ = os.environ if environ is None else environ
-    raw = environ.get("NPDDP_RANKS_PER_NODE", "").strip()
-    if raw:
-        if not raw.isdigit() or int(raw) < 1:
-            raise ValueError(f"NPDDP_RANKS_PER_NODE={raw!r} is out of range; valid: an integer >= 1")
-        return [r // int(raw) for r in range(comm.size)]
+    per_node = variables.integer(variables.RANKS_PER_NODE, environ, minimum=1)
+    if per_node is not None:
+        return [r // per_node for r in range(comm.size)]
     name = host_id().encode()[:_NAME_BYTES].ljust(_NAME_BYTES, b"\0")
     table = comm.allgather(np.frombuffer(name, dtype=np.int64))  # (size, _NAME_BYTES / 8)
     first: dict[bytes, int] = {}
@@ -114,7 +112,7 @@ def create_segment(comm, local: list[int], nbytes: int, call) -> Segment:
         failed = [local[i] for i in range(1, len(local)) if answers[i, 0]]
         if failed:
             raise OSError(f"ranks {failed} could not map shared segment {file}: ranks that look like one node "
-                          "do not share /dev/shm (set NPDDP_RANKS_PER_NODE=1 to use no shared memory)")
+                          f"do not share /dev/shm (set {variables.RANKS_PER_NODE.name}=1 to use no shared memory)")
         return segment
     call.transfer(recvs=[(name, leader)])
     file = bytes(name).rstrip(b"\0").decode()

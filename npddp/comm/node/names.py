@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from npddp.util import variables
 from npddp.util.env import SHM_DIR
 
 __all__ = ["PREFIX", "SHM_DIR", "job_id", "remove_job_segments", "segment_name"]
@@ -17,8 +18,7 @@ PREFIX = "npddp-"
 
 def job_id(environ=None) -> str:
     """This job's id: ``NPDDP_JOB_ID`` from the launcher, else ``pid<process id>``."""
-    environ = os.environ if environ is None else environ
-    return environ.get("NPDDP_JOB_ID") or f"pid{os.getpid()}"
+    return variables.text(variables.JOB_ID, environ) or f"pid{os.getpid()}"
 
 
 def segment_name(job: str, name: str) -> str:

@@ -15,6 +15,7 @@ import numpy as np
 
 from npddp.comm.node import cma
 from npddp.comm.node.memory import LINE, PID, SIZE_WORDS
+from npddp.util import variables
 
 #: The probe borrows the size words: it ends with a node barrier, and no call writes them before every
 #: rank of the node has passed it.
@@ -55,7 +56,7 @@ def agree_on_single_copy(group, call) -> str:
     del probe  # every peer has read it: they arrived after reading
     if not why and any(group.sync.word(i, _VERDICT) != 1 for i in group.sync.others):
         why = "a peer on this node cannot read the others' memory"
-    if why and me == 0 and not why.startswith("NPDDP_SINGLE_COPY"):
+    if why and me == 0 and not why.startswith(variables.SINGLE_COPY.name):
         print(f"npddp: single-copy transfers of private buffers are off: {why}; staging them instead",
               file=sys.stderr, flush=True)
     return why

@@ -27,7 +27,6 @@ order; a call of ``n`` bytes uses the first step with ``n <= max_bytes`` (``null
 from __future__ import annotations
 
 import json
-import os
 import warnings
 
 import numpy as np
@@ -36,6 +35,7 @@ from npddp.comm import checks as c
 from npddp.comm.node.memory import node_ids
 from npddp.comm.p2p.communicator import P2PCommunicator
 from npddp.comm.registry import ALGORITHMS, NODE_ALGORITHMS, algorithm, costed, node_group
+from npddp.util import variables
 
 FORMAT = "npddp-allreduce-tuning"
 VERSION = 1
@@ -161,7 +161,7 @@ class AutoCommunicator(P2PCommunicator):
         nodes = node_ids(self) if shared_memory else []
         #: True when the ranks span nodes (hier's group across nodes always does): the network model applies.
         self.across_nodes = not shared_memory or len(set(nodes)) > 1
-        shared_memory = shared_memory and os.environ.get("NPDDP_AUTO_SHM", "1") != "0"
+        shared_memory = shared_memory and variables.flag(variables.AUTO_SHM)
         self.node = self.context.node = None
         #: Ranks per node when they span nodes with as many (> 1) on each: hier's composition joins the candidates.
         self.per_node = 1
@@ -172,7 +172,7 @@ class AutoCommunicator(P2PCommunicator):
         elif shared_memory and hier_possible(nodes):
             self.per_node = nodes.count(nodes[self._rank])
             self.algorithms["hier"] = _hier_path(self, nodes, timeout)
-        self.source, self.table = self._load(tuning if tuning is not None else os.environ.get("NPDDP_TUNING"))
+        self.source, self.table = self._load(tuning if tuning is not None else variables.text(variables.TUNING))
         self._setup_done()
         self._picks: dict = {}   # (nbytes, dtype) -> (name, algorithm, run)
 

@@ -30,6 +30,7 @@ from typing import NamedTuple
 import numpy as np
 
 from npddp.comm import checks as c
+from npddp.util import variables
 
 #: Polls of a request between two reads of the clock.
 CLOCK_EVERY = 64
@@ -212,7 +213,7 @@ class Call:
         return TimeoutError(
             f"[rank {self.owner.rank}] {self.describe()} timed out after {self.owner.timeout:g} s waiting "
             f"{' and '.join(waits) or 'for its peers'}: a peer crashed, hangs, or called a different "
-            "collective (NPDDP_DEBUG=1 checks that); this communicator is now unusable")
+            f"collective ({variables.DEBUG.name}=1 checks that); this communicator is now unusable")
 
 
 def _ranks(ranks: Sequence[int]) -> str:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
 import selectors
 import socket
@@ -33,10 +32,12 @@ import struct
 import sys
 import time
 
+from npddp.util import variables
+
 MAGIC = b"NPDA"
 VERSION = 1
 HANDSHAKE_S = 3.0                         # seconds a connection may take to prove itself
-SECRET_VARIABLE = "NPDDP_JOB_SECRET"
+SECRET_VARIABLE = variables.JOB_SECRET.name
 _NONCE = 16
 _TAG = hashlib.sha256().digest_size
 CHALLENGE = struct.Struct(f"<4sI{_NONCE}s")          # magic, version, nonce_a
@@ -49,8 +50,7 @@ class HandshakeError(ConnectionError):
 
 def secret_from_env(environ=None) -> bytes:
     """The job's key from ``NPDDP_JOB_SECRET`` (b"" when unset)."""
-    raw = (os.environ if environ is None else environ).get(SECRET_VARIABLE, "")
-    return raw.strip().encode()
+    return variables.text(variables.JOB_SECRET, environ).encode()
 
 
 def new_secret() -> str:

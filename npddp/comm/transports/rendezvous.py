@@ -43,6 +43,7 @@ import numpy as np
 from npddp.comm.transports import handshake
 from npddp.comm.transports.tcp import TCPTransport, TCPWorld
 from npddp.util import env as process_env
+from npddp.util import variables
 
 MAGIC = b"NPDD"
 VERSION = 1
@@ -53,7 +54,7 @@ ENTRY = struct.Struct(f"<{_NAME}sH{_NAME}s")                  # ip, port, host
 HELLO = struct.Struct("<4sIQ")                                # magic, rank, token
 _RETRY_S = 0.1
 _ERROR_MAX = 1024                                             # bytes of an error message from rank 0
-LISTEN_VARIABLE = "NPDDP_LISTEN_ADDR"
+LISTEN_VARIABLE = variables.LISTEN_ADDR.name
 
 
 class RendezvousError(ConnectionError):
@@ -277,7 +278,7 @@ def is_loopback(addr: str) -> bool:
 
 def _bind_address(addr: str, environ=None) -> str:
     """Where rank 0 listens: ``MASTER_ADDR`` itself, unless ``NPDDP_LISTEN_ADDR`` says otherwise."""
-    chosen = (os.environ if environ is None else environ).get(LISTEN_VARIABLE, "").strip()
+    chosen = variables.text(variables.LISTEN_ADDR, environ)
     if chosen:
         return "" if chosen in ("0.0.0.0", "::", "*") else chosen
     return _resolve(addr)
@@ -285,7 +286,7 @@ def _bind_address(addr: str, environ=None) -> str:
 
 def listen_refusal(secret, environ=None) -> str | None:
     """Why ``NPDDP_LISTEN_ADDR`` may not be used by a job without a secret (one line), or None when it may."""
-    chosen = (os.environ if environ is None else environ).get(LISTEN_VARIABLE, "").strip()
+    chosen = variables.text(variables.LISTEN_ADDR, environ)
     if secret or not chosen or is_loopback(chosen):
         return None
     return (f"{LISTEN_VARIABLE}={chosen!r} would accept ranks from other machines, but the job has no secret "
