@@ -31,6 +31,8 @@ class MPILibrary:
     shm_patterns: tuple[str, ...]     # files in /dev/shm
     temp_patterns: tuple[str, ...]    # files or directories in the temporary directory
     runs_under: str = ""              # the program beside the launcher that jobs run under instead, if any
+    bare_env: tuple[tuple[str, str], ...] = ()       # what flags and root_flags do, as variables (a bare mpirun)
+    root_env: tuple[tuple[str, str], ...] = ()
 
 
 #: Recognised in this order (Intel MPI's launcher is hydra, like MPICH's: its own text is looked for first);
@@ -41,7 +43,9 @@ LIBRARIES = (
                ("Intel_MPI_*",), ("hydra_hwloc_xmlfile_*",), runs_under="mpiexec"),
     MPILibrary("Open MPI", r"open mpi|open-mpi|openrte|prrte", ("prterun", "prte"),
                ("--oversubscribe",), ("--allow-run-as-root",), "--hostfile", "-x", "OMPI_COMM_WORLD_LOCAL_SIZE",
-               ("sm_segment.*", "vader_segment.*", "ompi.*"), ("ompi.[0-9]*",)),
+               ("sm_segment.*", "vader_segment.*", "ompi.*"), ("ompi.[0-9]*",),
+               bare_env=(("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe"),),
+               root_env=(("OMPI_ALLOW_RUN_AS_ROOT", "1"), ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"))),
     MPILibrary("MPICH", r"hydra|mpich", (), (), (), "-f", "-envlist", "MPI_LOCALNRANKS",
                ("mpich_shm_*",), ("hydra_hwloc_xmlfile_*",)),
 )
@@ -79,6 +83,11 @@ def program(lib: MPILibrary, launcher: str) -> str:
         if os.path.basename(launcher) != lib.runs_under and os.access(beside, os.X_OK):
             return beside
     return launcher
+
+
+def launch_environment(lib: MPILibrary, root: bool = False) -> dict[str, str]:
+    """Variables that give a bare ``mpirun`` of ``lib`` what mpi_run.sh's flags give it (oversubscription, root)."""
+    return dict(lib.bare_env + (lib.root_env if root else ()))
 
 
 def launch_flags(lib: MPILibrary, ranks: int, hostfile: str | None = None, export=(), root: bool = False) -> list[str]:

@@ -95,3 +95,12 @@ def test_intel_mpi_jobs_run_under_its_mpiexec_which_gets_the_signals_its_mpirun_
     done = subprocess.run([str(ROOT / "mpi_run.sh"), "-n", "2", "true"], env=env, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0 and done.stdout.startswith("MPIEXEC -n 2 -envlist "), (done.stdout, done.stderr)
+
+
+def test_a_bare_mpirun_gets_open_mpis_flags_as_variables_and_other_libraries_none():
+    ompi = mpilibs.identify("prterun")
+    assert mpilibs.launch_environment(ompi) == {"PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe"}
+    assert mpilibs.launch_environment(ompi, root=True) == {"PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+                                                           "OMPI_ALLOW_RUN_AS_ROOT": "1",
+                                                           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    assert mpilibs.launch_environment(mpilibs.MPICH, root=True) == {}

@@ -10,6 +10,7 @@ runs one to completion and returns the ``subprocess.CompletedProcess``.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -21,13 +22,16 @@ from pathlib import Path
 
 import pytest
 
+from npddp.process import launchflags
+from npddp.util import mpilibs
+
 
 def mpirun() -> str:
-    """The mpirun beside the interpreter, else the first on PATH."""
+    """The mpirun beside the interpreter, else the first on PATH (Intel MPI's: the mpiexec beside it, as mpi_run.sh runs)."""
     beside = Path(sys.executable).parent / "mpirun"
     found = str(beside) if beside.exists() else shutil.which("mpirun")
     assert found, "no mpirun beside the interpreter or on PATH"
-    return found
+    return mpilibs.program(_library(found), found)
 
 
 def job_env(**extra) -> dict:
@@ -35,8 +39,23 @@ def job_env(**extra) -> dict:
     skip = ("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_", "NPDDP_")
     launcher = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
     env = {k: v for k, v in os.environ.items() if not k.startswith(skip) and k not in launcher}
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
+    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.update(bare_launch_env(), **extra)
     return env
+
+
+@functools.lru_cache(maxsize=4)
+def _library(launcher: str) -> mpilibs.MPILibrary:
+    return launchflags.library_of(launcher)
+
+
+def bare_launch_env() -> dict:
+    """What a bare mpirun of this venv's MPI library needs to act as under mpi_run.sh (Open MPI: oversubscribe, root)."""
+    beside = Path(sys.executable).parent / "mpirun"
+    launcher = str(beside) if beside.exists() else shutil.which("mpirun")
+    if launcher is None:
+        return {}
+    return mpilibs.launch_environment(_library(launcher), root=os.geteuid() == 0)
 
 
 def _stat(pid: int) -> tuple[int, int, str] | None:

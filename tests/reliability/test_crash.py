@@ -43,7 +43,8 @@ LAUNCH_SNIPPET = """
 import os, signal, sys, time
 from npddp.process.job import abort_on_exception
 abort_on_exception()
-mode, rank = sys.argv[1], int(os.environ.get("PMI_RANK", "0"))
+from npddp.util.env import world_rank
+mode, rank = sys.argv[1], world_rank()   # PMI_RANK (MPICH, Intel MPI), OMPI_COMM_WORLD_RANK (Open MPI)
 if mode == "before-mpi" and rank == 1:
     raise ValueError("failed before importing MPI")
 from mpi4py import MPI
