@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from npddp.comm.checks import DEFAULT_TIMEOUT, DTYPES, OPS, check_timeout
 from npddp.comm.base import Communicator, Work
-from npddp.comm.p2p.engine import DoneWork
+from npddp.comm.engine.work import DoneWork
 from npddp.comm.signature import CollectiveMismatchError
 from npddp.comm.wrappers.progress_thread import PROGRESS
 from npddp.comm.registry import ALGORITHMS, BACKENDS, backend_names, load_plugins

@@ -31,7 +31,8 @@ from collections.abc import Callable
 import numpy as np
 
 from npddp.comm import checks, registry
-from npddp.comm.p2p.engine import Cost, P2PWork
+from npddp.comm.engine.cost import Cost
+from npddp.comm.engine.work import P2PWork
 
 __all__ = ["Cost", "Peers", "Request", "block_bounds", "register_algorithm"]
 

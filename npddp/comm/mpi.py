@@ -29,7 +29,8 @@ from mpi4py import MPI
 
 from npddp.comm import checks as c
 from npddp.comm import signature as sg
-from npddp.comm.p2p.engine import NAP_S, SPIN_ROUNDS, DoneWork
+from npddp.comm.engine.deadline import NAP_S, SPIN_ROUNDS
+from npddp.comm.engine.work import DoneWork
 from npddp.comm.transports.mpi import free_comm
 from npddp.util import variables
 

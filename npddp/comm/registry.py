@@ -23,8 +23,8 @@ ALGORITHMS = {
 #: Algorithms among the ranks of one node through shared memory: name -> (module, class).
 NODE_ALGORITHMS = {"shm": ("node.shm", "Shm")}
 #: Communicators other than the plain P2PCommunicator: name -> (module, communicator class).
-_COMMUNICATORS = {"naive": ("p2p.naive", "NaiveCommunicator"), "auto": ("p2p.auto", "AutoCommunicator"),
-                  "shm": ("node.shm", "ShmCommunicator"), "hier": ("node.hier", "HierCommunicator")}
+_COMMUNICATORS = {"naive": ("p2p.naive", "NaiveCommunicator"), "auto": ("compose.auto", "AutoCommunicator"),
+                  "shm": ("node.shm", "ShmCommunicator"), "hier": ("compose.hier", "HierCommunicator")}
 #: Every backend ``npddp.comm.create`` accepts.
 BACKENDS = ("mpi", *ALGORITHMS, "auto", "shm", "hier")
 
@@ -60,12 +60,12 @@ def build(name: str, transport, timeout: float, tuning=None, shared_memory: bool
     ranks lie on different nodes even where ``NPDDP_RANKS_PER_NODE`` pretends so on one machine).
     """
     if name in REGISTERED:
-        return _load("p2p.communicator", "P2PCommunicator")(transport, REGISTERED[name], name, timeout)
+        return _load("communicators.p2p", "P2PCommunicator")(transport, REGISTERED[name], name, timeout)
     if name == "auto":
         return _load(*_COMMUNICATORS[name])(transport, timeout, tuning, shared_memory)
     if name in ("shm", "hier"):
         return _load(*_COMMUNICATORS[name])(transport, timeout)
-    cls = _load(*_COMMUNICATORS.get(name, ("p2p.communicator", "P2PCommunicator")))
+    cls = _load(*_COMMUNICATORS.get(name, ("communicators.p2p", "P2PCommunicator")))
     return cls(transport, algorithm(name), name, timeout)
 
 

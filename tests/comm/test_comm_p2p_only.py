@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from npddp.comm import create
-from npddp.comm.p2p.signed import CONTROL_TAG, HEAD_BYTES, SMALL_BYTES
+from npddp.comm.engine.signed import CONTROL_TAG, HEAD_BYTES, SMALL_BYTES
 from npddp.comm.transports.base import is_transport
 from npddp.comm.transports.mpi import MPITransport
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from npddp.comm import BACKENDS, CollectiveMismatchError, create
-from npddp.comm.p2p.signed import SMALL_BYTES
+from npddp.comm.engine.signed import SMALL_BYTES
 from npddp.comm.wrappers.debug import FINGERPRINT_LENGTH, DebugCommunicator, describe, encode, mismatch
 
 from tests.conftest import RUN_BACKENDS

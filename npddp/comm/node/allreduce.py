@@ -33,7 +33,7 @@ import numpy as np
 
 from npddp.comm import checks as c
 from npddp.comm import signature as sg
-from npddp.comm.p2p.engine import Overdue
+from npddp.comm.engine.deadline import Overdue
 from npddp.comm.node import cma
 from npddp.comm.node.memory import LINE, PID, SIZE_WORDS, NodeSync, create_segment
 from npddp.comm.node.single_copy import agree_on_single_copy

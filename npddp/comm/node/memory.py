@@ -29,7 +29,7 @@ import threading
 
 import numpy as np
 
-from npddp.comm.p2p.engine import CLOCK_EVERY, Overdue
+from npddp.comm.engine.deadline import CLOCK_EVERY, Overdue
 from npddp.comm.node.names import SHM_DIR, job_id, segment_name
 from npddp.util import variables
 

@@ -13,8 +13,10 @@ from functools import partial
 import numpy as np
 
 from npddp.comm import checks as c
-from npddp.comm.p2p.engine import Context, Cost, DoneWork, RoundWork
-from npddp.comm.p2p.communicator import P2PCommunicator
+from npddp.comm.engine.call import Context
+from npddp.comm.engine.cost import Cost
+from npddp.comm.engine.work import DoneWork, RoundWork
+from npddp.comm.communicators.p2p import P2PCommunicator
 
 ROOT = 0
 

@@ -18,7 +18,13 @@ from functools import partial
 import numpy as np
 
 
-from npddp.comm.p2p.engine import Context, Cost, RoundWork
+from npddp.comm.engine.call import Context
+
+
+from npddp.comm.engine.cost import Cost
+
+
+from npddp.comm.engine.work import RoundWork
 from npddp.comm.p2p.fold import Fold
 
 

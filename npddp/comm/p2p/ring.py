@@ -37,7 +37,9 @@ from collections import deque
 import numpy as np
 
 from npddp.comm import checks as c
-from npddp.comm.p2p.engine import Context, Cost, P2PWork
+from npddp.comm.engine.call import Context
+from npddp.comm.engine.cost import Cost
+from npddp.comm.engine.work import P2PWork
 
 _PLAN_CACHE_SIZE = 64
 #: Which part of the ring pass a plan runs.

@@ -35,9 +35,9 @@ import numpy as np
 
 from npddp.comm import checks as c
 from npddp.comm import signature as sg
-from npddp.comm.p2p.engine import Call
+from npddp.comm.engine.call import Call
 
-#: The tag of aborts: the last collective tag, which :class:`~npddp.comm.p2p.engine.TagSequence` never hands out.
+#: The tag of aborts: the last collective tag, which :class:`~npddp.comm.engine.call.TagSequence` never hands out.
 CONTROL_TAG = c.USER_TAG_LIMIT + c.COLLECTIVE_TAG_SPAN - 1
 #: Words of an abort: the rank that found the mismatch, the peer, then both signatures.
 ABORT_WORDS = 2 + 2 * sg.WORDS

@@ -16,7 +16,7 @@ the tests exercise the path between nodes on one machine.
 from __future__ import annotations
 
 from npddp.comm import checks as c
-from npddp.comm.p2p.communicator import P2PCommunicator
+from npddp.comm.communicators.p2p import P2PCommunicator
 from npddp.comm.node.shm import ShmCommunicator, ShmWork
 
 

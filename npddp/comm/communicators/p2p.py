@@ -7,7 +7,7 @@ collectives use the same schedules for every algorithm: a dissemination barrier,
 tree (small) or pipelined chain (large) broadcast, ring reduce-scatter and all-gather, linear
 gather and scatter. The ``naive`` backend overrides them with its root-based versions.
 
-An all-reduce algorithm is a class with ``__init__(ctx)`` (a :class:`~npddp.comm.p2p.engine.Context`:
+An all-reduce algorithm is a class with ``__init__(ctx)`` (a :class:`~npddp.comm.engine.call.Context`:
 rank, size, transport, scratch pool, tunables) and ``start(call, src, dst, ufunc, result) -> Work``
 that reduces flat ``src`` into flat ``dst`` (maybe ``src`` itself) and returns a Work handle; it
 may cache plans on itself, offer a blocking ``run(call, src, dst, ufunc)``, and describe its
@@ -28,8 +28,11 @@ import numpy as np
 
 from npddp.comm import checks as c
 from npddp.comm import signature as sg
-from npddp.comm.p2p.signed import AbortWatch, Signer
-from npddp.comm.p2p.engine import Call, Context, DoneWork, Overdue, P2PWork, ScratchPool, TagSequence
+from npddp.comm.engine.signed import AbortWatch, Signer
+from npddp.comm.engine.call import Call, Context, TagSequence
+from npddp.comm.engine.deadline import Overdue
+from npddp.comm.engine.scratch import ScratchPool
+from npddp.comm.engine.work import DoneWork, P2PWork
 from npddp.comm.p2p.ring import ReduceScatterWork, Ring
 
 
@@ -77,7 +80,7 @@ class P2PCommunicator(c.Backend):
     @property
     def check_args(self) -> bool:
         """Whether every collective checks that all ranks passed the same kind, dtype, count, op and root
-        (:mod:`npddp.comm.p2p.signed`); ``create`` turns it on unless ``NPDDP_CHECK_ARGS=0``."""
+        (:mod:`npddp.comm.engine.signed`); ``create`` turns it on unless ``NPDDP_CHECK_ARGS=0``."""
         return self.signer is not None
 
     @check_args.setter
@@ -103,7 +106,7 @@ class P2PCommunicator(c.Backend):
     def _begin(self, operation: str, user_tag: int | None = None, buf=None, op=None, root=None) -> Call:
         """Open a call (after its arguments were checked): a fresh collective tag, or the user's tag.
 
-        With ``check_args``, a collective is a :class:`~npddp.comm.p2p.signed.SignedCall`, whose first
+        With ``check_args``, a collective is a :class:`~npddp.comm.engine.signed.SignedCall`, whose first
         message each way between two ranks carries the call's signature (``buf``'s dtype and count,
         ``op``, ``root``)."""
         if self._failure is not None:
