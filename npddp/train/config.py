@@ -25,6 +25,7 @@ from npddp.nn.gpt import PRESETS
 from npddp.optim import OPTIMIZERS
 from npddp.parallel.builtin import comm_hook_help, comm_hook_names
 from npddp.parallel.ddp import BUCKET_CAP_MB, SYNCS
+from npddp.parallel.model.schedules import SCHEDULES
 from npddp.process.threads import parse_threads
 from npddp.train.console.printer import PROGRESS_MODES
 from npddp.train.models import DTYPES, MODELS
@@ -129,6 +130,17 @@ class Config:
                      "1-3 checkpoints are one shard file per rank plus an index, read back at any stage "
                      "and world size, so it may change on --resume", metavar="{0,1,2,3}",
                      resume="inherit")
+    tp: int = _opt(1, "tensor parallelism: split every attention's heads and every MLP pair of Linears over "
+                   "this many ranks (Megatron-style; --model mlp or gpt); the world holds dp x pp x tp ranks; "
+                   "may change on --resume", metavar="K", resume="inherit")
+    pp: int = _opt(1, "pipeline parallelism: cut the model into this many stages balanced by parameter count, "
+                   "one per rank of a pipeline (--model mlp or gpt); may change on --resume", metavar="K",
+                   resume="inherit")
+    micro_batches: int = _opt(0, "micro-batches per step and data replica with --tp/--pp (0: --pp)",
+                              metavar="M", resume="inherit")
+    pp_schedule: str = _opt("1f1b", "pipeline schedule: gpipe (all forwards, then all backwards) or 1f1b "
+                            "(one forward, one backward; fewer micro-batches in flight)",
+                            choices=SCHEDULES, resume="inherit")
     # --- model
     model: str = _opt("mlp", "network: mlp (Linear+ReLU layers), cnn (3x3 conv, ReLU, 2x2 max-pool "
                       "stages, then a dense head) or gpt (a Transformer language model on token data)",
@@ -138,7 +150,8 @@ class Config:
     channels: list = _opt([8, 16], "CNN only: output channels of each conv stage", metavar="C",
                           resume="match")
     dropout: float = _opt(0.0, "dropout probability after each hidden dense layer, in [0, 1) "
-                          "(0: no dropout layers); each rank draws its own masks", metavar="P",
+                          "(0: no dropout layers); each rank draws its own masks (with --tp/--pp: one process's "
+                          "masks, positioned by sample row)", metavar="P",
                           resume="match")
     dtype: str = _opt("float32", "floating type of data, parameters and gradients", choices=DTYPES,
                       resume="match")

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import sys
 import time
@@ -65,9 +66,12 @@ class Trainer:
         self.averager = PeriodicModelAverager(comm, cfg.local_sgd) if cfg.local_sgd else None
         self.X_val, self.y_val = shape_rows(cfg.model, ds.X_val), ds.y_val
         self.n_train, self.input_shape, self.num_classes = ds.n_train, tuple(ds.input_shape), ds.num_classes
-        sampler = DistributedSampler(ds.n_train, comm.size, comm.rank, shuffle=True, seed=cfg.seed)
+        #: a split model (--tp/--pp): ``ddp`` is a MeshEngine, whose data replicas read the batches
+        self.split = getattr(ddp, "train_batch", None) is not None
+        self.replicas, replica = (ddp.mesh.dp, ddp.here.dp) if self.split else (comm.size, comm.rank)
+        sampler = DistributedSampler(ds.n_train, self.replicas, replica, shuffle=True, seed=cfg.seed)
         self.loader = BatchLoader(shape_rows(cfg.model, ds.X_train), ds.y_train, sampler,
-                                  batch_size=cfg.batch_size // comm.size, reuse_buffers=True)
+                                  batch_size=cfg.batch_size // self.replicas, reuse_buffers=True)
         self.loss_fn = CrossEntropyLoss()
         self.recorder = StepRecorder()
         self.log = MetricsLog() if comm.rank == 0 and cfg.metrics else None
@@ -119,7 +123,8 @@ class Trainer:
             raise self.diverged(what, self.step)
 
     def _name_of(self, param) -> str:
-        return next(n for n, p in self.model.named_parameters() if p is param)
+        named = self.ddp.named_parameters() if self.split else self.model.named_parameters()
+        return next(n for n, p in named if p is param)
 
     def write_files(self, what, status: str = "running") -> None:
         """Rank 0 writes (``what``: 'metrics' and/or 'checkpoint'); every rank agrees on a failure (exit 4)."""
@@ -161,13 +166,18 @@ class Trainer:
             if sharded:                          # --zero: every rank writes its shard after the metrics
                 self.saved_at = self.step
             if self.cfg.checkpoint is not None and self.saved_at != self.step:
+                named, optimizer, dropouts = (self.ddp.whole_state(self.optimizer) if self.split else
+                                              (self.model.named_parameters(), self.optimizer, self.dropouts))
                 self.pending = state.collect(
-                    self.comm, named_params=self.model.named_parameters(), optimizer=self.optimizer,
-                    ddp=self.ddp, dropouts=self.dropouts,
+                    self.comm, named_params=named, optimizer=optimizer, ddp=self.ddp, dropouts=dropouts,
                     position=(self.epochs_done, self.batches_done, self.step), totals=self.totals,
                     totals_columns=TOTALS, config=self.attrs["config"], backend=self.cfg.backend,
                     optimizer_name=self.cfg.optimizer, input_shape=self.input_shape, num_classes=self.num_classes,
                     attrs={k: v for k, v in self.attrs.items() if k != "config"}, local_sgd=self.averager is not None)
+                if self.split and self.pending is not None:      # the whole model, one row per data replica
+                    rng = self.pending.dropout_rng
+                    self.pending = dataclasses.replace(self.pending, world_size=self.replicas,
+                                                       dropout_rng=None if rng is None else rng[:self.replicas])
                 self.saved_at = self.step
         self.write_files(("metrics", "checkpoint"), status)
         if sharded:
@@ -183,6 +193,8 @@ class Trainer:
     # --- steps -------------------------------------------------------------------------
     def evaluate(self) -> np.ndarray:
         """(loss sum, correct, rows) over all ranks; rank r evaluates validation rows r::size."""
+        if self.split:                        # through the pipeline: replica r evaluates rows r::replicas
+            return self.ddp.reduce_metrics(self.ddp.evaluate(self.X_val, self.y_val, self.eval_batch, self.loss_fn))
         net, sums = self.model, np.zeros(3)
         idx = np.arange(self.comm.rank, len(self.X_val), self.comm.size)
         net.eval()
@@ -218,10 +230,13 @@ class Trainer:
             if self.fault is not None:
                 xb = self.inject(xb)
             ddp.zero_grad()
-            loss = loss_fn.forward(ddp(xb), yb)
             averager = self.averager
-            with ddp.no_sync() if averager is not None and averager.local() else contextlib.nullcontext():
-                ddp.backward(loss_fn.backward())
+            if self.split:                    # the loss is known on the last stage; the rest report 0 rows
+                loss = ddp.train_batch(xb, yb)
+            else:
+                loss = loss_fn.forward(ddp(xb), yb)
+                with ddp.no_sync() if averager is not None and averager.local() else contextlib.nullcontext():
+                    ddp.backward(loss_fn.backward())
             self.check_gradients()
             ddp.step(self.optimizer)
             averaged = time.perf_counter()
@@ -232,8 +247,10 @@ class Trainer:
                 self.check_parameters(collective=False)          # identical right after averaging
             self.step, self.batches_done = self.step + 1, b
             now = time.perf_counter()
-            self.recorder.record(self.step, epoch + 1, b, loss, len(yb), self.optimizer.lr, now - t0, ddp.stats)
-            self.progress.update(loss)
+            counted = not self.split or ddp.reports
+            self.recorder.record(self.step, epoch + 1, b, loss if counted else 0.0, len(yb) if counted else 0,
+                                 self.optimizer.lr, now - t0, ddp.stats)
+            self.progress.update(float("nan") if loss is None else loss)   # --pp: rank 0 is the first stage
             stop = bool(cfg.max_steps) and self.step >= cfg.max_steps
             if b < total and (stop or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0)):
                 self.flush()

@@ -19,6 +19,7 @@ from npddp.train.models import MODELS, REGISTRY
 from npddp.nn.gpt import PRESETS
 from npddp.optim import OPTIMIZERS
 from npddp.train.console.printer import PROGRESS_MODES
+from npddp.parallel.model.schedules import SCHEDULES
 
 
 def test_no_flags_gives_the_dataclass_defaults_and_they_are_valid_on_1_to_8_ranks():
@@ -84,6 +85,10 @@ FLAGS = [
     ("--threads", ["auto"], "threads", "auto"),
     ("--quiet", [], "quiet", True),
     ("--zero", ["2"], "zero", 2),
+    ("--tp", ["2"], "tp", 2),
+    ("--pp", ["2"], "pp", 2),
+    ("--micro-batches", ["4"], "micro_batches", 4),
+    ("--pp-schedule", ["gpipe"], "pp_schedule", "gpipe"),
 ]
 
 
@@ -106,7 +111,7 @@ def test_choices_come_from_the_implementations():
     assert choices == {"backend": backend_names(), "sync": SYNCS, "comm_hook": HOOKS, "model": MODELS,
                        "dtype": ("float32", "float64"), "optimizer": OPTIMIZERS, "normalize": NORMALIZE_MODES,
                        "progress": PROGRESS_MODES, "model_size": tuple(PRESETS),
-                       "transport": ("auto", *TRANSPORTS)}
+                       "transport": ("auto", *TRANSPORTS), "pp_schedule": SCHEDULES}
     assert MODELS == tuple(REGISTRY) and set(MODELS) >= {"mlp", "cnn", "gpt"}
     for option, valid in (("--backend", BACKENDS), ("--sync", SYNCS), ("--comm-hook", HOOKS),
                           ("--model", MODELS), ("--optimizer", OPTIMIZERS), ("--normalize", NORMALIZE_MODES)):

@@ -135,6 +135,21 @@ class Pipeline:
         self._sum_tied()
         return losses if self.last else None
 
+    def predict(self, x) -> np.ndarray | None:
+        """Forward only, the whole batch at once (validation): the output on the last stage, None elsewhere.
+
+        ``x``: this rank's rows on the first stage (others may pass None).
+        """
+        if not self.first:
+            x = self._recv_activation()
+        out = self.stage.forward(x)
+        if self.last:
+            return out
+        out = np.ascontiguousarray(out)
+        self.comm.send(_header(out), self.stage.stage + 1, TAG_HEADER)
+        self.comm.send(out, self.stage.stage + 1, TAG_ACTIVATION)
+        return None
+
     def _backward(self, dout, last: bool):
         """Backward of one micro-batch; under DDP only the last one of the step averages."""
         if self.ddp is None or last:

@@ -28,7 +28,7 @@ from npddp.process.job import EXIT_USAGE, JobError
 from npddp.train.console.metrics import TOTALS, MetricsLog
 
 #: Fields whose change on resume alters the order of the gradient sums.
-_ORDER_FIELDS = ("backend", "sync", "bucket_mb")
+_ORDER_FIELDS = ("backend", "sync", "bucket_mb", "tp", "micro_batches")
 
 
 def _show(value) -> str:
@@ -158,19 +158,24 @@ def incompatibility(ckpt, path, *, named_params, optimizer, ddp, optimizer_name:
     return None
 
 
-def restore_into(trainer, ckpt, saved: dict, out) -> None:
-    """Check ``ckpt`` against ``trainer``'s run and load it (collective); JobError (exit 2) when it does not fit."""
+def restore_into(trainer, ckpt, saved: dict, out, named=None, optimizer=None) -> None:
+    """Check ``ckpt`` against ``trainer``'s run and load it (collective); JobError (exit 2) when it does not fit.
+
+    ``named``, ``optimizer``: where the parameters and optimizer state go instead of the trainer's
+    (a split model's whole-model targets, :mod:`npddp.train.checkpoint.whole`).
+    """
     cfg, comm = trainer.cfg, trainer.comm
-    named = trainer.model.named_parameters()
+    named = trainer.model.named_parameters() if named is None else named
+    optimizer = trainer.optimizer if optimizer is None else optimizer
     message = None
     if comm.rank == 0:
         steps = steps_per_epoch(trainer.n_train, cfg.batch_size, ckpt.world_size)
-        message = incompatibility(ckpt, cfg.checkpoint, named_params=named, optimizer=trainer.optimizer,
+        message = incompatibility(ckpt, cfg.checkpoint, named_params=named, optimizer=optimizer,
                                   ddp=trainer.ddp, optimizer_name=cfg.optimizer, steps=steps)
     message = agree(comm, message)
     if message:
         raise JobError(message, EXIT_USAGE)
-    got = state.restore(comm, ckpt, named_params=named, optimizer=trainer.optimizer, ddp=trainer.ddp,
+    got = state.restore(comm, ckpt, named_params=named, optimizer=optimizer, ddp=trainer.ddp,
                         dropouts=trainer.dropouts)
     if trainer.averager is not None:
         trainer.averager.step = got["step"]

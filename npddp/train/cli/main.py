@@ -42,6 +42,8 @@ from npddp.train.agree import agree
 from npddp.train.console.banner import header, summary, transport_of
 from npddp.train.config import Config, ConfigError, default_backend, load_plugins, parse_args
 from npddp.train.cli.validate import check_config
+from npddp.train.cli import layout
+from npddp.train.cli.mesh import MeshEngine
 from npddp.comm.node.memory import node_ids
 from npddp.comm.transports.base import resolve_transport
 from npddp.parallel import builtin as hooks
@@ -105,13 +107,17 @@ def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
     n_threads, why = threads.resolve(cfg.threads)
     threads.apply(n_threads)
     settings, ds, model, dropouts, model_text = _inputs_and_model(cfg, comm)
-    ddp, optimizer = _engine(cfg, model, comm)
     env = _environment(cfg, comm, n_threads)
     attrs = {**env, "config": settings, "model": model_text,
              "parameters": model.num_parameters(), "dataset_rows": [ds.n_train, ds.n_val]}
+    ddp, optimizer = _engine(cfg, model, comm, dropouts)
+    if layout.is_split(cfg):
+        model = ddp.stage                          # this rank's part; the checkpoint holds the whole model
     trainer = Trainer(cfg, comm, out, ds, model, dropouts, ddp, optimizer, attrs)
     ddp.tracer.describe(config=settings, backend=cfg.backend, model=model_text)
-    if cfg.resume:
+    if cfg.resume and layout.is_split(cfg):
+        _resume_split(trainer, ddp, ckpt, saved, out)
+    elif cfg.resume:
         with ddp.full_parameters():
             resume.restore_into(trainer, ckpt, saved, out)
     chosen = "" if "backend" in given or cfg.resume else default_backend(cfg.transport)[1]
@@ -160,10 +166,13 @@ def _inputs_and_model(cfg: Config, comm):
     ds, message = load_data(settings)
     model = dropouts = model_text = None
     if ds is not None:
+        rank = 0 if layout.is_split(cfg) else comm.rank      # split: one process's dropout streams
         try:
-            model, dropouts, model_text = build_model(settings, ds.input_shape, ds.num_classes, comm.rank)
+            model, dropouts, model_text = build_model(settings, ds.input_shape, ds.num_classes, rank)
         except (ValueError, TypeError) as exc:
             message = f"--model {cfg.model}: {exc}"
+        if not message and layout.is_split(cfg):
+            message = layout.dry_check(lambda: build_model(settings, ds.input_shape, ds.num_classes)[0], cfg)
     if ds is not None and not message and cfg.batch_size > ds.n_train:
         message = (f"--batch-size {cfg.batch_size} is larger than the {ds.n_train} training rows of "
                    f"{settings['dataset']}: no step would see a full batch; use --batch-size {ds.n_train} or "
@@ -178,8 +187,12 @@ def _inputs_and_model(cfg: Config, comm):
     return settings, ds, model, dropouts, model_text
 
 
-def _engine(cfg: Config, model, comm):
-    """The data-parallel wrapper (DDP with its comm hook, or a ZeRO stage) and its optimizer."""
+def _engine(cfg: Config, model, comm, dropouts):
+    """The data-parallel wrapper (DDP with its comm hook, a ZeRO stage, or a split model's engine) and its optimizer."""
+    if layout.is_split(cfg):
+        engine = MeshEngine(cfg, comm, model, dropouts)
+        return engine, make_optimizer(cfg.optimizer, engine.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                                      weight_decay=cfg.weight_decay)
     tracer = tracing.Tracer(cfg.trace, comm, cfg.trace_steps) if cfg.trace else None  # None: $NPDDP_TRACE
     if cfg.zero >= 2:
         return sharding.build(cfg, model, comm, tracer)
@@ -190,6 +203,14 @@ def _engine(cfg: Config, model, comm):
     optimizer = sharding.shard_optimizer(cfg, ddp, comm) if cfg.zero == 1 else make_optimizer(
         cfg.optimizer, ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     return ddp, optimizer
+
+
+def _resume_split(trainer: Trainer, engine: MeshEngine, ckpt, saved: dict, out: Printer) -> None:
+    """Resume a split model: every rank reads the whole model and optimizer state, then keeps its shards."""
+    named, optimizer = engine.resume_targets(trainer.optimizer)
+    resume.restore_into(trainer, ckpt, saved, out, named=named, optimizer=optimizer)
+    engine.slice_resumed(named)
+    engine.restore_dropouts(ckpt)
 
 
 def _environment(cfg: Config, comm, n_threads: int) -> dict:
@@ -205,8 +226,11 @@ def _announce(cfg: Config, given: dict, saved, comm, out: Printer, ddp, optimize
     """The lines after the header: ZeRO memory, what a resume changed, stale files removed, a scaling warning."""
     if cfg.zero:
         out.info(sharding.memory_line(cfg.zero, ddp, optimizer))
+    if layout.is_split(cfg):
+        out.info(layout.layout_line(cfg, comm.size) + f"; rank 0 holds {ddp.stage.num_parameters():,} parameters")
     if cfg.resume:
-        for line in resume.changes(cfg, given, saved, comm.size):
+        replicas = ddp.mesh.dp if layout.is_split(cfg) else comm.size
+        for line in resume.changes(cfg, given, saved, replicas):
             out.info(line)
     if comm.rank == 0:
         for line in outputs.remove_stale([cfg.checkpoint, cfg.metrics]):

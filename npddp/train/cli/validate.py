@@ -13,6 +13,7 @@ import os
 from npddp.data.datasets import TOKEN_PREFIXES
 from npddp.process.threads import parse_threads
 from npddp.train.config import DATA_SUFFIXES, DATASETS, H5_SUFFIXES, Config, ConfigError, flag
+from npddp.train.cli.layout import check_layout, check_micro_batches
 
 def _positive(cfg: Config, name: str, allow_zero: bool = False) -> None:
     value = getattr(cfg, name)
@@ -57,13 +58,19 @@ def check_config(cfg: Config, world_size: int) -> None:
             raise ConfigError(f"{flag(name)} takes positive integers, got {bad[0]}")
     if not cfg.resume:           # a checkpoint's settings were accepted when it was written
         _check_model_flags(cfg)
-    if cfg.batch_size < world_size:
+    replicas = check_layout(cfg, world_size)
+    plain = replicas == world_size
+    who = "ranks" if plain else "data replicas (world size / (--tp x --pp))"
+    if cfg.batch_size < replicas:
         raise ConfigError(f"--batch-size {cfg.batch_size} is smaller than the world size {world_size}: "
-                          "every rank needs at least one row per step")
-    if cfg.batch_size % world_size:
-        lower = cfg.batch_size - cfg.batch_size % world_size
-        raise ConfigError(f"--batch-size {cfg.batch_size} does not split evenly over {world_size} "
-                          f"ranks: use a multiple of {world_size}, e.g. {lower} or {lower + world_size}")
+                          "every rank needs at least one row per step" if plain else
+                          f"--batch-size {cfg.batch_size} is smaller than the {replicas} {who}: "
+                          "every replica needs at least one row per step")
+    if cfg.batch_size % replicas:
+        lower = cfg.batch_size - cfg.batch_size % replicas
+        raise ConfigError(f"--batch-size {cfg.batch_size} does not split evenly over {replicas} "
+                          f"{who}: use a multiple of {replicas}, e.g. {lower} or {lower + replicas}")
+    check_micro_batches(cfg, cfg.batch_size // replicas)
     if cfg.timeout is not None:
         if not cfg.timeout > 0:
             raise ConfigError(f"--timeout must be a number of seconds > 0 (inf: wait forever), got {cfg.timeout}")

@@ -1,0 +1,135 @@
+"""The training CLI's engine for a split model (``--tp``/``--pp``): a Pipeline over the mesh, in DDP's place.
+
+:class:`MeshEngine` builds the (dp, pp, tp) groups from the world, splits the full model
+(``tensor_parallel``, then ``PipelineStage``) and runs it as a :class:`Pipeline` with DDP over
+the data group. It offers what :class:`npddp.train.trainer.Trainer` asks of DDP (zero_grad,
+step, parameters, reduce_metrics, stats, tracer, ...), plus :meth:`train_batch` and
+:meth:`evaluate` through the pipeline, and the whole-model views a checkpoint is written from
+and resumed into (:mod:`npddp.train.checkpoint.whole`). Dropout streams are seeded as one
+process's and positioned by sample row, so a run matches one process on the same global batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+
+import numpy as np
+
+from npddp.data import iterate_batches
+from npddp.nn import CrossEntropyLoss
+from npddp.parallel.model import Mesh, Pipeline, PipelineStage, mesh_groups, shard_indices, tensor_parallel
+from npddp.parallel.wrapper import StepStats
+from npddp.train.checkpoint import whole
+from npddp.train.cli.layout import micro_batches
+from npddp.util import tracing
+
+
+def raw_world(comm):
+    """The mpi4py communicator or Transport a Communicator runs on (what the mesh is split from)."""
+    transport = getattr(comm, "transport", None)
+    return transport if transport is not None else comm.comm
+
+
+class MeshEngine:
+    """A split model's training step, validation and checkpoint views (see the module docstring)."""
+
+    def __init__(self, cfg, comm, model, dropouts):
+        self.comm, self.mesh = comm, Mesh(comm.size, tp=cfg.tp, pp=cfg.pp)
+        self.groups = mesh_groups(self.mesh, raw_world(comm), cfg.backend, timeout=cfg.timeout)
+        self.here = self.mesh.coords(comm.rank)
+        full = [(n, p.data.shape, p.data.dtype) for n, p in model.named_parameters()]
+        if cfg.tp > 1:
+            model = tensor_parallel(model, self.groups.tensor)
+        shards = shard_indices(model)
+        self.stage = PipelineStage(model, cfg.pp, self.here.pp)
+        self.pipeline = Pipeline(self.stage, self.groups.pipeline, CrossEntropyLoss(), micro_batches(cfg),
+                                 cfg.pp_schedule, data=self.groups.data if self.mesh.dp > 1 else None,
+                                 sync=cfg.sync, bucket_cap_mb=cfg.bucket_mb)
+        names = self.stage.original_names()
+        self.local = [(names[n], p) for n, p in self.stage.named_parameters()]
+        tied = "" if self.stage.tied is None or not self.pipeline.last or cfg.pp == 1 else \
+            next(n for n, p in self.local if p is self.stage.tied)
+        first_copy = self.here.dp == 0
+        self.pieces = whole.Pieces(full, self.local, shards, lambda name: first_copy and name != tied and (
+            self.here.tp == 0 or name in shards))
+        mine = {id(m) for _, m in self.stage.named_modules()}
+        self.dropouts = list(dropouts)
+        self.owned = [first_copy and self.here.tp == 0 and id(d) in mine for d in self.dropouts]
+        ddp = self.pipeline.ddp
+        self.stats = ddp.stats if ddp is not None else StepStats()
+        self.buckets = ddp.buckets if ddp is not None else []
+        self.tracer, self.comm_hook_state, self.steps = tracing.NULL, None, 0
+        #: this rank's losses and validation counts are the ones added up (last stage, first tensor slice)
+        self.reports = self.pipeline.last and self.here.tp == 0
+
+    # --- what the Trainer asks of DDP ------------------------------------------------------
+    def parameters(self):
+        return [p for _, p in self.local]
+
+    def named_parameters(self):
+        return list(self.local)
+
+    def zero_grad(self) -> None:
+        self.pipeline.zero_grad()
+
+    def step(self, optimizer) -> None:
+        self.pipeline.step(optimizer)
+        self.steps += 1
+
+    def full_parameters(self):
+        """Nothing to gather around a step: checkpoints assemble the whole model themselves."""
+        return contextlib.nullcontext()
+
+    def reduce_metrics(self, sums) -> np.ndarray:
+        """Sums over every rank of the world (only reporting ranks add non-zero values)."""
+        return self.comm.allreduce(np.array(sums, dtype=np.float64))
+
+    # --- steps ---------------------------------------------------------------------------
+    def train_batch(self, xb: np.ndarray, yb: np.ndarray):
+        """One step's forward and backward on this replica's rows; the mean loss on the last stage, else None."""
+        rows = len(yb)
+        return self.pipeline.train_step(xb, yb, first_row=self.here.dp * rows, global_rows=self.mesh.dp * rows)
+
+    def evaluate(self, X: np.ndarray, y: np.ndarray, batch: int, loss_fn) -> np.ndarray:
+        """(loss sum, correct, rows) of this replica's validation rows, on reporting ranks (zeros elsewhere)."""
+        sums = np.zeros(3)
+        idx = np.arange(self.here.dp, len(X), self.mesh.dp)
+        self.stage.eval()
+        for xb, yb in iterate_batches(X, y, idx, batch):
+            logits = self.pipeline.predict(xb)
+            if self.reports:
+                sums += (loss_fn.forward(logits, yb) * len(yb), loss_fn.correct(logits, yb) / yb[0].size, len(yb))
+        self.stage.train()
+        return sums
+
+    # --- checkpoints ---------------------------------------------------------------------
+    def whole_state(self, optimizer):
+        """(full named parameters, full optimizer state, dropout streams) for ``state.collect`` (collective)."""
+        return (whole.whole_parameters(self.comm, self.pieces),
+                whole.WholeOptimizerState(self.comm, self.pieces, optimizer, gather=True),
+                whole.whole_dropout_states(self.comm, self.dropouts, self.owned))
+
+    def resume_targets(self, optimizer):
+        """(full-shaped parameters, optimizer template) for ``state.restore``; :meth:`slice_resumed` after it."""
+        named = [(n, SimpleNamespace(data=np.zeros(shape, dtype))) for n, shape, dtype in self.pieces.full]
+        return named, whole.WholeOptimizerState(self.comm, self.pieces, optimizer, gather=False)
+
+    def slice_resumed(self, named) -> None:
+        """Copy the restored full parameters into this rank's shards (and the tied copy)."""
+        self.pieces.slice_into({n: h.data for n, h in named})
+
+    def restore_dropouts(self, ckpt) -> None:
+        """One process's dropout streams (row 0 of the checkpoint's) on every rank, so every split agrees."""
+        if not self.dropouts:
+            return
+        words = np.zeros((len(self.dropouts), 6), np.int64)
+        have = np.zeros(1, np.int64)
+        if self.comm.rank == 0 and ckpt.dropout_rng is not None:
+            words[:] = ckpt.dropout_rng[0].view(np.int64)
+            have[0] = 1
+        self.comm.broadcast(have, root=0)
+        self.comm.broadcast(words, root=0)
+        if have[0]:
+            for d, w in zip(self.dropouts, words):
+                d.set_rng_state(w.view(np.uint64))
