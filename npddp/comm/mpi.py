@@ -9,12 +9,14 @@ call is the blocking one (``Allreduce``, ``Bcast``, ...), which waits forever.
 ``op="avg"``: MPI sums, then the sum is scaled by 1/N in place (MPI has no average op).
 
 Argument check (on unless ``check_args=False``; ``create`` reads ``NPDDP_CHECK_ARGS``). MPI checks
-nothing: ranks that pass different counts, dtypes or ops get wrong numbers or worse. So before
-each collective every rank all-reduces, with MAX, its call's signature (:mod:`npddp.comm.signature`)
-beside its negation: the maxima equal the negated minima exactly when all ranks agree. Only
-then does the collective run; otherwise one all-gather of the signatures names who passed what,
-and every rank raises the same :class:`CollectiveMismatchError`. The check is one extra small
-all-reduce per call (it also makes the non-blocking calls synchronise when they start).
+nothing: ranks that pass different counts, dtypes or ops get wrong numbers or worse (MPICH's
+all-reduce of mismatched counts corrupts its heap). So each collective first all-gathers its
+signature (:mod:`npddp.comm.signature`), non-blocking, on a communicator of its own (a Dup: MPI
+orders collectives per communicator, so the data communicator's order is untouched), and starts
+its data collective only once every rank's signature has arrived and agrees; otherwise every rank
+raises the same :class:`CollectiveMismatchError`, naming who passed what, and the communicator is
+closed. A non-blocking call returns at once: its data starts, in call order, as soon as its check
+is complete and the communicator is entered again (any later call, ``test`` or ``wait``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import math
 import os
 import time
 import weakref
+from collections import deque
 
 import numpy as np
 from mpi4py import MPI
@@ -39,19 +42,27 @@ _CLOCK_EVERY = 64
 
 
 class MPIWork:
-    """Work handle over an MPI request, waited on against the communicator's deadline."""
+    """Work handle over an MPI request, waited on against the communicator's deadline.
 
-    __slots__ = ("_owner", "_request", "_result", "_what", "_done", "_scale")
+    With the argument check its data collective starts only once the signatures have agreed
+    (``start``, called by :meth:`MPICommunicator._pump`); until then ``_request`` is None."""
 
-    def __init__(self, owner, request, result: np.ndarray, what: str, scale: float = 0.0):
+    __slots__ = ("_owner", "_request", "_result", "_what", "_done", "_scale", "_check", "_start")
+
+    def __init__(self, owner, request, result: np.ndarray, what: str, scale: float = 0.0, check=None, start=None):
         self._owner, self._request, self._result, self._what = owner, request, result, what
         self._done = False
         self._scale = scale  # op avg: 1/N, applied in place once the sum is complete
+        self._check, self._start = check, start   # (signature table, its all-gather), and what starts the data
 
     def test(self) -> bool:
         """True once the MPI request has completed."""
         if not self._done:
             self._owner._check_usable()
+            if self._request is None:
+                self._owner._pump()
+                if self._request is None:
+                    return False
             if self._request.Test():
                 self._finish()
         return self._done
@@ -59,10 +70,18 @@ class MPIWork:
     def wait(self) -> np.ndarray:
         """Wait for the MPI request (at most the timeout); return the reduced buffer."""
         if not self._done:
-            self._owner._check_usable()
-            self._owner._wait(self._request, self._what)
+            owner = self._owner
+            owner._check_usable()
+            if self._request is None:
+                owner._wait(self._started, self._what)
+            owner._wait(self._request.Test, self._what)
             self._finish()
         return self._result
+
+    def _started(self) -> bool:
+        """True once the data collective has started (its check, and every earlier one, agreed)."""
+        self._owner._pump()
+        return self._request is not None
 
     def _finish(self) -> None:
         self._done = True
@@ -85,53 +104,94 @@ class MPICommunicator(c.Backend):
         self.timeout = timeout
         self._calls = 0
         self._failure: str | None = None
-        #: Whether every collective first checks that all ranks passed the same arguments (see the module docstring).
+        self._checks = None       # the communicator the signatures travel on (a Dup), once the check is on
+        self._checking = False
+        self._queue: deque[MPIWork] = deque()   # checked calls whose data has not started, in call order
         self.check_args = check_args
-        self._sig = np.empty((2, sg.WORDS), dtype=np.int64)      # this call's signature, and its negation
-        self._extremes = np.empty((2, sg.WORDS), dtype=np.int64)  # their maxima over ranks
 
-    def _agree(self, operation: str, buf=None, op=None, root=None) -> None:
-        """With ``check_args``: CollectiveMismatchError on every rank unless all ranks pass this call's signature."""
-        if not self.check_args or self._size == 1:
-            return
-        sig, extremes = self._sig, self._extremes
-        sg.encode(sig[0], operation, self._calls + 1, buf, op, root)
-        np.negative(sig[0], out=sig[1])
-        comm = self.comm
-        what = f"{operation} (collective #{self._calls + 1}) argument check"
-        self._run(what, lambda: comm.Allreduce(sig, extremes, op=MPI.MAX),
-                  lambda: comm.Iallreduce(sig, extremes, op=MPI.MAX))
-        self._calls -= 1   # the check is part of the call it checks
-        np.negative(extremes[1], out=extremes[1])   # the minima
-        if sg.agree(extremes[0], extremes[1]):
-            return
-        every = np.empty((self._size, sg.WORDS), dtype=np.int64)
-        self._run(what, lambda: comm.Allgather(sig[0], every),
-                  lambda: comm.Iallgather(sig[0], every))
-        self._calls -= 1
-        mine = every[self._rank]
-        odd = next(r for r in range(self._size) if not sg.agree(every[r], every[0]))
-        text = sg.message(int(mine[1]), 0, every[0], odd, every[odd])
-        self._failure = text
-        raise sg.CollectiveMismatchError(f"[rank {self._rank}] {text}; this communicator is now closed")
+    @property
+    def check_args(self) -> bool:
+        """Whether every collective checks that all ranks passed the same arguments (see the module docstring).
+        Turning it on the first time duplicates the communicator: collective, every rank alike."""
+        return self._checking
+
+    @check_args.setter
+    def check_args(self, on: bool) -> None:
+        if self._queue:
+            raise RuntimeError("check_args cannot change while non-blocking calls are in flight; wait for them first")
+        self._checking = bool(on) and self._size > 1
+        if self._checking and self._checks is None:
+            self._checks = self.comm.Dup()
+            weakref.finalize(self, free_comm, self._checks, self._abandoned)
+
+    def _checked(self, what: str, start, result, scale: float = 0.0, buf=None, op=None, root=None) -> MPIWork:
+        """A checked call: start the all-gather of its signature now, its data (``start()``) once all agree."""
+        table = self._signatures(what, buf, op, root)
+        work = MPIWork(self, None, result, what, scale, (table, self._checks.Iallgather(MPI.IN_PLACE, table)), start)
+        self._queue.append(work)
+        self._pump()
+        return work
+
+    def _signatures(self, what: str, buf=None, op=None, root=None) -> np.ndarray:
+        """A table for every rank's signature of this call, this rank's row filled in."""
+        table = np.empty((self._size, sg.WORDS), dtype=np.int64)
+        sg.encode(table[self._rank], what, self._calls, buf, op, root)
+        return table
+
+    def _pump(self) -> None:
+        """Start, in call order, the data of every queued call whose signatures have arrived and agree;
+        CollectiveMismatchError (and close) at the first that disagree."""
+        queue = self._queue
+        while queue:
+            work = queue[0]
+            table, request = work._check
+            if not request.Test():
+                return
+            queue.popleft()
+            self._verdict(table)
+            work._check = None
+            work._request = work._start()
+
+    def _verdict(self, table: np.ndarray) -> None:
+        """CollectiveMismatchError (and close) unless every rank's signature in ``table`` agrees with rank 0's."""
+        first = table[0]
+        for rank in range(1, self._size):
+            if not sg.agree(table[rank], first):
+                text = sg.message(int(table[self._rank][1]), 0, first, rank, table[rank])
+                self._failure = text
+                self._queue.clear()
+                raise sg.CollectiveMismatchError(f"[rank {self._rank}] {text}; this communicator is now closed")
 
     def _check_usable(self) -> None:
         if self._failure is not None:
             raise RuntimeError(f"this mpi communicator is unusable after an earlier failure: {self._failure}")
 
-    def _run(self, what: str, blocking, nonblocking, waiting: str = "for its peers") -> None:
-        """Run one call: ``blocking()`` without a deadline, else ``nonblocking()``'s request polled against it."""
+    def _run(self, what: str, blocking, nonblocking, waiting: str = "for its peers", sig=None) -> None:
+        """Run one call: ``blocking()`` without a deadline, else ``nonblocking()``'s request polled against it;
+        a collective (``sig``: its buffer, op and root) with ``check_args`` starts its data once all agree."""
         self._check_usable()
         self._calls += 1
+        if sig is not None and self._checking:
+            if self._queue:   # earlier calls' data must start first
+                self._checked(what, nonblocking, None, 0.0, *sig).wait()
+                return
+            table = self._signatures(what, *sig)
+            self._wait(self._checks.Iallgather(MPI.IN_PLACE, table).Test, what, waiting)
+            self._verdict(table)
         if math.isinf(self._timeout):  # no deadline: MPI's blocking call
             blocking()
         else:
-            self._wait(nonblocking(), what, waiting)
+            self._wait(nonblocking().Test, what, waiting)
 
-    def _wait(self, request, what: str, waiting: str = "for its peers") -> None:
-        """Poll ``request`` (yielding between polls) until done; TimeoutError past the deadline."""
+    def _nothing(self, what: str, buf=None, op=None, root=None) -> None:
+        """A collective that moves no data on this rank: with ``check_args`` it still takes part in the check."""
+        if self._checking:
+            self._run(what, None, _no_request, sig=(buf, op, root))
+
+    def _wait(self, done, what: str, waiting: str = "for its peers") -> None:
+        """Poll ``done()`` (yielding between polls) until it is true; TimeoutError past the deadline."""
         polls, expires = 0, 0.0
-        while not request.Test():
+        while not done():
             os.sched_yield()
             polls += 1
             if not polls % _CLOCK_EVERY:
@@ -152,18 +212,19 @@ class MPICommunicator(c.Backend):
         """MPI_Barrier."""
         comm = self.comm
         self._check_usable()
-        self._agree("barrier")
-        self._run("barrier", comm.Barrier, comm.Ibarrier)
+        self._run("barrier", comm.Barrier, comm.Ibarrier, sig=())
 
     def broadcast(self, buf, root=0):
         """MPI_Bcast in place."""
         c.check_buffer(buf)
         root = c.check_rank(root, self._size)
         self._check_usable()
-        self._agree("broadcast", buf, None, root)
         if buf.size:
             comm = self.comm
-            self._run("broadcast", lambda: comm.Bcast(buf, root=root), lambda: comm.Ibcast(buf, root=root))
+            self._run("broadcast", lambda: comm.Bcast(buf, root=root), lambda: comm.Ibcast(buf, root=root),
+                      sig=(buf, None, root))
+        else:
+            self._nothing("broadcast", buf, None, root)
         return buf
 
     def allreduce(self, buf, op="sum", out=None):
@@ -174,37 +235,40 @@ class MPICommunicator(c.Backend):
             c.check_buffer(buf)
             scale = c.average_scale(op, buf, self._size)
             self._check_usable()
-            self._agree("allreduce", buf, op)
             if buf.size and self._size > 1:
                 self._run("allreduce", lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=mpi_op),
-                          lambda: comm.Iallreduce(MPI.IN_PLACE, buf, op=mpi_op))
+                          lambda: comm.Iallreduce(MPI.IN_PLACE, buf, op=mpi_op), sig=(buf, op))
                 if scale:  # op avg: MPI sums, then the sum is scaled in place
                     np.multiply(buf, scale, out=buf)
+            else:
+                self._nothing("allreduce", buf, op)
             return buf
         c.check_buffer(buf, writable=False)
         c.check_out(buf, out)
         scale = c.average_scale(op, buf, self._size)
         self._check_usable()
-        self._agree("allreduce", buf, op)
         if self._size == 1 or buf.size == 0:
+            self._nothing("allreduce", buf, op)
             np.copyto(out, buf)
         else:
             self._run("allreduce", lambda: comm.Allreduce(buf, out, op=mpi_op),
-                      lambda: comm.Iallreduce(buf, out, op=mpi_op))
+                      lambda: comm.Iallreduce(buf, out, op=mpi_op), sig=(buf, op))
             if scale:
                 np.multiply(out, scale, out=out)
         return out
 
     def iallreduce(self, buf, op="sum"):
-        """MPI_Iallreduce in place."""
+        """MPI_Iallreduce in place; with ``check_args`` it starts once every rank's signature has agreed."""
         c.check_op(op)
         c.check_buffer(buf)
         scale = c.average_scale(op, buf, self._size)
         self._check_usable()
-        self._agree("iallreduce", buf, op)
         self._calls += 1
-        request = self.comm.Iallreduce(MPI.IN_PLACE, buf, op=_MPI_OPS.get(op, MPI.SUM))
-        return MPIWork(self, request, buf, "iallreduce", scale)
+        comm, mpi_op = self.comm, _MPI_OPS.get(op, MPI.SUM)
+        if self._checking:
+            return self._checked("iallreduce", lambda: comm.Iallreduce(MPI.IN_PLACE, buf, op=mpi_op), buf, scale,
+                                 buf, op)
+        return MPIWork(self, comm.Iallreduce(MPI.IN_PLACE, buf, op=mpi_op), buf, "iallreduce", scale)
 
     def reduce_scatter(self, buf, op="sum"):
         """MPI_Reduce_scatter with ``np.array_split`` block counts."""
@@ -215,15 +279,16 @@ class MPICommunicator(c.Backend):
         counts = np.diff(c.block_bounds(flat.size, self._size)).tolist()
         out = np.empty(counts[self._rank], dtype=buf.dtype)
         self._check_usable()
-        self._agree("reduce_scatter", buf, op)
         if self._size == 1:
             np.copyto(out, flat)
         elif flat.size:
             comm, mpi_op = self.comm, _MPI_OPS.get(op, MPI.SUM)
             self._run("reduce_scatter", lambda: comm.Reduce_scatter(flat, out, recvcounts=counts, op=mpi_op),
-                      lambda: comm.Ireduce_scatter(flat, out, recvcounts=counts, op=mpi_op))
+                      lambda: comm.Ireduce_scatter(flat, out, recvcounts=counts, op=mpi_op), sig=(buf, op))
             if scale:
                 np.multiply(out, scale, out=out)
+        else:
+            self._nothing("reduce_scatter", buf, op)
         return out
 
     def allgather(self, buf):
@@ -231,10 +296,11 @@ class MPICommunicator(c.Backend):
         c.check_buffer(buf, writable=False)
         out = np.empty((self._size, *buf.shape), dtype=buf.dtype)
         self._check_usable()
-        self._agree("allgather", buf)
         if buf.size:
             comm = self.comm
-            self._run("allgather", lambda: comm.Allgather(buf, out), lambda: comm.Iallgather(buf, out))
+            self._run("allgather", lambda: comm.Allgather(buf, out), lambda: comm.Iallgather(buf, out), sig=(buf,))
+        else:
+            self._nothing("allgather", buf)
         return out
 
     def gather(self, buf, root=0):
@@ -243,10 +309,12 @@ class MPICommunicator(c.Backend):
         root = c.check_rank(root, self._size)
         out = np.empty((self._size, *buf.shape), dtype=buf.dtype) if self._rank == root else None
         self._check_usable()
-        self._agree("gather", buf, None, root)
         if buf.size:
             comm = self.comm
-            self._run("gather", lambda: comm.Gather(buf, out, root=root), lambda: comm.Igather(buf, out, root=root))
+            self._run("gather", lambda: comm.Gather(buf, out, root=root), lambda: comm.Igather(buf, out, root=root),
+                      sig=(buf, None, root))
+        else:
+            self._nothing("gather", buf, None, root)
         return out
 
     def scatter(self, buf, root=0):
@@ -255,11 +323,12 @@ class MPICommunicator(c.Backend):
         root = c.check_rank(root, self._size)
         out = np.empty(buf.shape[1:], dtype=buf.dtype)
         self._check_usable()
-        self._agree("scatter", buf, None, root)
         if out.size:
             comm, send = self.comm, buf if self._rank == root else None
             self._run("scatter", lambda: comm.Scatter(send, out, root=root),
-                      lambda: comm.Iscatter(send, out, root=root))
+                      lambda: comm.Iscatter(send, out, root=root), sig=(buf, None, root))
+        else:
+            self._nothing("scatter", buf, None, root)
         return out
 
     def send(self, buf, dest, tag=0):
@@ -284,26 +353,34 @@ class MPICommunicator(c.Backend):
         scale = c.average_scale(op, buf, self._size)   # op avg: MPI sums, the block is scaled on completion
         out = c.check_block_out(buf, out, self._size, self._rank)
         self._check_usable()
-        self._agree("ireduce_scatter", buf, op)
         flat = buf.reshape(-1)
+        self._calls += 1
         if self._size == 1 or flat.size == 0:
             np.copyto(out, flat)
-            return DoneWork(out)
+            return self._checked("ireduce_scatter", _no_request, out, 0.0, buf, op) if self._checking else DoneWork(out)
         counts = np.diff(c.block_bounds(flat.size, self._size)).tolist()
-        self._calls += 1
-        request = self.comm.Ireduce_scatter(flat, out, recvcounts=counts, op=_MPI_OPS["sum" if scale else op])
-        return MPIWork(self, request, out, "ireduce_scatter", scale)
+        comm, mpi_op = self.comm, _MPI_OPS["sum" if scale else op]
+        start = lambda: comm.Ireduce_scatter(flat, out, recvcounts=counts, op=mpi_op)  # noqa: E731
+        if self._checking:
+            return self._checked("ireduce_scatter", start, out, scale, buf, op)
+        return MPIWork(self, start(), out, "ireduce_scatter", scale)
 
     def iallgather(self, buf, out=None):
         """MPI_Iallgather into ``out`` of shape ``(size, *buf.shape)`` (MPI_IN_PLACE when ``buf`` is ``out[rank]``)."""
         c.check_buffer(buf, writable=False)
         out = c.check_stacked_out(buf, out, self._size, self._rank)
         self._check_usable()
-        self._agree("iallgather", buf)
+        self._calls += 1
         if buf.size == 0 or self._size == 1:
             if not c.is_row(buf, out, self._rank):
                 out.reshape(self._size, -1)[self._rank] = buf.reshape(-1)
-            return DoneWork(out)
-        self._calls += 1
-        send = MPI.IN_PLACE if c.is_row(buf, out, self._rank) else buf
-        return MPIWork(self, self.comm.Iallgather(send, out), out, "iallgather")
+            return self._checked("iallgather", _no_request, out, 0.0, buf) if self._checking else DoneWork(out)
+        comm, send = self.comm, MPI.IN_PLACE if c.is_row(buf, out, self._rank) else buf
+        if self._checking:
+            return self._checked("iallgather", lambda: comm.Iallgather(send, out), out, 0.0, buf)
+        return MPIWork(self, comm.Iallgather(send, out), out, "iallgather")
+
+
+def _no_request():
+    """The request of a call that moves no data: complete from the start."""
+    return MPI.REQUEST_NULL

@@ -13,7 +13,7 @@ from npddp.comm import BACKENDS, CollectiveMismatchError, create
 from npddp.comm.engine.signed import SMALL_BYTES
 from npddp.comm.wrappers.debug import FINGERPRINT_LENGTH, DebugCommunicator, describe, encode, mismatch
 
-from tests.conftest import RUN_BACKENDS
+from tests.conftest import RUN_BACKENDS, TCP_MODE
 
 
 def fp(sequence, operation, buf=None, op=None, root=None):
@@ -283,3 +283,38 @@ def test_check_args_comes_from_the_environment_and_is_validated(monkeypatch):
         check_args_from_env({"NPDDP_CHECK_ARGS": "maybe"})
     with pytest.raises(TypeError, match="check_args"):
         create("ring", check_args="yes")
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.skipif(TCP_MODE, reason="the mpi backend runs under an MPI launcher only")
+def test_the_mpi_backends_checked_iallreduce_returns_before_its_peers_have_called(world, assert_all_ranks):
+    import time
+    comm = create("mpi", world.fresh(), check_args=True)
+    world.raw.Barrier()
+    x = np.full(1000, world.rank + 1.0)
+    if world.rank:
+        time.sleep(0.5)
+    started = time.monotonic()
+    work = comm.iallreduce(x)
+    returned = time.monotonic() - started
+    work.wait()
+    ok = returned < 0.1 and np.array_equal(x, np.full(1000, world.size * (world.size + 1) / 2))
+    assert_all_ranks(ok or world.rank, f"rank 0's iallreduce took {returned:.3f} s to return (or a wrong sum)", world)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.skipif(TCP_MODE, reason="the mpi backend runs under an MPI launcher only")
+@pytest.mark.parametrize("extra", [-3, 5, 40000], ids=lambda n: f"count{n:+d}")
+def test_the_mpi_backends_non_blocking_mismatch_raises_on_every_rank_and_never_runs_the_mismatched_data(
+        extra, world, assert_all_ranks):
+    """MPICH's all-reduce of mismatched counts corrupts the heap (the job then dies at exit): the data must not start."""
+    comm = create("mpi", world.fresh(), timeout=30, check_args=True)
+    n = 1000 + (extra if world.rank == world.size - 1 else 0)
+    error = ""
+    try:
+        works = [comm.iallreduce(np.ones(n)), comm.iallreduce(np.ones(10))]   # a second call behind it
+        works[0].wait()
+    except CollectiveMismatchError as exc:
+        error = str(exc)
+    ok = "differing fields: count" in error and f"rank {world.size - 1} called" in error
+    assert_all_ranks(ok, f"no count mismatch error: {error!r}", world)
