@@ -291,5 +291,43 @@ NAIVE_DDP = Kind(
     ordered=(("total_time_ms_p10", "total_time_ms", "total_time_ms_p90"),),
 )
 
+PARALLELISM = Kind(
+    "parallelism", "benchmarks/parallelism.py: one row per GPT size, world size and layout (DDP, ZeRO-3, "
+                   "tensor, pipeline and their combinations), each from an mpirun job of its own",
+    columns=(
+        _label("model_size", "GPT preset"),
+        _label("layout", "ddp, zero3, tp (tp = N), pp-gpipe / pp-1f1b (pp = N), or a combination such as tp2-pp2"),
+        WORLD_SIZE,
+        _count("dp", "ranks", "data replicas", low=1),
+        _count("pp", "stages", "pipeline stages", low=1),
+        _count("tp", "ranks", "tensor-parallel ranks", low=1),
+        _label("schedule", "pipeline schedule (gpipe or 1f1b); 'none' without a pipeline"),
+        _count("micro_batches", "micro-batches", "micro-batches per step and replica (1 without a pipeline)", low=1),
+        PARAMS,
+        _count("batch", "sequences", "global batch per step", low=1),
+        _count("context_length", "tokens", "tokens per sequence", low=1),
+        STEPS,
+        STEP_MS,
+        STEP_P10,
+        STEP_P90,
+        _count("comm_bytes", "B", "bytes passed to communication calls per rank per step (an all-reduce of B bytes "
+                                  "counts B; a send counts its array), mean over ranks"),
+        _part("comm_ms", "time inside communication calls per step (blocking calls, and the issue and wait of "
+                         "non-blocking ones): the exposed communication, waiting for other ranks included; median "
+                         "over steps of the mean over ranks"),
+        Column("comm_fraction", FLOAT, "1", "comm_ms / step_ms", low=0.0),
+        Column("bubble", FLOAT, "1", "measured pipeline idle share: time blocked in the pipeline's sends and "
+                                     "receives / step time (median over steps of the mean over ranks); 0 without "
+                                     "a pipeline", low=0.0),
+        Column("bubble_theory", FLOAT, "1", "(K-1)/(M+K-1) for K stages and M micro-batches", low=0.0),
+        Column("peak_rss_mib", FLOAT, "MiB", "peak resident memory of the largest rank (getrusage ru_maxrss)",
+               positive=True),
+        _time("tokens_per_s", "tokens/s", "batch x context_length / step_ms"),
+    ),
+    attrs=KIND_ATTRS,
+    ordered=(("step_ms_p10", "step_ms", "step_ms_p90"),),
+    world_size="at_most",
+)
+
 #: Every kind of benchmark dump, by name.
-KINDS = {k.name: k for k in (ALLREDUCE_SWEEP, DDP_BREAKDOWN, WEAK_SCALING, TORCH_COMPARE, NAIVE_DDP)}
+KINDS = {k.name: k for k in (ALLREDUCE_SWEEP, DDP_BREAKDOWN, WEAK_SCALING, TORCH_COMPARE, NAIVE_DDP, PARALLELISM)}

@@ -62,7 +62,7 @@ def dumps(tmp_path_factory):
     from benchmarks import results
     directory = tmp_path_factory.mktemp("dumps")
     paths = {k: directory / f"{k}.h5" for k in ("allreduce_sweep", "ddp_breakdown", "weak_scaling", "torch_compare",
-                                                "naive_ddp")}
+                                                "naive_ddp", "parallelism")}
     quiet = ["--batch", "4", "--steps", "2", "--warmup", "0", "--models", "tiny"]
     assert ar.main(["-b", "8", "-e", "4K", "-f", "8", "--iters", "3", "--warmup", "1", "--budget", "0.001",
                     "--out", str(paths["allreduce_sweep"])], mpi_comm=MPI.COMM_SELF) == 0
@@ -74,6 +74,10 @@ def dumps(tmp_path_factory):
     assert nd.main(["--model-size", "tiny", "--sync", "per_param,overlap", "--context-length", "8", "--vocab-size",
                     "32", "--batch-size", "2", "--num-steps", "2", "--num-warmup", "0",
                     "--out", str(paths["naive_ddp"])], mpi_comm=MPI.COMM_SELF) == 0
+    from benchmarks import parallelism as bp
+    rows = [bp.measure(MPI.COMM_SELF, "mpi", "tiny", layout, steps=2, warmup=0, batch=2, context=8, micro=1)
+            for layout in ("ddp", "zero3")]
+    results.write_dump(paths["parallelism"], "parallelism", rows, world_size=1, backends=["mpi"])
     rows, sps, sides = _torch_compare_rows()
     results.write_dump(paths["torch_compare"], "torch_compare", rows, world_size=1, backends=["mpi", "ring"],
                        raw={"samples_per_s": sps}, attrs={"sides": [s.label for s in sides]})
