@@ -93,3 +93,38 @@ def test_the_package_root_holds_at_most_eight_modules_and_every_subpackage_says_
     for init in PACKAGE.rglob("__init__.py"):
         doc = ast.get_docstring(ast.parse(init.read_text()))
         assert doc, f"{init.relative_to(PACKAGE.parent)} has no docstring saying what the subpackage holds"
+
+
+#: Inside comm, bottom to top: a module imports only from its own level and the levels below it.
+#: Each entry: a level and the comm modules (or subpackages) in it.
+COMM_LEVELS = (
+    ("contracts", ("checks", "base", "signature", "contract")),  # argument checks, the protocol, signatures
+    ("transports", ("transports",)),                               # the Transport seam and its built-ins
+    ("engine", ("engine",)),                                       # deadlines, calls, scratch, work, cost
+    ("algorithms", ("p2p", "algorithm", "registry")),              # one file per algorithm; names -> classes
+    ("communicators", ("communicators", "mpi")),                   # an algorithm over a transport; MPI's own
+    ("node", ("node",)),                                           # shared memory on a node
+    ("compose", ("compose",)),                                     # auto, hier
+    ("wrappers", ("wrappers",)),                                   # debug, progress thread
+    ("create", ("backends", "")),                                  # names -> backends; npddp.comm itself
+)
+
+
+def comm_level(name: str) -> int:
+    """Index in :data:`COMM_LEVELS` of comm module ``name`` (``npddp.comm.x.y``)."""
+    first = name.split(".")[2] if name.count(".") >= 2 else ""
+    for index, (_, members) in enumerate(COMM_LEVELS):
+        if first in members:
+            return index
+    raise AssertionError(f"{name} is in no level of COMM_LEVELS; add it where it belongs")
+
+
+COMM = sorted(n for n in GRAPH if n == "npddp.comm" or n.startswith("npddp.comm."))
+
+
+@pytest.mark.parametrize("name", COMM)
+def test_inside_comm_every_import_goes_down_or_stays_level(name):
+    mine = comm_level(name)
+    upward = sorted(f"{t} ({COMM_LEVELS[comm_level(t)][0]})" for t in GRAPH[name]
+                    if t in COMM and comm_level(t) > mine)
+    assert not upward, f"{name} ({COMM_LEVELS[mine][0]}) imports upward inside comm: {upward}"

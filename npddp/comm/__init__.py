@@ -110,7 +110,7 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
         elif group is None:
             from npddp.comm.transports.rendezvous import transport_from_env
             group = transport_from_env(timeout)     # a context of its own, agreed by every rank
-        from npddp.comm.registry import build
+        from npddp.comm.backends import build
         comm = build(name, group, timeout, tuning)
         comm.check_args = check_args
     if debug:

@@ -1,9 +1,8 @@
-"""Every backend and all-reduce algorithm by name: the one place that maps names to code.
+"""Every all-reduce algorithm by name, built in or registered: the one place that maps names to algorithm classes.
 
-Backends and algorithms never import each other; ``create``, ``auto`` and ``hier`` find what
-they compose here, by name, and modules are imported only when a name is used (so a TCP-only
-process never loads mpi4py). Every entry is a (module, class) pair below ``npddp.comm``, loaded
-by name, so this module imports no backend and no backend module imports back into a circle.
+It sits beside the algorithms (:mod:`npddp.comm.p2p`), below every communicator: ``auto``, ``hier``,
+the tuner and :mod:`npddp.comm.backends` find algorithms here by name. Every entry is a (module, class)
+pair below ``npddp.comm``, imported only when its name is used.
 """
 
 from __future__ import annotations
@@ -22,9 +21,6 @@ ALGORITHMS = {
 }
 #: Algorithms among the ranks of one node through shared memory: name -> (module, class).
 NODE_ALGORITHMS = {"shm": ("node.shm", "Shm")}
-#: Communicators other than the plain P2PCommunicator: name -> (module, communicator class).
-_COMMUNICATORS = {"naive": ("p2p.naive", "NaiveCommunicator"), "auto": ("compose.auto", "AutoCommunicator"),
-                  "shm": ("node.shm", "ShmCommunicator"), "hier": ("compose.hier", "HierCommunicator")}
 #: Every backend ``npddp.comm.create`` accepts.
 BACKENDS = ("mpi", *ALGORITHMS, "auto", "shm", "hier")
 
@@ -43,30 +39,6 @@ def algorithm(name: str):
         return _load(*table[name])
     except KeyError:
         raise ValueError(f"unknown all-reduce algorithm {name!r}; valid: {', '.join([*table, *REGISTERED])}") from None
-
-
-def node_group(comm, call):
-    """Shared memory among all of ``comm``'s ranks, or None when they do not share one node."""
-    from npddp.comm.node.memory import node_ids
-    if comm.size < 2 or len(set(node_ids(comm))) > 1:
-        return None
-    return _load("node.allreduce", "NodeGroup")(comm, list(range(comm.size)), call)
-
-
-def build(name: str, transport, timeout: float, tuning=None, shared_memory: bool = True):
-    """The hand-written backend ``name`` (an algorithm, or ``auto``) over ``transport``.
-
-    ``shared_memory=False``: ``auto`` never uses shared memory (hier's group across nodes, whose
-    ranks lie on different nodes even where ``NPDDP_RANKS_PER_NODE`` pretends so on one machine).
-    """
-    if name in REGISTERED:
-        return _load("communicators.p2p", "P2PCommunicator")(transport, REGISTERED[name], name, timeout)
-    if name == "auto":
-        return _load(*_COMMUNICATORS[name])(transport, timeout, tuning, shared_memory)
-    if name in ("shm", "hier"):
-        return _load(*_COMMUNICATORS[name])(transport, timeout)
-    cls = _load(*_COMMUNICATORS.get(name, ("communicators.p2p", "P2PCommunicator")))
-    return cls(transport, algorithm(name), name, timeout)
 
 
 # --- algorithms registered at run time: register_algorithm, --plugin MODULE, entry points ----

@@ -35,7 +35,7 @@ import numpy as np
 from npddp.comm import DTYPES, create
 from npddp.comm.node.memory import node_ids
 from npddp.comm.compose.auto import FORMAT, VERSION, candidates, check_table, hier_possible, model_table
-from npddp.comm.registry import node_group
+from npddp.comm.node.shm import node_group
 from npddp.comm.transports.base import resolve_transport
 from npddp.process.job import abort_on_exception
 from npddp.util import variables

@@ -28,13 +28,17 @@ from __future__ import annotations
 
 import json
 import warnings
+from functools import partial
 
 import numpy as np
 
 from npddp.comm import checks as c
-from npddp.comm.node.memory import node_ids
 from npddp.comm.communicators.p2p import P2PCommunicator
-from npddp.comm.registry import ALGORITHMS, NODE_ALGORITHMS, algorithm, costed, node_group
+from npddp.comm.compose.hier import Hier, across_nodes, even_nodes
+from npddp.comm.node.allreduce import NodeGroup
+from npddp.comm.node.memory import node_ids
+from npddp.comm.node.shm import node_group
+from npddp.comm.registry import ALGORITHMS, NODE_ALGORITHMS, algorithm, costed
 from npddp.util import variables
 
 FORMAT = "npddp-allreduce-tuning"
@@ -270,13 +274,10 @@ class AutoCommunicator(P2PCommunicator):
 
 def hier_possible(nodes: list) -> bool:
     """True when the ranks span nodes with the same number, more than one, on each (hier's shape)."""
-    from npddp.comm.compose.hier import even_nodes
     return len(set(nodes)) > 1 and len(nodes) > len(set(nodes)) and even_nodes(nodes)
 
 
 def _hier_path(comm, nodes: list, timeout: float):
     """hier's node-then-network all-reduce on ``comm``'s own calls (collective: the node group and the group across)."""
-    from npddp.comm.node.allreduce import NodeGroup
-    from npddp.comm.compose.hier import Hier, across_nodes
     local = NodeGroup(comm, [r for r in range(comm.size) if nodes[r] == nodes[comm.rank]], comm._begin("setup"))
-    return Hier(local, across_nodes(comm.transport, nodes, timeout))
+    return Hier(local, across_nodes(comm.transport, nodes, partial(type(comm), timeout=timeout, shared_memory=False)))

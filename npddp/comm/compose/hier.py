@@ -3,8 +3,9 @@
 1. On each node, a shared-memory reduce-scatter (:mod:`npddp.comm.node.shm`): local rank i holds
    block i of its node's sum.
 2. Between nodes, local rank i of every node all-reduces its block with the others of the same
-   local index, over the transport, with the algorithm ``inter`` names (``auto`` by default:
-   recursive doubling for small blocks, the ring or Rabenseifner's for large ones).
+   local index, over the transport, with the communicator ``inter`` builds (``auto`` as
+   :mod:`npddp.comm.backends` builds it: recursive doubling for small blocks, the ring or
+   Rabenseifner's for large ones).
 3. On each node, local rank i writes the block into every peer's result (shared memory).
 
 Only ``1/L`` of the vector crosses the network per rank (``L`` ranks per node), and on the node
@@ -25,11 +26,10 @@ def even_nodes(nodes: list) -> bool:
     return len({nodes.count(n) for n in set(nodes)}) == 1
 
 
-def across_nodes(transport, nodes: list, timeout: float, inter: str = "auto"):
-    """The communicator joining local rank i of every node (collective): ``inter`` over a split transport."""
+def across_nodes(transport, nodes: list, inter):
+    """The communicator joining local rank i of every node (collective): ``inter(split transport)``."""
     index = [sum(1 for q in range(r) if nodes[q] == nodes[r]) for r in range(len(nodes))]  # local index
-    from npddp.comm.registry import build
-    return build(inter, transport.split(index), timeout, shared_memory=False)
+    return inter(transport.split(index))
 
 
 class Hier:
@@ -50,10 +50,11 @@ class Hier:
 class HierCommunicator(ShmCommunicator):
     """Shared memory within nodes, the ``inter`` algorithm across them."""
 
-    def __init__(self, transport, timeout: float = c.DEFAULT_TIMEOUT, inter: str = "auto"):
+    def __init__(self, transport, inter, timeout: float = c.DEFAULT_TIMEOUT):
+        """``inter(transport)``: the communicator across nodes over the transport joining local rank i of every node."""
         super().__init__(transport, timeout, "hier")
         self.nodes = len(set(self._nodes))
-        self.inter = across_nodes(transport, self._nodes, timeout, inter) if self.nodes > 1 else None
+        self.inter = across_nodes(transport, self._nodes, inter) if self.nodes > 1 else None
         self.path = Hier(self.node, self.inter)
 
     def _node_ranks(self, nodes: list) -> list[int]:

@@ -17,7 +17,7 @@ from npddp.comm.node.allreduce import STAGED, NodeGroup
 from npddp.comm.communicators.p2p import P2PCommunicator
 from npddp.comm.node.memory import node_ids
 
-__all__ = ["Shm", "ShmCommunicator", "ShmWork"]
+__all__ = ["Shm", "ShmCommunicator", "ShmWork", "node_group"]
 
 
 class ShmWork(P2PWork):
@@ -152,3 +152,10 @@ class ShmCommunicator(P2PCommunicator):
         seq = self.node.reserve(1)
         self.node.sync.arrive(seq)
         self.node.wait(call, seq)
+
+
+def node_group(comm, call) -> NodeGroup | None:
+    """Shared memory among all of ``comm``'s ranks, or None when they do not share one node."""
+    if comm.size < 2 or len(set(node_ids(comm))) > 1:
+        return None
+    return NodeGroup(comm, list(range(comm.size)), call)

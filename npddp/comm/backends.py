@@ -1,0 +1,30 @@
+"""The hand-written backends by name: which communicator runs a name over a transport (``create`` calls :func:`build`)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from npddp.comm.communicators.naive import NaiveCommunicator
+from npddp.comm.communicators.p2p import P2PCommunicator
+from npddp.comm.compose.auto import AutoCommunicator
+from npddp.comm.compose.hier import HierCommunicator
+from npddp.comm.node.shm import ShmCommunicator
+from npddp.comm.registry import REGISTERED, algorithm
+
+
+def build(name: str, transport, timeout: float, tuning=None, shared_memory: bool = True):
+    """The hand-written backend ``name`` (an algorithm, ``auto``, ``shm`` or ``hier``) over ``transport``.
+
+    ``shared_memory=False``: ``auto`` never uses shared memory (hier's group across nodes, whose
+    ranks lie on different nodes even where ``NPDDP_RANKS_PER_NODE`` pretends so on one machine).
+    """
+    if name in REGISTERED:
+        return P2PCommunicator(transport, REGISTERED[name], name, timeout)
+    if name == "auto":
+        return AutoCommunicator(transport, timeout, tuning, shared_memory)
+    if name == "shm":
+        return ShmCommunicator(transport, timeout)
+    if name == "hier":
+        return HierCommunicator(transport, partial(AutoCommunicator, timeout=timeout, shared_memory=False), timeout)
+    cls = NaiveCommunicator if name == "naive" else P2PCommunicator
+    return cls(transport, algorithm(name), name, timeout)
