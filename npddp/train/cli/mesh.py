@@ -43,7 +43,8 @@ class MeshEngine:
             model = tensor_parallel(model, self.groups.tensor)
         shards = shard_indices(model)
         self.stage = PipelineStage(model, cfg.pp, self.here.pp)
-        self.pipeline = Pipeline(self.stage, self.groups.pipeline, CrossEntropyLoss(), micro_batches(cfg),
+        self.micro = micro_batches(cfg)
+        self.pipeline = Pipeline(self.stage, self.groups.pipeline, CrossEntropyLoss(), self.micro,
                                  cfg.pp_schedule, data=self.groups.data if self.mesh.dp > 1 else None,
                                  sync=cfg.sync, bucket_cap_mb=cfg.bucket_mb)
         names = self.stage.original_names()
@@ -62,6 +63,10 @@ class MeshEngine:
         self.tracer, self.comm_hook_state, self.steps = tracing.NULL, None, 0
         #: this rank's losses and validation counts are the ones added up (last stage, first tensor slice)
         self.reports = self.pipeline.last and self.here.tp == 0
+
+    def whole_count(self) -> int:
+        """Parameters of the whole model."""
+        return sum(int(np.prod(shape)) for _, shape, _ in self.pieces.full)
 
     # --- what the Trainer asks of DDP ------------------------------------------------------
     def parameters(self):
@@ -87,8 +92,12 @@ class MeshEngine:
 
     # --- steps ---------------------------------------------------------------------------
     def train_batch(self, xb: np.ndarray, yb: np.ndarray):
-        """One step's forward and backward on this replica's rows; the mean loss on the last stage, else None."""
+        """One step's forward and backward on this replica's rows; the mean loss on the last stage, else None.
+
+        A short last batch of an epoch runs as at most one micro-batch per row.
+        """
         rows = len(yb)
+        self.pipeline.micro_batches = min(self.micro, rows)
         return self.pipeline.train_step(xb, yb, first_row=self.here.dp * rows, global_rows=self.mesh.dp * rows)
 
     def evaluate(self, X: np.ndarray, y: np.ndarray, batch: int, loss_fn) -> np.ndarray:
