@@ -1,7 +1,8 @@
 """Alpha-beta cost models of collectives, their least-squares fit, and a projection of DDP to big clusters.
 
-A collective on ``n`` ranks moving ``S`` bytes takes ``T = steps * alpha + fraction * S / beta``:
-``alpha`` is the per-message latency, ``beta`` the link bandwidth, ``steps`` the sequential
+A collective on ``n`` ranks moving ``S`` bytes takes ``T = steps * alpha + fraction * S / beta``,
+npddp's one cost model (:class:`npddp.comm.engine.cost.Cost` with gamma 0 and its beta = 1 / this beta):
+``alpha`` is the per-message latency, ``beta`` here the link bandwidth in bytes/s, ``steps`` the sequential
 messages on the critical path and ``fraction`` the multiple of ``S`` the busiest link carries.
 An all-reduce algorithm's steps and fraction are its own cost description (the ``cost`` of its
 class in ``npddp/comm/p2p/``, the one ``auto`` and the tuner read too), taken unpipelined:
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmarks._common import GB, busbw_factor, check_collective
+from npddp.comm.engine.cost import Cost
 from npddp.comm.registry import ALGORITHMS, costed
 from npddp.comm.registry import algorithm as algorithm_class
 
@@ -56,9 +58,13 @@ def modelled(algorithm: str) -> bool:
 
 
 def model_time(nbytes, collective: str, n: int, alpha: float, beta: float, calls=1, algorithm: str = "ring"):
-    """Alpha-beta time (s) of ``calls`` collectives moving ``nbytes`` in total (beta in bytes/s)."""
+    """Alpha-beta time (s) of ``calls`` collectives moving ``nbytes`` in total, by :meth:`Cost.time`.
+
+    ``beta`` here is the link's bandwidth in bytes/s (what the fit and the tables report); the
+    model's own beta is its inverse, seconds per byte (:mod:`npddp.comm.engine.cost`).
+    """
     steps, fraction = terms(collective, n, algorithm)
-    return calls * steps * alpha + fraction * np.asarray(nbytes) / beta
+    return Cost(steps=calls * steps, sent=fraction * np.asarray(nbytes), reduced=0.0).time(alpha, 1.0 / beta)
 
 
 @dataclass(frozen=True)

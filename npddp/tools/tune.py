@@ -17,7 +17,7 @@ default keeps the size, and the tuner says so (``kept: within noise``), so a tab
 slower than the default by more than the noise it measured. Neighbouring sizes won by the same
 algorithm merge into one step, and a step ends halfway (geometrically) between the last size it
 won and the next size. The file is valid for this transport and world size only (``auto``
-checks both); rank 0 writes it. See :mod:`npddp.comm.compose.auto` for the format. Buffers are
+checks both); rank 0 writes it. See :mod:`npddp.comm.compose.tuning` for the format. Buffers are
 ordinary NumPy arrays (the shared-memory candidate stages or single-copies them).
 """
 
@@ -33,8 +33,10 @@ import time
 import numpy as np
 
 from npddp.comm import DTYPES, create
+from npddp.comm.compose.auto import hier_possible
+from npddp.comm.compose.costmodel import candidates, model_table
+from npddp.comm.compose.tuning import FORMAT, VERSION, check_table
 from npddp.comm.node.memory import node_ids
-from npddp.comm.compose.auto import FORMAT, VERSION, candidates, check_table, hier_possible, model_table
 from npddp.comm.node.shm import node_group
 from npddp.comm.transports.base import resolve_transport
 from npddp.process.job import abort_on_exception

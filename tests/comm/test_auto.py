@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 from npddp.comm import ALGORITHMS, create
-from npddp.comm.compose.auto import (CANDIDATES, FORMAT, MODEL, VERSION, candidates, check_table, hier_time, model_table,
-                                 network_time, predict)
+from npddp.comm.compose.costmodel import CANDIDATES, candidates, hier_time, model_table, network_time, predict
+from npddp.comm.compose.tuning import FORMAT, VERSION, check_table
+from npddp.comm.engine.cost import MODEL
 from npddp.tools.tune import decide, stable, steps_from
 
 from tests.comm.conftest import one_rank_group
@@ -179,7 +180,6 @@ def test_the_tuner_refuses_an_out_path_it_would_destroy(tmp_path, kind, message,
 
 @pytest.mark.parametrize("size", [2, 3, 4, 8])
 def test_across_nodes_the_model_takes_few_steps_small_and_the_pipelined_ring_beyond_one_chunk(size):
-    from npddp.comm.compose.auto import network_time
     steps = model_table("mpi", size, 1 << 20, across_nodes=True)
     assert steps[0][1] == "rd" and steps[-1] == [None, "ring"] and steps[-2][0] <= 1 << 20
     assert model_table("tcp", size, 1 << 20, across_nodes=True) == steps    # the network, not the transport, prices

@@ -17,7 +17,7 @@ import examples.custom_allreduce  # noqa: F401  registers custom_ring
 from npddp.comm import backend_names, create, register_algorithm
 from npddp.comm.algorithm import Cost
 from npddp.comm.contract import PROPERTIES, run_contract
-from npddp.comm.compose.auto import candidates, model_table, predict
+from npddp.comm.compose.costmodel import candidates, model_table, predict
 from npddp.comm.registry import REGISTERED, load_plugins
 
 from tests.comm.test_comm_allreduce import (  # noqa: F401  collected again, on custom_ring

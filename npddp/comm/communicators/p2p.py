@@ -28,10 +28,10 @@ import numpy as np
 
 from npddp.comm import checks as c
 from npddp.comm import signature as sg
-from npddp.comm.engine.signed import AbortWatch, Signer
-from npddp.comm.engine.call import Call, Context, TagSequence
+from npddp.comm.engine.call import CHUNK_BYTES, Call, Context, TagSequence
 from npddp.comm.engine.deadline import Overdue
 from npddp.comm.engine.scratch import ScratchPool
+from npddp.comm.engine.signed import AbortWatch, Signer
 from npddp.comm.engine.work import DoneWork, P2PWork
 from npddp.comm.p2p.ring import ReduceScatterWork, Ring
 
@@ -40,7 +40,7 @@ class P2PCommunicator(c.Backend):
     """Collectives built from a transport's point-to-point messages; all-reduce by ``algorithm``."""
 
     #: Broadcasts of at least this many bytes use a pipelined chain instead of a binomial tree.
-    chain_bytes = 1 << 20
+    chain_bytes = CHUNK_BYTES
 
     def __init__(self, transport, algorithm, name: str, timeout: float = c.DEFAULT_TIMEOUT):
         self.transport = transport
@@ -55,7 +55,7 @@ class P2PCommunicator(c.Backend):
         self._failure: str | None = None   # why this communicator is unusable
         self._stranded: list = []           # buffers and handles abandoned requests may still touch
         self._empty = np.empty(0, dtype=np.uint8)
-        self.context = Context(transport, self.scratch, chunk_bytes=1 << 20, window=2)
+        self.context = Context(transport, self.scratch, chunk_bytes=CHUNK_BYTES, window=2)
         self._ring = Ring(self.context)          # the schedule of reduce-scatter and all-gather
         self.algorithm = algorithm(self.context) if algorithm is not None else None
 

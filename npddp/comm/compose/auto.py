@@ -2,7 +2,7 @@
 
 The choice comes from a table of size thresholds: below the first threshold one algorithm,
 then the next, and so on. The default table is the alpha-beta-gamma cost model of each
-algorithm (its ``cost``, read by :func:`predict`) with constants measured on the machine these defaults were
+algorithm (its ``cost``, read by :func:`~npddp.comm.compose.costmodel.predict`) with constants measured on the machine these defaults were
 taken on; ``python -m npddp.tune`` measures every algorithm on the running job and writes a
 table for exactly that job (transport, world size), which ``auto`` loads from
 ``create("auto", tuning=PATH)`` or ``NPDDP_TUNING=PATH``. A missing, corrupt or mismatched
@@ -10,18 +10,11 @@ table falls back to the model with one warning. Rank 0 reads the file and broadc
 so every rank picks the same algorithm for the same call.
 
 Where the ranks are: on one node ``shm`` is the candidate at every size; across nodes a network
-model prices the candidates (:func:`network_time`), and when every node holds as many ranks,
-more than one, hier's composition joins them (:func:`hier_time`: shared memory on the node, the
+model prices the candidates (:func:`~npddp.comm.compose.costmodel.network_time`), and when every node holds as many ranks,
+more than one, hier's composition joins them (:func:`~npddp.comm.compose.costmodel.hier_time`: shared memory on the node, the
 best algorithm between nodes). ``NPDDP_AUTO_SHM=0`` keeps both shared-memory paths out.
 
-Tuning file (JSON)::
-
-    {"format": "npddp-allreduce-tuning", "version": 1, "transport": "mpi", "world_size": 4,
-     "table": {"*": [[65536, "rd"], [4194304, "rabenseifner"], [null, "ring"]],
-               "float16": [[null, "ring"]]}}
-
-Each list maps a dtype (``*``: any other) to ``[max_bytes, algorithm]`` steps in increasing
-order; a call of ``n`` bytes uses the first step with ``n <= max_bytes`` (``null``: no bound).
+The tuning file's format: :mod:`npddp.comm.compose.tuning`; the model: :mod:`npddp.comm.compose.costmodel`.
 """
 
 from __future__ import annotations
@@ -34,126 +27,16 @@ import numpy as np
 
 from npddp.comm import checks as c
 from npddp.comm.communicators.p2p import P2PCommunicator
+from npddp.comm.compose.costmodel import model_table
 from npddp.comm.compose.hier import Hier, across_nodes, even_nodes
+from npddp.comm.compose.tuning import check_table
 from npddp.comm.node.allreduce import NodeGroup
 from npddp.comm.node.memory import node_ids
 from npddp.comm.node.shm import node_group
-from npddp.comm.registry import ALGORITHMS, NODE_ALGORITHMS, algorithm, costed
+from npddp.comm.registry import ALGORITHMS, algorithm, costed
 from npddp.util import variables
 
-FORMAT = "npddp-allreduce-tuning"
-VERSION = 1
-#: Algorithms ``auto`` chooses among (naive is the baseline to beat, never the best); when every
-#: rank shares one node, ``shm`` too, and the model then takes it at every size.
-CANDIDATES = ("rd", "rabenseifner", "ring", "tree")
-#: Cost-model constants per transport: alpha (s per step), beta (s per byte sent), gamma (s per byte reduced).
-MODEL = {
-    "mpi": (12e-6, 1 / 6.0e9, 1 / 4.0e9),
-    "tcp": (40e-6, 1 / 2.5e9, 1 / 4.0e9),
-}
-#: Across nodes (ranks on different hosts, joined by a network): alpha and beta of a 1 Gbit/s TCP link, gamma
-#: as on a node. Measured on emulated nodes (docs/cluster.md): there an exchange of a whole block larger than a
-#: chunk does not overlap its send with its receive (2.0x the ring at 16 MiB over MPICH's TCP path, 1.2x over
-#: npddp's sockets), while the ring's pipelined chunks keep the link busy both ways; so beyond one chunk
-#: the model charges the others' bytes twice (:func:`network_time`).
-NETWORK = (50e-6, 8e-9, 1 / 4.0e9)
-#: Algorithms whose large messages go out as pipelined chunks, sending and receiving at once.
-PIPELINED = ("ring",)
-
-
-def candidates() -> tuple:
-    """:data:`CANDIDATES` and the registered algorithms that declare a cost."""
-    return (*CANDIDATES, *costed())
-
-
-_SIZES = [1 << k for k in range(41)]  # sizes the model is evaluated at to cut its table
 _CACHE_SIZE = 256
-
-
-def predict(name: str, nbytes: float, size: int, alpha: float, beta: float, gamma: float,
-            chunk_bytes: int = 1 << 20) -> float:
-    """Seconds an all-reduce of ``nbytes`` on ``size`` ranks takes by the algorithm's own cost description."""
-    if size == 1:
-        return 0.0
-    return algorithm(name).cost(nbytes, size, chunk_bytes).time(alpha, beta, gamma)
-
-
-def network_time(name: str, nbytes: float, size: int, chunk_bytes: int = 1 << 20) -> float:
-    """Seconds across nodes by :data:`NETWORK`: a non-pipelined algorithm's bytes count twice beyond one chunk."""
-    if size == 1:
-        return 0.0
-    alpha, beta, gamma = NETWORK
-    cost = algorithm(name).cost(nbytes, size, chunk_bytes)
-    duplex = 1 if name in PIPELINED or nbytes <= chunk_bytes else 2
-    return cost.steps * alpha + duplex * cost.sent * beta + cost.reduced * gamma
-
-
-def hier_time(nbytes: float, size: int, per_node: int, chunk_bytes: int = 1 << 20) -> float:
-    """Seconds of hier's composition across nodes: a node's ranks send their blocks at once, so the best
-    algorithm across the ``size / per_node`` nodes moves the whole vector through each node's link, plus the
-    node's shared-memory reduce-scatter and all-gather (two barriers, the vector reduced and copied once)."""
-    nodes = size // per_node
-    alpha, beta, gamma = MODEL["mpi"]
-    return min(network_time(a, nbytes, nodes, chunk_bytes) for a in CANDIDATES) + 2 * alpha + nbytes * (beta + gamma)
-
-
-def model_table(transport: str, size: int, chunk_bytes: int = 1 << 20, across_nodes: bool = False,
-                per_node: int = 1) -> list:
-    """``[[max_bytes, algorithm], ...]`` from the cost model: the cheapest candidate at each size.
-
-    ``across_nodes``: the ranks span nodes, so :func:`network_time` prices every candidate, whatever the transport;
-    ``per_node`` > 1 (as many ranks on every node): ``hier`` is a candidate too, and flat algorithms other than the
-    ring have a node's ranks cross its link at once.
-    """
-    alpha, beta, gamma = MODEL.get(transport, MODEL["mpi"])
-
-    def price(a: str, nbytes: int) -> float:
-        if a == "hier":
-            return hier_time(nbytes, size, per_node, chunk_bytes)
-        if across_nodes:
-            shared = per_node if a not in PIPELINED else 1  # ranks of one node sharing its link in the same round
-            return network_time(a, nbytes * shared, size, chunk_bytes)
-        return predict(a, nbytes, size, alpha, beta, gamma, chunk_bytes)
-
-    names = (*candidates(), "hier") if across_nodes and per_node > 1 else candidates()
-    steps: list = []
-    for nbytes in _SIZES:
-        best = min(names, key=lambda a: price(a, nbytes))
-        if steps and steps[-1][1] == best:
-            steps[-1][0] = nbytes
-        else:
-            steps.append([nbytes, best])
-    steps[-1][0] = None
-    return steps
-
-
-def check_table(data, transport: str, size: int, node: bool = False, hier: bool = False) -> dict:
-    """The ``table`` of a parsed tuning file, validated for this job; ValueError naming what is wrong."""
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ValueError(f"not an npddp tuning file (format is not {FORMAT!r})")
-    if data.get("version") != VERSION:
-        raise ValueError(f"version {data.get('version')!r}; this npddp reads version {VERSION}")
-    if data.get("world_size") != size:
-        raise ValueError(f"it was measured on {data.get('world_size')} ranks, this job has {size}")
-    if data.get("transport") != transport:
-        raise ValueError(f"it was measured over transport {data.get('transport')!r}, this job uses {transport!r}")
-    table = data.get("table")
-    if not isinstance(table, dict) or "*" not in table:
-        raise ValueError("its table has no '*' entry (the default for every dtype)")
-    for dtype, steps in table.items():
-        if dtype != "*" and dtype not in c.DTYPES:
-            raise ValueError(f"table entry for unknown dtype {dtype!r}; valid: *, {', '.join(c.DTYPES)}")
-        if not isinstance(steps, list) or not steps or steps[-1][0] is not None:
-            raise ValueError(f"steps for {dtype!r} must be a non-empty list ending with [null, algorithm]")
-        bounds = [s[0] for s in steps[:-1]]
-        if any(not isinstance(b, int) or b < 0 for b in bounds) or bounds != sorted(bounds):
-            raise ValueError(f"steps for {dtype!r}: max_bytes must be increasing integers")
-        valid = [*ALGORITHMS, *costed(), *(NODE_ALGORITHMS if node else ()), *(("hier",) if hier else ())]
-        unknown = [s[1] for s in steps if s[1] not in valid]
-        if unknown:
-            raise ValueError(f"steps for {dtype!r} name algorithms {unknown} this job cannot run; valid: "
-                             f"{', '.join(valid)}" + ("" if node else " (shm needs every rank on one node)"))
-    return table
 
 
 class AutoCommunicator(P2PCommunicator):

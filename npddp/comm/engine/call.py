@@ -18,6 +18,9 @@ from npddp.comm import checks as c
 from npddp.comm.engine.deadline import _POLLS, NAP_S, SPIN_ROUNDS, Overdue, _yield
 from npddp.util import variables
 
+#: Bytes of one chunk of the pipelined algorithms (ring steps, tree, chain broadcast), unless a communicator sets its own.
+CHUNK_BYTES = 1 << 20
+
 
 class Context:
     """What an all-reduce algorithm sees of the communicator it runs in.

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from npddp.comm import checks as c
+from npddp.comm.communicators.p2p import P2PCommunicator
 from npddp.comm.engine.work import P2PWork
 from npddp.comm.node.allreduce import STAGED, NodeGroup
-from npddp.comm.communicators.p2p import P2PCommunicator
 from npddp.comm.node.memory import node_ids
 
 __all__ = ["Shm", "ShmCommunicator", "ShmWork", "node_group"]
