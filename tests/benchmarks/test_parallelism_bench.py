@@ -37,6 +37,6 @@ def test_the_tiny_gpt_sweep_at_two_ranks_writes_a_dump_the_report_prints(tmp_pat
     assert (table[table["pp"] == 1]["bubble"] == 0).all()
     assert (table["comm_bytes"] > 0).all() and (table["peak_rss_mib"] > 0).all()
     report = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "report.py"), str(out)], capture_output=True,
-                            text=True, timeout=120)
+                            text=True, timeout=120, cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     assert "parallelism" in report.stdout and "pp-1f1b" in report.stdout

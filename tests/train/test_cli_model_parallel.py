@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from npddp.train.checkpoint import fileformat
+from npddp.train.checkpoint.fileformat import load_model
 from npddp.train.cli import layout
 from npddp.train.cli.validate import check_config
 from npddp.train.config import Config, ConfigError, parse_args
@@ -83,6 +84,8 @@ def test_gpt_tp2_pp2_ends_at_one_process_and_resumes_on_another_layout(tmp_path)
              "--checkpoint", "split.h5", n=4))
     mid = fileformat.read(tmp_path / "split.h5")
     assert (mid.step, mid.world_size, mid.config["tp"], mid.config["pp"]) == (18, 1, 2, 2)
+    whole = load_model(tmp_path / "split.h5")                     # the ordinary reader: the whole GPT
+    assert [n for n, _ in whole.named_parameters()] == list(mid.params)
     (tmp_path / "pp2.h5").write_bytes((tmp_path / "split.h5").read_bytes())
     ok(train(tmp_path, "--checkpoint", "split.h5", "--resume", "--tp", "1", "--pp", "1", "--progress", "none", n=None))
     ok(train(tmp_path, "--checkpoint", "pp2.h5", "--resume", "--tp", "1", "--pp", "2", "--progress", "none", n=2))
@@ -102,3 +105,12 @@ def test_mlp_pp2_with_dropout_ends_at_one_process(tmp_path):
     one, pp2 = fileformat.read(tmp_path / "one.h5"), fileformat.read(tmp_path / "pp2.h5")
     assert _worst(one.params, pp2.params) <= 1e-9
     assert np.array_equal(one.dropout_rng, pp2.dropout_rng)      # the streams stand where one process's do
+
+
+@pytest.mark.slow
+def test_a_size_the_split_cannot_take_is_one_error_line_and_exit_2_on_every_rank(tmp_path):
+    proc = train(tmp_path, "--model", "mlp", "--hidden", "5", "--tp", "2", "--checkpoint", "run.h5", n=2)
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
+    assert "--tp 2 --pp 1: " in lines[0] and "5 is not divisible" in lines[0]
+    assert not (tmp_path / "run.h5").exists()
