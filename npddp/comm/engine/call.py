@@ -9,14 +9,12 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import numpy as np
 
 from npddp.comm import checks as c
-from npddp.comm.engine.deadline import _POLLS, NAP_S, SPIN_ROUNDS, Overdue, _yield
-from npddp.util import variables
+from npddp.comm.engine.deadline import Deadline, Overdue, timeout_text, wait_until
 
 #: Bytes of one chunk of the pipelined algorithms (ring steps, tree, chain broadcast), unless a communicator sets its own.
 CHUNK_BYTES = 1 << 20
@@ -56,7 +54,7 @@ class TagSequence:
         return tag
 
 
-class Call:
+class Call(Deadline):
     """One collective (or send/recv) in progress: what to name in errors, its tag, and the deadline of its waits.
 
     ``owner`` is the communicator: it turns an overdue wait or a broken connection into the error
@@ -66,7 +64,7 @@ class Call:
     whether a peer has aborted.
     """
 
-    __slots__ = ("owner", "transport", "operation", "number", "tag", "expires", "rounds", "scale", "signature")
+    __slots__ = ("owner", "transport", "operation", "number", "tag", "scale", "signature")
 
     def __init__(self, owner, operation: str, number: int | None, tag: int):
         self.owner, self.transport = owner, owner.transport
@@ -88,40 +86,23 @@ class Call:
             np.multiply(result, scale, out=result)
 
     def overdue(self) -> bool:
-        """Read the clock (the first read starts the deadline); nap once the wait is long. True past the deadline."""
-        now = time.monotonic()
-        self.rounds += 1
+        """Read the clock (the first read starts the deadline; a heard abort raises); True past the deadline."""
         if self.owner.watch is not None:
             self.owner.heard_abort()
-        if not self.expires:
-            self.expires = now + self.owner.timeout
-            return False
-        if self.rounds > SPIN_ROUNDS:
-            time.sleep(NAP_S)
-        return now > self.expires
+        return self.past(self.owner.timeout)
 
     def wait(self, request) -> None:
         """Complete ``request``, yielding the CPU between polls; Overdue past the deadline."""
-        test = request.test
-        while True:
-            for _ in _POLLS:
-                if test():
-                    return
-                _yield()
-            if self.overdue():
-                raise Overdue
+        wait_until(request.test, self.overdue)
 
     def wait_all(self, requests) -> None:
         """Complete every request, testing them all in turn (so any one may raise first); Overdue past the deadline."""
         pending = list(requests)
-        while True:
-            for _ in _POLLS:
-                pending = [r for r in pending if not r.test()]
-                if not pending:
-                    return
-                _yield()
-            if self.overdue():
-                raise Overdue
+
+        def done() -> bool:
+            pending[:] = [r for r in pending if not r.test()]
+            return not pending
+        wait_until(done, self.overdue)
 
     def transfer(self, recvs=(), sends=()) -> None:
         """Post receives ``[(array, source)]`` and sends ``[(array, dest)]`` under this call's tag; wait for all."""
@@ -173,10 +154,8 @@ class Call:
             waits.append("to send to " + _ranks(send_to))
         if arrive:
             waits.append("for " + _ranks(arrive) + " to arrive")
-        return TimeoutError(
-            f"[rank {self.owner.rank}] {self.describe()} timed out after {self.owner.timeout:g} s waiting "
-            f"{' and '.join(waits) or 'for its peers'}: a peer crashed, hangs, or called a different "
-            f"collective ({variables.DEBUG.name}=1 checks that); this communicator is now unusable")
+        return TimeoutError(timeout_text(f"[rank {self.owner.rank}] {self.describe()}", self.owner.timeout,
+                                         " and ".join(waits) or "for its peers"))
 
 
 def _ranks(ranks: Sequence[int]) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from npddp.comm.engine.call import Call
-from npddp.comm.engine.deadline import _POLLS, CLOCK_EVERY, Overdue, _yield
+from npddp.comm.engine.deadline import Overdue, wait_until
 
 
 class P2PWork:
@@ -71,6 +71,12 @@ class P2PWork:
                 raise self._call.owner.fail(self._call, exc) from None
         return self._done
 
+    def _test_all(self) -> bool:
+        """Test every handle of the communicator (any may be the one a peer waits on); True once this one is done."""
+        for work in tuple(self._active):
+            work.test()
+        return self._done
+
     def wait(self) -> np.ndarray:
         """Drive the collective to completion; return its result array."""
         if self._done:
@@ -83,16 +89,7 @@ class P2PWork:
                 self._advance(True)
                 self._complete()
             else:
-                polls = 0
-                while True:
-                    for work in tuple(self._active):
-                        work.test()
-                    if self._done:
-                        break
-                    _yield()
-                    polls += 1
-                    if not polls % CLOCK_EVERY and call.overdue():
-                        raise Overdue
+                wait_until(self._test_all, call.overdue)
         except Overdue:
             raise call.owner.give_up(call, *self._requests()) from None
         except ConnectionError as exc:

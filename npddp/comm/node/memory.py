@@ -26,10 +26,11 @@ import platform
 import secrets
 import socket
 import threading
+from functools import partial
 
 import numpy as np
 
-from npddp.comm.engine.deadline import CLOCK_EVERY, Overdue
+from npddp.comm.engine.deadline import CLOCK_EVERY, wait_until
 from npddp.comm.node.names import SHM_DIR, job_id, segment_name
 from npddp.util import variables
 
@@ -177,15 +178,12 @@ class NodeSync:
 
     def wait(self, seq: int, call) -> None:
         """Block until every rank has reached barrier ``seq``; Overdue past ``call``'s deadline."""
-        polls = 0
-        while not self.arrived(seq):
-            os.sched_yield()
-            polls += 1
-            if not polls % CLOCK_EVERY:
-                if call.overdue():
-                    raise Overdue
-                if not polls % (CLOCK_EVERY * _LIVENESS_EVERY):
-                    self.check_alive()
+        rounds = iter(range(1, 1 << 62))
+
+        def every() -> None:  # one liveness check every _LIVENESS_EVERY clock reads
+            if not next(rounds) % _LIVENESS_EVERY:
+                self.check_alive()
+        wait_until(partial(self.arrived, seq), call.overdue, every)
 
     def late(self, seq: int) -> list[int]:
         """Ranks (of the communicator) that have not reached barrier ``seq``."""
