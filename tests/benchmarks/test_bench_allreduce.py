@@ -266,7 +266,7 @@ class Picking:
 
 def test_the_algorithm_column_asks_the_backend_which_algorithm_ran(monkeypatch, tmp_path, capsys):
     real = bc.create_comm
-    monkeypatch.setattr(bc, "create_comm", lambda name, c, transport="mpi", world=None: Picking(real("ring", c)))
+    monkeypatch.setattr(bc, "create_comm", lambda name, c, transport="mpi", world=None, check_args=None: Picking(real("ring", c)))
     path = tmp_path / "ar.h5"
     assert ar.main(TINY + ["--backends", "ring", "--out", str(path)], mpi_comm=MPI.COMM_SELF) == 0
     df = results.read_table(path)
