@@ -174,13 +174,16 @@ def create_comm(backend: str, mpi_comm, transport: str = DEFAULT_TRANSPORT, tcp_
                 progress: str = "caller", check_args: bool | None = None):
     """``npddp.comm.create`` of ``backend`` over ``transport``, its ranks those of ``mpi_comm``.
 
-    Over tcp the communicator gets a message context of its own in ``tcp_world`` (see :func:`tcp_world`).
+    Over tcp the communicator gets a message context of its own in ``tcp_world`` (see :func:`tcp_world`); over
+    a transport a plugin registers (``npddp.comm.transport_names()``), one over every rank of the job.
     ``check_args``: the default argument check on or off (None: ``NPDDP_CHECK_ARGS``).
     """
     from npddp import comm as npcomm
 
     if transport == "tcp":
         return npcomm.create(backend, tcp_world.transport(), progress=progress, check_args=check_args)
+    if transport != "mpi":   # a registered transport: every rank of the job, in a context of its own
+        return npcomm.create(backend, transport=transport, progress=progress, check_args=check_args)
     return npcomm.create(backend, mpi_comm, transport=transport, progress=progress, check_args=check_args)
 
 

@@ -34,13 +34,15 @@ from npddp.comm.signature import CollectiveMismatchError
 from npddp.comm.wrappers.progress_thread import PROGRESS
 from npddp.comm.registry import ALGORITHMS, BACKENDS, backend_names, load_plugins
 from npddp.comm.algorithm import register_algorithm
-from npddp.comm.transports.base import TRANSPORTS, Transport, is_transport, resolve_transport
+from npddp.comm.transports.base import (TRANSPORTS, Transport, is_transport, register_transport, resolve_transport,
+                                       transport_names, world_transport)
 from npddp.util import env, guard, variables
 
 __all__ = ["ALGORITHMS", "BACKENDS", "DEFAULT_TIMEOUT", "DTYPES", "OPS", "TRANSPORTS",
            "CollectiveMismatchError", "Communicator", "DoneWork", "Transport", "Work", "check_args_from_env", "create",
            "debug_from_env",
-           "timeout_from_env", "register_algorithm", "backend_names", "load_plugins"]
+           "timeout_from_env", "register_algorithm", "register_transport", "backend_names", "load_plugins",
+           "transport_names"]
 
 
 def debug_from_env(environ=None) -> bool:
@@ -67,7 +69,7 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
     every communicator gets a message context of its own (MPI: a ``Dup`` of COMM_WORLD; TCP: a
     context all ranks agree on), so none ever matches another's messages; a group you pass is
     used as it is (its context shared with your own messages on it: pass ``comm.Dup()`` to isolate).
-    ``transport``: ``mpi``, ``tcp`` or ``auto`` (see the module docstring).
+    ``transport``: ``mpi``, ``tcp``, ``auto`` (see the module docstring) or a registered one (:func:`register_transport`).
     ``debug=True`` (or ``NPDDP_DEBUG=1``) checks every collective's arguments across ranks first.
     ``timeout``: seconds a blocking call may wait for its peers before TimeoutError; None takes
     ``NPDDP_TIMEOUT``, else ``DEFAULT_TIMEOUT``. ``tuning`` (``auto`` only): a tuning table path.
@@ -76,16 +78,7 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
     ``check_args``: every collective checks that all ranks passed the same kind, dtype, count, op
     and root (None: ``NPDDP_CHECK_ARGS``, on unless set to 0); every rank must pass the same.
     """
-    if progress not in PROGRESS:
-        raise ValueError(f"unknown progress {progress!r}; valid: {', '.join(PROGRESS)}")
-    if name not in BACKENDS and name not in backend_names():
-        raise ValueError(f"unknown backend {name!r}; valid backends: {', '.join(backend_names())}")
-    if not isinstance(debug, bool):
-        raise TypeError(f"debug must be a bool, got {type(debug).__name__}")
-    if tuning is not None and name != "auto":
-        raise ValueError(f"tuning={tuning!r} applies to backend 'auto' only, not {name!r}")
-    if check_args is not None and not isinstance(check_args, bool):
-        raise TypeError(f"check_args must be a bool or None, got {type(check_args).__name__}")
+    _check_create(name, debug, tuning, progress, check_args)
     check_args = check_args_from_env() if check_args is None else check_args
     timeout = timeout_from_env() if timeout is None else check_timeout(timeout)
     debug = debug or debug_from_env()
@@ -97,21 +90,10 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
         name = "ring" if name == "mpi" else name
         group = world_from_env(timeout, {"RANK": "0", "WORLD_SIZE": "1"})
     if name == "mpi":
-        if kind != "mpi":
-            raise ValueError("backend 'mpi' runs MPI's own collectives, so it needs transport 'mpi', not "
-                             f"{kind!r}; over tcp use a hand-written backend: {', '.join(BACKENDS[1:])}")
-        from npddp.comm.mpi import MPICommunicator
-        comm = MPICommunicator(group.comm if is_transport(group) else group, timeout, dup=group is None,
-                               check_args=check_args)
+        comm = _mpi_backend(group, kind, timeout, check_args)
     else:
-        if kind == "mpi" and not is_transport(group):
-            from npddp.comm.transports.mpi import MPITransport
-            group = MPITransport(group, dup=group is None)   # the world: a Dup, a context of its own
-        elif group is None:
-            from npddp.comm.transports.rendezvous import transport_from_env
-            group = transport_from_env(timeout)     # a context of its own, agreed by every rank
         from npddp.comm.backends import build
-        comm = build(name, group, timeout, tuning)
+        comm = build(name, _transport_for(group, kind, timeout), timeout, tuning)
         comm.check_args = check_args
     if debug:
         from npddp.comm.wrappers.debug import DebugCommunicator
@@ -120,6 +102,41 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
         from npddp.comm.wrappers.progress_thread import ThreadedCommunicator
         comm = ThreadedCommunicator(comm)
     return comm
+
+
+def _check_create(name: str, debug, tuning, progress: str, check_args) -> None:
+    """``create``'s arguments, each checked before anything is built; ValueError/TypeError naming the bad one."""
+    if progress not in PROGRESS:
+        raise ValueError(f"unknown progress {progress!r}; valid: {', '.join(PROGRESS)}")
+    if name not in BACKENDS and name not in backend_names():
+        raise ValueError(f"unknown backend {name!r}; valid backends: {', '.join(backend_names())}")
+    if not isinstance(debug, bool):
+        raise TypeError(f"debug must be a bool, got {type(debug).__name__}")
+    if tuning is not None and name != "auto":
+        raise ValueError(f"tuning={tuning!r} applies to backend 'auto' only, not {name!r}")
+    if check_args is not None and not isinstance(check_args, bool):
+        raise TypeError(f"check_args must be a bool or None, got {type(check_args).__name__}")
+
+
+def _mpi_backend(group, kind: str, timeout: float, check_args: bool) -> Communicator:
+    """Backend ``mpi``: MPI's own collectives on ``group`` (None: a Dup of the world); transport mpi only."""
+    if kind != "mpi":
+        raise ValueError("backend 'mpi' runs MPI's own collectives, so it needs transport 'mpi', not "
+                         f"{kind!r}; over {kind} use a hand-written backend: {', '.join(BACKENDS[1:])}")
+    from npddp.comm.mpi import MPICommunicator
+    return MPICommunicator(group.comm if is_transport(group) else group, timeout, dup=group is None,
+                           check_args=check_args)
+
+
+def _transport_for(group, kind: str, timeout: float) -> Transport:
+    """The transport a hand-written backend runs over: ``group`` itself, an mpi4py group wrapped, or the world
+    of transport ``kind`` in a context of its own (every rank alike)."""
+    if is_transport(group):
+        return group
+    if group is not None:   # an mpi4py communicator: used as it is
+        from npddp.comm.transports.mpi import MPITransport
+        return MPITransport(group, dup=False)
+    return world_transport(kind, timeout)
 
 
 def _mpi_loads() -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from npddp.comm import backend_names, create
+from npddp.comm import backend_names, create, transport_names
 from npddp.comm.contract import PROPERTIES, run_contract
 from npddp.util import env, plugins
 
@@ -29,13 +29,15 @@ class _RankZeroParser(argparse.ArgumentParser):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """The options; ``--plugin`` modules are imported before ``--backend`` is checked."""
+    """The options; ``--plugin`` modules are imported before ``--backend`` and ``--transport`` are checked."""
     p = _RankZeroParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
-                   help="import MODULE (a dotted name or a .py path) first; it registers algorithms (repeatable)")
+                   help="import MODULE (a dotted name or a .py path) first; it registers algorithms or "
+                        "transports (repeatable)")
     p.add_argument("--backend", required=True, metavar="NAME", help="the backend to check")
-    p.add_argument("--transport", default="auto", choices=("auto", "mpi", "tcp"),
-                   help="how hand-written backends move messages (default: tcp under npddp.run, else mpi)")
+    p.add_argument("--transport", default="auto", metavar="NAME",
+                   help="how hand-written backends move messages: auto, mpi, tcp or one a plugin registers "
+                        "(default auto: tcp under npddp.run, else mpi)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                    help="seconds a call may wait for its peers (default 60)")
     args = p.parse_args(argv)
@@ -43,6 +45,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         plugins.load(args.plugin)
     except ValueError as exc:
         p.error(str(exc))
+    if args.transport not in ("auto", *transport_names()):
+        p.error(f"--transport {args.transport!r} is unknown; valid: auto, {', '.join(transport_names())} "
+                "(a transport of your own: --plugin MODULE)")
     if args.backend not in backend_names():
         p.error(f"--backend {args.backend!r} is unknown; valid: {', '.join(backend_names())} "
                 "(an algorithm of your own: --plugin MODULE)")

@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from npddp.comm import DTYPES, create
+from npddp.comm import DTYPES, create, transport_names
 from npddp.comm.compose.auto import hier_possible
 from npddp.comm.compose.costmodel import candidates, model_table
 from npddp.comm.compose.tuning import FORMAT, VERSION, check_table
@@ -40,7 +40,7 @@ from npddp.comm.node.memory import node_ids
 from npddp.comm.node.shm import node_group
 from npddp.comm.transports.base import resolve_transport
 from npddp.process.job import abort_on_exception
-from npddp.util import variables
+from npddp.util import plugins, variables
 from npddp.util.atomicfile import target_problem, write_bytes_atomic
 
 PROG = "python -m npddp.tune"
@@ -64,8 +64,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="npddp-tuning.json", metavar="PATH",
                    help="where rank 0 writes the table (default: npddp-tuning.json)")
-    p.add_argument("--transport", default="auto", choices=("auto", "mpi", "tcp"),
-                   help="transport to tune (default: tcp under npddp.run, else mpi)")
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                   help="import MODULE (a dotted name or a .py path) first; it registers algorithms or "
+                        "transports (repeatable)")
+    p.add_argument("--transport", default="auto", metavar="NAME",
+                   help="transport to tune: auto, mpi, tcp or one a plugin registers (default auto: tcp under "
+                        "npddp.run, else mpi)")
     p.add_argument("-b", "--min-bytes", type=parse_size, default=parse_size("1K"), metavar="SIZE",
                    help="smallest size (default: 1K)")
     p.add_argument("-e", "--max-bytes", type=parse_size, default=parse_size("64M"), metavar="SIZE",
@@ -80,6 +84,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tolerance", type=float, default=0.05, metavar="FRACTION",
                    help="stable: the best's and the default's round medians vary by at most this (default: 0.05)")
     args = p.parse_args(argv)
+    try:
+        plugins.load(args.plugin)
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.transport not in ("auto", *transport_names()):
+        p.error(f"--transport {args.transport!r} is unknown; valid: auto, {', '.join(transport_names())} "
+                "(a transport of your own: --plugin MODULE)")
     if args.max_bytes < args.min_bytes:
         p.error(f"-e {args.max_bytes} is smaller than -b {args.min_bytes}")
     if args.factor < 2:

@@ -13,18 +13,21 @@ has posted its receive (large messages), so a schedule posts its receives before
 its sends. ``cancel()`` abandons a request after a timeout: the transport stops using the
 request, although (over MPI) the library may still touch its buffer.
 
-This module also decides which transport ``transport="auto"`` means, from the environment alone.
+This module also holds the transports by name (:func:`register_transport`: ``mpi`` and ``tcp``
+are registered through it, a user's own the same way) and decides which one ``transport="auto"``
+means, from the environment alone.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from npddp.util import env
 
-#: Transports by name, as ``npddp.comm.create(..., transport=NAME)`` accepts them.
+#: The built-in transports by name (every registered one: :func:`transport_names`).
 TRANSPORTS = ("mpi", "tcp")
 
 
@@ -45,7 +48,7 @@ class Transport(Protocol):
 
     @property
     def name(self) -> str:
-        """``mpi`` or ``tcp``: one of :data:`TRANSPORTS`."""
+        """The name it is registered under (:func:`transport_names`): ``mpi``, ``tcp`` or a user's."""
 
     @property
     def rank(self) -> int:
@@ -70,10 +73,56 @@ def is_transport(obj) -> bool:
     return isinstance(obj, Transport) and not type(obj).__module__.startswith("mpi4py")
 
 
+#: Transports by name -> factory(timeout) building this rank's world transport (collective: every rank calls it).
+_WORLDS: dict[str, Callable] = {}
+
+
+def register_transport(name: str, world: Callable) -> None:
+    """Make ``name`` a transport ``create(..., transport=name)`` accepts.
+
+    ``world(timeout)`` returns this rank's :class:`Transport` over every rank of the job, in a message
+    context of its own (``create`` calls it once per communicator, on every rank alike).
+    """
+    if not (isinstance(name, str) and name.isidentifier()) or name == "auto":
+        raise ValueError(f"transport name {name!r} must be a Python identifier other than 'auto'")
+    if name in _WORLDS:
+        raise ValueError(f"transport {name!r} is already registered; taken: {', '.join(_WORLDS)}")
+    if not callable(world):
+        raise TypeError(f"the world of transport {name!r} must be callable (timeout -> Transport), "
+                        f"got {type(world).__name__}")
+    _WORLDS[name] = world
+
+
+def transport_names() -> tuple:
+    """Every transport name ``create`` accepts now (without ``auto``): the built-in ones, then the registered ones."""
+    return tuple(_WORLDS)
+
+
+def world_transport(name: str, timeout: float) -> Transport:
+    """A new transport ``name`` over every rank of the job, in a context of its own (collective)."""
+    return _WORLDS[resolve_transport(name)](timeout)
+
+
 def resolve_transport(name: str, environ=None) -> str:
-    """``mpi`` or ``tcp`` for ``name``; ``auto`` is tcp when RANK/WORLD_SIZE are set outside an MPI launcher."""
-    if name not in (*TRANSPORTS, "auto"):
-        raise ValueError(f"unknown transport {name!r}; valid transports: {', '.join(TRANSPORTS)}, auto")
+    """The transport ``name`` means; ``auto`` is tcp when RANK/WORLD_SIZE are set outside an MPI launcher, else mpi."""
+    if name not in (*_WORLDS, "auto"):
+        raise ValueError(f"unknown transport {name!r}; valid transports: {', '.join(_WORLDS)}, auto")
     if name != "auto":
         return name
     return "tcp" if env.launched_by_tcp_launcher(environ) else "mpi"
+
+
+def _mpi_world(timeout: float) -> Transport:
+    """MPI's point-to-point layer over a Dup of COMM_WORLD (mpi4py is imported here, on first use)."""
+    from npddp.comm.transports.mpi import MPITransport
+    return MPITransport(None, dup=True)
+
+
+def _tcp_world(timeout: float) -> Transport:
+    """npddp's sockets over the launcher's world, in a context every rank agrees on."""
+    from npddp.comm.transports.rendezvous import transport_from_env
+    return transport_from_env(timeout)
+
+
+register_transport("mpi", _mpi_world)
+register_transport("tcp", _tcp_world)
