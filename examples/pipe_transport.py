@@ -76,6 +76,7 @@ class PipeTransport:
 
     def split(self, colors):
         raise NotImplementedError("the pipe transport has no split (backend hier needs one)")
+
     def progress(self) -> None:
         """Write what each pipe takes, read what each holds, and match whole frames to receives."""
         for peer, queue in self._sends.items():

@@ -1,4 +1,5 @@
-"""The Communicator protocol every backend implements, and the Work handle of a non-blocking call."""
+"""The Communicator protocol every backend implements, the Work handle of a non-blocking call, and the
+backends' base class (:class:`Backend`: rank, size, the timeout, ordinary ``empty``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+
+from npddp.comm.checks import check_timeout
 
 
 @runtime_checkable
@@ -82,3 +85,37 @@ class Communicator(Protocol):
 
     def iallgather(self, buf: np.ndarray, out: np.ndarray | None = None) -> Work:
         """Start :meth:`allgather` into ``out`` of shape ``(size, *buf.shape)``; ``buf`` may be ``out[rank]``."""
+
+
+class Backend:
+    """Base of the backends: rank and size (read once by the subclass) and the timeout every wait honours."""
+
+    _rank: int
+    _size: int
+    _timeout: float
+
+    #: Whether :meth:`empty` gives node shared memory; the shared-memory backends set it.
+    shared_memory = False
+
+    @property
+    def rank(self) -> int:
+        """This process's rank."""
+        return self._rank
+
+    def empty(self, shape, dtype=np.float32) -> np.ndarray:
+        """A zeroed array in ordinary memory (backends with node shared memory override this)."""
+        return np.zeros(shape, dtype=dtype)
+
+    @property
+    def size(self) -> int:
+        """Number of ranks."""
+        return self._size
+
+    @property
+    def timeout(self) -> float:
+        """Seconds a blocking call (or ``Work.wait``) may wait for its peers before TimeoutError."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, value) -> None:
+        self._timeout = check_timeout(value)

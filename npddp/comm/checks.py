@@ -127,40 +127,6 @@ def block_bounds(n: int, size: int) -> np.ndarray:
     return bounds
 
 
-class Backend:
-    """Base of the backends: rank and size (read once by the subclass) and the timeout every wait honours."""
-
-    _rank: int
-    _size: int
-    _timeout: float
-
-    #: Whether :meth:`empty` gives node shared memory; the shared-memory backends set it.
-    shared_memory = False
-
-    @property
-    def rank(self) -> int:
-        """This process's rank."""
-        return self._rank
-
-    def empty(self, shape, dtype=np.float32) -> np.ndarray:
-        """A zeroed array in ordinary memory (backends with node shared memory override this)."""
-        return np.zeros(shape, dtype=dtype)
-
-    @property
-    def size(self) -> int:
-        """Number of ranks."""
-        return self._size
-
-    @property
-    def timeout(self) -> float:
-        """Seconds a blocking call (or ``Work.wait``) may wait for its peers before TimeoutError."""
-        return self._timeout
-
-    @timeout.setter
-    def timeout(self, value) -> None:
-        self._timeout = check_timeout(value)
-
-
 def check_block_out(buf: np.ndarray, out, size: int, rank: int) -> np.ndarray:
     """``out=`` of a reduce-scatter: 1-d, ``buf``'s dtype, this rank's block length, no overlap (None: allocate)."""
     q, r = divmod(buf.size, size)

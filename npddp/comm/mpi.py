@@ -32,6 +32,7 @@ from mpi4py import MPI
 
 from npddp.comm import checks as c
 from npddp.comm import signature as sg
+from npddp.comm.base import Backend
 from npddp.comm.engine.deadline import NAP_S, SPIN_ROUNDS
 from npddp.comm.engine.work import DoneWork
 from npddp.comm.transports.mpi import free_comm
@@ -89,7 +90,7 @@ class MPIWork:
             np.multiply(self._result, self._scale, out=self._result)
 
 
-class MPICommunicator(c.Backend):
+class MPICommunicator(Backend):
     """Communicator over MPI's native collectives (Allreduce, Bcast, Iallreduce, ...)."""
 
     name = "mpi"

@@ -28,6 +28,7 @@ import numpy as np
 
 from npddp.comm import checks as c
 from npddp.comm import signature as sg
+from npddp.comm.base import Backend
 from npddp.comm.engine.call import CHUNK_BYTES, Call, Context, TagSequence
 from npddp.comm.engine.deadline import Overdue
 from npddp.comm.engine.scratch import ScratchPool
@@ -36,7 +37,7 @@ from npddp.comm.engine.work import DoneWork, P2PWork
 from npddp.comm.p2p.ring import ReduceScatterWork, Ring
 
 
-class P2PCommunicator(c.Backend):
+class P2PCommunicator(Backend):
     """Collectives built from a transport's point-to-point messages; all-reduce by ``algorithm``."""
 
     #: Broadcasts of at least this many bytes use a pipelined chain instead of a binomial tree.

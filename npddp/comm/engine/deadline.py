@@ -27,6 +27,7 @@ NAP_S = 50e-6
 _POLLS = range(CLOCK_EVERY)
 _yield = os.sched_yield
 
+
 class Overdue(Exception):
     """A wait passed its call's deadline; caught by the communicator and turned into a TimeoutError."""
 
