@@ -190,9 +190,9 @@ def parse_config(argv, verbose: bool = True) -> SweepConfig:
         parser.error(f"--op applies to {' and '.join(REDUCING)} only, not {a.collective}")
     op = (a.op or "sum") if a.collective in REDUCING else "none"
     transports = tuple(t.strip() for t in a.transports.split(","))
-    bad = [t for t in transports if t not in npcomm.TRANSPORTS]
+    bad = [t for t in transports if t not in npcomm.transport_names()]
     if bad or len(set(transports)) != len(transports):
-        parser.error(f"--transports {a.transports!r}: valid transports are {', '.join(npcomm.TRANSPORTS)}, each once")
+        parser.error(f"--transports {a.transports!r}: valid transports are {', '.join(npcomm.transport_names())}, each once")
     buffers = BUFFERS if a.buffers == "both" else (a.buffers,)
     if a.buffers != "shared" and a.collective != "allreduce":
         parser.error(f"--buffers {a.buffers} applies to allreduce only, not {a.collective}")
