@@ -12,10 +12,9 @@ from functools import partial
 
 import numpy as np
 
-from npddp.comm import checks as c
 from npddp.comm.engine.call import Context
 from npddp.comm.engine.cost import Cost
-from npddp.comm.engine.work import DoneWork, RoundWork
+from npddp.comm.engine.work import RoundWork
 
 ROOT = 0
 
