@@ -42,20 +42,7 @@ def check_config(cfg: Config, world_size: int) -> None:
     for name in ("x_key", "y_key"):
         if not getattr(cfg, name).strip():
             raise ConfigError(f"{flag(name)} must name an array, got an empty string")
-    if not (0.0 <= cfg.momentum < 1.0):
-        raise ConfigError(f"--momentum must be in [0, 1), got {cfg.momentum}")
-    if not (0.0 <= cfg.weight_decay < math.inf):
-        raise ConfigError(f"--weight-decay must be a finite number >= 0, got {cfg.weight_decay}")
-    if not (0.0 <= cfg.dropout < 1.0):
-        raise ConfigError(f"--dropout must be in [0, 1), got {cfg.dropout}")
-    if cfg.model == "gpt" and cfg.dropout:
-        raise ConfigError(f"--dropout {cfg.dropout} applies to mlp and cnn; the gpt has no dropout layers")
-    if not (0.0 < cfg.topk_ratio <= 1.0):
-        raise ConfigError(f"--topk-ratio must be in (0, 1], got {cfg.topk_ratio}")
-    for name in ("hidden", "channels"):
-        bad = [v for v in getattr(cfg, name) if v < 1]
-        if bad:
-            raise ConfigError(f"{flag(name)} takes positive integers, got {bad[0]}")
+    _check_ranges(cfg)
     if not cfg.resume:           # a checkpoint's settings were accepted when it was written
         _check_model_flags(cfg)
     replicas = check_layout(cfg, world_size)
@@ -87,6 +74,24 @@ def check_config(cfg: Config, world_size: int) -> None:
     _check_zero(cfg)
     _check_dataset(cfg)
     _check_files(cfg)
+
+
+def _check_ranges(cfg: Config) -> None:
+    """The settings that must lie in a range: momentum, weight decay, dropout, top-k ratio, layer widths."""
+    if not (0.0 <= cfg.momentum < 1.0):
+        raise ConfigError(f"--momentum must be in [0, 1), got {cfg.momentum}")
+    if not (0.0 <= cfg.weight_decay < math.inf):
+        raise ConfigError(f"--weight-decay must be a finite number >= 0, got {cfg.weight_decay}")
+    if not (0.0 <= cfg.dropout < 1.0):
+        raise ConfigError(f"--dropout must be in [0, 1), got {cfg.dropout}")
+    if cfg.model == "gpt" and cfg.dropout:
+        raise ConfigError(f"--dropout {cfg.dropout} applies to mlp and cnn; the gpt has no dropout layers")
+    if not (0.0 < cfg.topk_ratio <= 1.0):
+        raise ConfigError(f"--topk-ratio must be in (0, 1], got {cfg.topk_ratio}")
+    for name in ("hidden", "channels"):
+        bad = [v for v in getattr(cfg, name) if v < 1]
+        if bad:
+            raise ConfigError(f"{flag(name)} takes positive integers, got {bad[0]}")
 
 
 #: Flags only some built-in models read, and those models.
