@@ -22,10 +22,9 @@ is complete and the communicator is entered again (any later call, ``test`` or `
 from __future__ import annotations
 
 import math
-import os
-import time
 import weakref
 from collections import deque
+from functools import partial
 
 import numpy as np
 from mpi4py import MPI
@@ -33,13 +32,11 @@ from mpi4py import MPI
 from npddp.comm import checks as c
 from npddp.comm import signature as sg
 from npddp.comm.base import Backend
-from npddp.comm.engine.deadline import NAP_S, SPIN_ROUNDS
+from npddp.comm.engine.deadline import Deadline, Overdue, timeout_text, wait_until
 from npddp.comm.engine.work import DoneWork
 from npddp.comm.transports.mpi import free_comm
-from npddp.util import variables
 
 _MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
-_CLOCK_EVERY = 64
 
 
 class MPIWork:
@@ -190,24 +187,15 @@ class MPICommunicator(Backend):
             self._run(what, None, _no_request, sig=(buf, op, root))
 
     def _wait(self, done, what: str, waiting: str = "for its peers") -> None:
-        """Poll ``done()`` (yielding between polls) until it is true; TimeoutError past the deadline."""
-        polls, expires = 0, 0.0
-        while not done():
-            os.sched_yield()
-            polls += 1
-            if not polls % _CLOCK_EVERY:
-                now = time.monotonic()
-                if polls > _CLOCK_EVERY * SPIN_ROUNDS:
-                    time.sleep(NAP_S)
-                if not expires:
-                    expires = now + self._timeout
-                elif now > expires:
-                    number = "" if "(collective #" in what or what.endswith(")") else f" (collective #{self._calls})"
-                    self._abandoned[0] = True
-                    self._failure = (f"[rank {self._rank}] mpi {what}{number} timed out after "
-                                     f"{self._timeout:g} s waiting {waiting}: a peer crashed, hangs, or called a different collective "
-                                     f"({variables.DEBUG.name}=1 checks that); this communicator is now unusable")
-                    raise TimeoutError(self._failure)
+        """Poll ``done()`` through the one deadline loop until it is true; TimeoutError past the deadline."""
+        deadline = Deadline()
+        try:
+            wait_until(done, partial(deadline.past, self._timeout))
+        except Overdue:
+            number = "" if "(collective #" in what or what.endswith(")") else f" (collective #{self._calls})"
+            self._abandoned[0] = True
+            self._failure = timeout_text(f"[rank {self._rank}] mpi {what}{number}", self._timeout, waiting)
+            raise TimeoutError(self._failure) from None
 
     def barrier(self) -> None:
         """MPI_Barrier."""
