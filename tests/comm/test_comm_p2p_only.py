@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from npddp.comm import create
-from npddp.comm.engine.signed import CONTROL_TAG, HEAD_BYTES, SMALL_BYTES
+from npddp.comm.engine.signed import CONTROL_TAG, HEAD_BYTES, SMALL_BYTES, SignedRecv, SignedSend
 from npddp.comm.transports.base import is_transport
 from npddp.comm.transports.mpi import MPITransport
 
@@ -182,3 +182,29 @@ def test_the_argument_check_sends_no_extra_message_for_small_calls_and_one_per_p
     extra = large_on - large_off     # one signature message per peer sent to, one receive per peer heard from
     ok = small_on == small_off and 0 <= extra <= 2 * (k - 1) and (extra > 0 or k == 1 or any(shared))
     assert_all_ranks(ok, f"{backend}: messages (checked, unchecked): {got}", group)
+
+
+@pytest.mark.parametrize("backend", ("ring", "rd"))
+def test_checked_blocking_calls_poll_the_transports_requests_not_the_check(backend, group, monkeypatch,
+                                                                           assert_all_ranks):
+    """A blocking checked call waits on its first messages' own requests: each of the check's wrappers is
+    tested at most once (when the call posts what it can), never once per poll."""
+    made, polls = [0], [0]
+    for wrapper in (SignedSend, SignedRecv):
+        init, test = wrapper.__init__, wrapper.test
+
+        def counted_init(self, *args, init=init):
+            made[0] += 1
+            init(self, *args)
+
+        def counted_test(self, test=test):
+            polls[0] += 1
+            return test(self)
+        monkeypatch.setattr(wrapper, "__init__", counted_init)
+        monkeypatch.setattr(wrapper, "test", counted_test)
+    comm = create(backend, as_group(group).fresh(), check_args=True)
+    ok = True
+    for n in (256, 1 << 15):   # small first messages (signature embedded), large ones (signature ahead)
+        for _ in range(5):
+            ok &= np.array_equal(comm.allreduce(np.ones(n, dtype=np.float32)), np.full(n, comm.size))
+    assert_all_ranks(ok and polls[0] <= made[0], f"{backend}: {polls[0]} polls of {made[0]} wrappers", group)

@@ -36,6 +36,7 @@ import numpy as np
 from npddp.comm import checks as c
 from npddp.comm import signature as sg
 from npddp.comm.engine.call import Call
+from npddp.comm.engine.deadline import wait_until
 
 #: The tag of aborts: the last collective tag, which :class:`~npddp.comm.engine.call.TagSequence` never hands out.
 CONTROL_TAG = c.USER_TAG_LIMIT + c.COLLECTIVE_TAG_SPAN - 1
@@ -92,6 +93,15 @@ class SignedSend:
             self.stage = None
         return self.data is None or self.data.test()
 
+    def complete(self, call) -> None:
+        """Wait through ``call``'s deadline loop, polling the transport's own requests (no wrapper per poll)."""
+        if self.stage is not None:
+            wait_until(self.head.test, call.overdue)
+            self.staging.give(self.stage)
+            self.stage = None
+        if self.data is not None:
+            wait_until(self.data.test, call.overdue)
+
     def cancel(self) -> None:
         """Abandon the parts still in flight (their staging buffer stays out of the pool)."""
         if self.stage is not None:
@@ -114,27 +124,49 @@ class SignedRecv:
         if self.stage is not None:
             if self.error is not None:
                 raise self.error
-            call = self.call
             try:
                 if not self.head.test():
                     return False
-            except (ValueError, RuntimeError) as exc:   # the first message did not fit: its sender called otherwise
-                if isinstance(exc, sg.CollectiveMismatchError):
-                    raise
-                self.error = call.owner.mismatch(call.number, self.source, call.sig, sg.UNKNOWN)
-                raise self.error from None
-            stage = self.stage
-            theirs = _unpack_from(stage[1])
-            if theirs != call.sig and not _agree(call.sig, theirs):
-                self.error = call.owner.mismatch(call.number, self.source, call.sig, theirs)
-                raise self.error
-            if self.data is None:
-                n = self.buf.nbytes
-                if n:
-                    self.buf.data.cast("B")[:] = stage[1][HEAD_BYTES:HEAD_BYTES + n]
-            self.stage = None
-            call.staging.give(stage)
+            except (ValueError, RuntimeError) as exc:
+                raise self._unfit(exc) from None
+            self._check()
         return self.data is None or self.data.test()
+
+    def complete(self, call) -> None:
+        """Wait through ``call``'s deadline loop, polling the transport's own requests (no wrapper per poll);
+        the signature is checked once, when its message is in."""
+        if self.stage is not None:
+            if self.error is not None:
+                raise self.error
+            try:
+                wait_until(self.head.test, call.overdue)
+            except (ValueError, RuntimeError) as exc:
+                raise self._unfit(exc) from None
+            self._check()
+        if self.data is not None:
+            wait_until(self.data.test, call.overdue)
+
+    def _unfit(self, exc: Exception) -> Exception:
+        """The error of a first message that did not fit (its sender called otherwise): a mismatch on this edge."""
+        if isinstance(exc, sg.CollectiveMismatchError):
+            return exc
+        call = self.call
+        self.error = call.owner.mismatch(call.number, self.source, call.sig, sg.UNKNOWN)
+        return self.error
+
+    def _check(self) -> None:
+        """The first message is in: check the peer's signature, copy a small payload out, give back the stage."""
+        call, stage = self.call, self.stage
+        theirs = _unpack_from(stage[1])
+        if theirs != call.sig and not _agree(call.sig, theirs):
+            self.error = call.owner.mismatch(call.number, self.source, call.sig, theirs)
+            raise self.error
+        if self.data is None:
+            n = self.buf.nbytes
+            if n:
+                self.buf.data.cast("B")[:] = stage[1][HEAD_BYTES:HEAD_BYTES + n]
+        self.stage = None
+        call.staging.give(stage)
 
     def cancel(self) -> None:
         """Abandon the parts still in flight."""
@@ -188,6 +220,13 @@ class SignedCall(Call):
         raw = self.raw
         return SignedSend(raw.isend(stage[0], dest, tag), raw.isend(buf, dest, tag), stage, self.staging)
 
+    def wait(self, request) -> None:
+        """Complete ``request``; a signed one polls the transport's requests inside it directly."""
+        if type(request) in _SIGNED:
+            request.complete(self)
+        else:
+            wait_until(request.test, self.overdue)
+
     def irecv(self, buf, source: int, tag: int):
         """Receive into ``buf``; the first message from ``source`` is checked before it counts as received."""
         bit = 1 << source
@@ -199,6 +238,9 @@ class SignedCall(Call):
         head = raw.irecv(stage[0], source, tag)
         data = raw.irecv(buf, source, tag) if buf.nbytes > SMALL_BYTES else None
         return SignedRecv(self, source, head, data, stage, buf)
+
+
+_SIGNED = (SignedSend, SignedRecv)
 
 
 class Signer:
