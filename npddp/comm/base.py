@@ -13,7 +13,7 @@ from npddp.comm.checks import check_timeout
 
 @runtime_checkable
 class Work(Protocol):
-    """Handle of a non-blocking collective."""
+    """Handle of a non-blocking collective or point-to-point call."""
 
     def wait(self) -> np.ndarray:
         """Block until the collective is complete; return its result array."""
@@ -79,6 +79,16 @@ class Communicator(Protocol):
 
     def recv(self, buf: np.ndarray, source: int, tag: int = 0) -> np.ndarray:
         """Blocking receive into ``buf`` from ``source``; return ``buf``."""
+
+    def isend(self, buf: np.ndarray, dest: int, tag: int = 0) -> Work:
+        """Start a send of ``buf`` to ``dest`` (user tag 0..16383); ``Work.wait`` returns ``buf``, reusable then."""
+
+    def irecv(self, buf: np.ndarray, source: int, tag: int = 0) -> Work:
+        """Start a receive into ``buf`` from ``source`` (user tag 0..16383); ``Work.wait`` returns ``buf``, filled."""
+
+    def split(self, color: int | None, key: int = 0) -> "Communicator | None":
+        """The same backend over the ranks that pass this rank's ``color``, ranked by ``key`` then rank, with
+        messages of its own (collective: every rank calls it); None where ``color`` is None or negative."""
 
     def ireduce_scatter(self, buf: np.ndarray, op: str = "sum", out: np.ndarray | None = None) -> Work:
         """Start :meth:`reduce_scatter` into ``out`` (this rank's 1-d block; None: a new array)."""

@@ -32,6 +32,7 @@ from mpi4py import MPI
 from npddp.comm import checks as c
 from npddp.comm import signature as sg
 from npddp.comm.base import Backend
+from npddp.comm.communicators import split as sp
 from npddp.comm.engine.deadline import Deadline, Overdue, timeout_text, wait_until
 from npddp.comm.engine.work import DoneWork
 from npddp.comm.transports.mpi import free_comm
@@ -334,6 +335,35 @@ class MPICommunicator(Backend):
         self._run(f"recv (tag {tag})", lambda: comm.Recv(buf, source=source, tag=tag),
                   lambda: comm.Irecv(buf, source=source, tag=tag), f"to receive from rank {source}")
         return buf
+
+    def isend(self, buf, dest, tag=0):
+        """MPI_Isend; its Work's ``wait`` (at most the timeout) returns ``buf``."""
+        c.check_buffer(buf, writable=False)
+        dest, tag = c.check_rank(dest, self._size, "dest"), c.check_tag(tag)
+        self._check_usable()
+        return MPIWork(self, self.comm.Isend(buf, dest=dest, tag=tag), buf, f"isend (tag {tag}) to rank {dest}")
+
+    def irecv(self, buf, source, tag=0):
+        """MPI_Irecv into ``buf``; its Work's ``wait`` (at most the timeout) returns ``buf``."""
+        c.check_buffer(buf)
+        source, tag = c.check_rank(source, self._size, "source"), c.check_tag(tag)
+        self._check_usable()
+        return MPIWork(self, self.comm.Irecv(buf, source=source, tag=tag), buf, f"irecv (tag {tag}) from rank {source}")
+
+    def split(self, color, key=0):
+        """MPI_Comm_split after an all-gather of every rank's (color, key) (collective); None for color None or
+        negative. The child has this one's timeout and check_args, and frees its MPI communicator when dropped."""
+        color, key = sp.check_split(color, key)
+        self._check_usable()
+        table = sp.choices(self, color, key)
+        group = sp.members(table, self._rank)
+        mpi_color = MPI.UNDEFINED if group is None else sp.dense_colors(table)[self._rank]
+        sub = self.comm.Split(mpi_color, 0 if group is None else group.index(self._rank))
+        if group is None:
+            return None
+        child = MPICommunicator(sub, self._timeout, check_args=self.check_args)
+        weakref.finalize(child, free_comm, sub, child._abandoned)
+        return child
 
     def ireduce_scatter(self, buf, op="sum", out=None):
         """MPI_Ireduce_scatter with ``np.array_split`` block counts into ``out`` (this rank's block)."""

@@ -29,6 +29,8 @@ import numpy as np
 from npddp.comm import checks as c
 from npddp.comm import signature as sg
 from npddp.comm.base import Backend
+from npddp.comm.communicators import split as sp
+from npddp.comm.communicators.point import PointWork
 from npddp.comm.engine.call import CHUNK_BYTES, Call, Context, TagSequence
 from npddp.comm.engine.deadline import Overdue
 from npddp.comm.engine.scratch import ScratchPool
@@ -58,6 +60,7 @@ class P2PCommunicator(Backend):
         self._empty = np.empty(0, dtype=np.uint8)
         self.context = Context(transport, self.scratch, chunk_bytes=CHUNK_BYTES, window=2)
         self._ring = Ring(self.context)          # the schedule of reduce-scatter and all-gather
+        self._algorithm = algorithm              # the class, for a split's child
         self.algorithm = algorithm(self.context) if algorithm is not None else None
 
     @property
@@ -408,6 +411,38 @@ class P2PCommunicator(Backend):
         source, tag = c.check_rank(source, self._size, "source"), c.check_tag(tag)
         self._begin("recv", tag).transfer(recvs=[(buf, source)])
         return buf
+
+    def isend(self, buf, dest, tag=0):
+        """Start a send of ``buf`` to ``dest`` with a user tag; its Work's ``wait`` returns ``buf``."""
+        c.check_buffer(buf, writable=False)
+        dest, tag = c.check_rank(dest, self._size, "dest"), c.check_tag(tag)
+        return PointWork(self._begin("isend", tag), buf, dest, is_recv=False)
+
+    def irecv(self, buf, source, tag=0):
+        """Start a receive into ``buf`` from ``source`` with a user tag; its Work's ``wait`` returns ``buf``."""
+        c.check_buffer(buf)
+        source, tag = c.check_rank(source, self._size, "source"), c.check_tag(tag)
+        return PointWork(self._begin("irecv", tag), buf, source, is_recv=True)
+
+    # --- process groups --------------------------------------------------------------
+    def split(self, color, key=0):
+        """The communicator of the ranks that pass this rank's ``color``, ordered by ``key`` then rank, over a
+        sub-transport with a message context of its own; None for color None or negative (collective)."""
+        color, key = sp.check_split(color, key)
+        world = sp.tcp_world(self.transport)
+        table = sp.choices(self, color, key, world._contexts if world is not None else 0)
+        if world is not None:   # a context fresh on every member, whichever groups each made before
+            world._contexts = max(world._contexts, int(table[:, 2].max()))
+        transport = sp.split_transport(self.transport, table)
+        if transport is None:
+            return None
+        child = self._child(transport)
+        child.check_args = self.check_args
+        return child
+
+    def _child(self, transport):
+        """The same backend over ``transport`` (a split's group), with this one's timeout."""
+        return type(self)(transport, self._algorithm, self.name, self._timeout)
 
     # --- non-blocking reduce-scatter and all-gather ----------------------------------
     def ireduce_scatter(self, buf, op="sum", out=None):

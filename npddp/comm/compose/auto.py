@@ -44,6 +44,7 @@ class AutoCommunicator(P2PCommunicator):
 
     def __init__(self, transport, timeout: float = c.DEFAULT_TIMEOUT, tuning=None, shared_memory: bool = True):
         super().__init__(transport, None, "auto", timeout)
+        self._may_share = shared_memory   # a split's child is built alike, re-deriving its node layout
         self.algorithms = {name: algorithm(name)(self.context) for name in (*ALGORITHMS, *costed())}
         nodes = node_ids(self) if shared_memory else []
         #: True when the ranks span nodes (hier's group across nodes always does): the network model applies.
@@ -132,6 +133,10 @@ class AutoCommunicator(P2PCommunicator):
             chosen = self.algorithms.get(name)
             pick = self._picks[key] = (name, chosen, getattr(chosen, "run", None))
         return pick
+
+    def _child(self, transport):
+        """``auto`` over a split's group: its own node layout and tuning, this one's timeout and shared-memory choice."""
+        return AutoCommunicator(transport, self._timeout, shared_memory=self._may_share)
 
     def _sub_communicators(self) -> tuple:
         """hier's communicator across nodes, when hier is a candidate: it checks its calls as this one does."""

@@ -56,6 +56,11 @@ class HierCommunicator(ShmCommunicator):
         self.nodes = len(set(self._nodes))
         self.inter = across_nodes(transport, self._nodes, inter) if self.nodes > 1 else None
         self.path = Hier(self.node, self.inter)
+        self._inter = inter
+
+    def _child(self, transport):
+        """``hier`` over a split's group, its node layout re-derived (ValueError, on every member, unless even)."""
+        return HierCommunicator(transport, self._inter, self._timeout)
 
     def _node_ranks(self, nodes: list) -> list[int]:
         """The ranks on this rank's node; ValueError unless every node has as many ranks."""

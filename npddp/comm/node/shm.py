@@ -123,6 +123,10 @@ class ShmCommunicator(P2PCommunicator):
         self.node = self.context.node = NodeGroup(self, self._node_ranks(node_ids(self)), self._begin("setup"))
         self._setup_done()
 
+    def _child(self, transport):
+        """``shm`` over a split's group (ValueError, on every member, unless they share one node)."""
+        return ShmCommunicator(transport, self._timeout)
+
     def _node_ranks(self, nodes: list) -> list[int]:
         """The ranks sharing this rank's node (here: all, else ValueError), given every rank's node id."""
         if len(set(nodes)) > 1:

@@ -164,6 +164,11 @@ class DebugCommunicator:
         """The wrapped backend's name."""
         return self.inner.name
 
+    def split(self, color, key=0):
+        """The wrapped backend's split, its child checked as this one is (None where the color is undefined)."""
+        child = self.inner.split(color, key)
+        return None if child is None else DebugCommunicator(child)
+
     @property
     def collectives(self) -> int:
         """Collectives checked so far (the number of the last one)."""
