@@ -1,10 +1,8 @@
-"""The Communicators of a rank's mesh groups: one small function, built on a split of the world.
+"""The Communicators of a rank's mesh groups: one ``comm.split`` per mesh axis.
 
-Until every backend offers ``comm.split(color, key)``, a group is made from the raw world the
-backends are built on: an mpi4py communicator (``Split(color, key)``) or a :class:`Transport`
-(``split(colors)``), then ``npddp.comm.create(backend, group=...)``. Each split has a message
-context of its own, so the groups' messages never meet. Collective: every rank of the world
-calls it with the same mesh, in the same order.
+Each group is ``comm.split(color, key)`` of a communicator over the whole mesh: the same backend and
+settings, and a message context of its own, so the groups' messages never meet. Collective: every rank
+of the world calls it with the same mesh, in the same order.
 """
 
 from __future__ import annotations
@@ -25,23 +23,30 @@ class MeshGroups:
     tensor: object
 
 
-def split_group(world, colors: list[int], backend: str, **create_args):
-    """A Communicator of ``backend`` among the ranks of ``world`` whose color matches this rank's."""
+def split_group(comm, colors: list[int]):
+    """The communicator among the ranks of ``comm`` whose color matches this rank's, in ``comm``'s rank order."""
+    return comm.split(int(colors[comm.rank]), comm.rank)
+
+
+def world_communicator(world, backend: str | None, **create_args):
+    """``world`` itself when it is a Communicator; else ``backend`` built over the raw world (mpi4py communicator
+    or Transport, used as it is)."""
     from npddp.comm import create
     from npddp.comm.transports.base import is_transport
 
-    if is_transport(world):
-        return create(backend, group=world.split(colors), **create_args)
-    rank = world.Get_rank()
-    return create(backend, group=world.Split(int(colors[rank]), rank), **create_args)
+    if callable(getattr(world, "split", None)) and callable(getattr(world, "allreduce", None)):
+        return world
+    if backend is None:
+        kind = "a Transport" if is_transport(world) else "an mpi4py communicator"
+        raise ValueError(f"mesh_groups over {kind} needs the backend to build its groups with; got backend=None")
+    return create(backend, group=world, **create_args)
 
 
-def mesh_groups(mesh: Mesh, world, backend: str, **create_args) -> MeshGroups:
-    """Split ``world`` (mpi4py communicator or Transport of ``mesh.world_size`` ranks) along every mesh axis."""
-    from npddp.comm.transports.base import is_transport
-
-    size, rank = (world.size, world.rank) if is_transport(world) else (world.Get_size(), world.Get_rank())
-    if size != mesh.world_size:
-        raise ValueError(f"{mesh!r} needs a world of {mesh.world_size} ranks, got {size}")
-    comms = {axis: split_group(world, mesh.colors(axis), backend, **create_args) for axis in AXES}
-    return MeshGroups(mesh, rank, comms["data"], comms["pipeline"], comms["tensor"])
+def mesh_groups(mesh: Mesh, world, backend: str | None = None, **create_args) -> MeshGroups:
+    """Split ``world`` along every mesh axis: a Communicator of ``mesh.world_size`` ranks (its groups are its own
+    backend), or a raw world (mpi4py communicator or Transport) over which ``backend`` is built first."""
+    comm = world_communicator(world, backend, **create_args)
+    if comm.size != mesh.world_size:
+        raise ValueError(f"{mesh!r} needs a world of {mesh.world_size} ranks, got {comm.size}")
+    groups = {axis: split_group(comm, mesh.colors(axis)) for axis in AXES}
+    return MeshGroups(mesh, comm.rank, groups["data"], groups["pipeline"], groups["tensor"])
