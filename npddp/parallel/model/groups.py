@@ -28,25 +28,23 @@ def split_group(comm, colors: list[int]):
     return comm.split(int(colors[comm.rank]), comm.rank)
 
 
-def world_communicator(world, backend: str | None, **create_args):
-    """``world`` itself when it is a Communicator; else ``backend`` built over the raw world (mpi4py communicator
-    or Transport, used as it is)."""
+def mesh_groups(mesh: Mesh, world, backend: str | None = None, **create_args) -> MeshGroups:
+    """Split ``world`` along every mesh axis: a Communicator of ``mesh.world_size`` ranks (its groups are its own
+    backend), or a raw world (mpi4py communicator or Transport) over which ``backend`` is built first, on a copy
+    with a message context of its own (sharing the world's, its calls could interleave with those in flight there)."""
     from npddp.comm import create
     from npddp.comm.transports.base import is_transport
 
-    if callable(getattr(world, "split", None)) and callable(getattr(world, "allreduce", None)):
-        return world
-    if backend is None:
-        kind = "a Transport" if is_transport(world) else "an mpi4py communicator"
-        raise ValueError(f"mesh_groups over {kind} needs the backend to build its groups with; got backend=None")
-    return create(backend, group=world, **create_args)
-
-
-def mesh_groups(mesh: Mesh, world, backend: str | None = None, **create_args) -> MeshGroups:
-    """Split ``world`` along every mesh axis: a Communicator of ``mesh.world_size`` ranks (its groups are its own
-    backend), or a raw world (mpi4py communicator or Transport) over which ``backend`` is built first."""
-    comm = world_communicator(world, backend, **create_args)
-    if comm.size != mesh.world_size:
-        raise ValueError(f"{mesh!r} needs a world of {mesh.world_size} ranks, got {comm.size}")
+    raw = not (callable(getattr(world, "split", None)) and callable(getattr(world, "allreduce", None)))
+    size = (world.size if is_transport(world) else world.Get_size()) if raw else world.size
+    if size != mesh.world_size:
+        raise ValueError(f"{mesh!r} needs a world of {mesh.world_size} ranks, got {size}")
+    if raw and backend is None:
+        raise ValueError("mesh_groups over a raw world (mpi4py communicator or Transport) needs the backend to "
+                         "build its groups with; got backend=None")
+    own = None if not raw else world.split([0] * size) if is_transport(world) else world.Dup()
+    comm = create(backend, group=own, **create_args) if raw else world
     groups = {axis: split_group(comm, mesh.colors(axis)) for axis in AXES}
+    if raw and not is_transport(own):
+        own.Free()   # the groups are splits of it, each of its own; nothing else uses the copy
     return MeshGroups(mesh, comm.rank, groups["data"], groups["pipeline"], groups["tensor"])
