@@ -129,3 +129,40 @@ def test_sys_exit_with_a_code_on_rank_1_of_a_plain_script_ends_the_job_with_that
     took = time.monotonic() - started
     assert done.returncode == 3, done.stdout + done.stderr
     assert took < ENDS_WITHIN, f"{took:.1f} s (the others waited for their timeout)"
+
+
+@pytest.mark.parametrize("launcher, backend", [("mpirun", "ring"), ("mpirun", "mpi"), ("npddp.run", "ring")])
+def test_a_rank_that_leaves_with_status_0_ends_the_ranks_still_waiting_for_it_with_one_line_naming_it(
+        tmp_path, launcher, backend):
+    script = tmp_path / "exit_script.py"
+    script.write_text(EXIT_SCRIPT)
+    started = time.monotonic()
+    done = subprocess.run(_command(launcher, script, backend, "0"), env=job_env(NPDDP_TIMEOUT="60"),
+                          capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - started
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out
+    assert took < ENDS_WITHIN, f"{took:.1f} s (rank 0 waited for its timeout)"
+    lines = [line for line in out.splitlines() if line.startswith("[rank")]
+    assert len(lines) == 1 and lines[0].startswith("[rank 0] ending: ") and "rank 1" in lines[0][len("[rank 0]"):], out
+    assert "Traceback" not in out, out
+
+
+QUIET_SCRIPT = """
+import sys
+import numpy as np
+from npddp.comm import create
+comm = create(sys.argv[1])
+for _ in range(20):
+    comm.allreduce(np.ones(1000))
+sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize("launcher, backend", [("mpirun", "ring"), ("mpirun", "mpi"), ("npddp.run", "ring")])
+def test_a_job_whose_ranks_all_exit_with_status_0_ends_quietly(tmp_path, launcher, backend):
+    script = tmp_path / "quiet_script.py"
+    script.write_text(QUIET_SCRIPT)
+    done = subprocess.run(_command(launcher, script, backend, "unused"), env=job_env(NPDDP_TIMEOUT="60"),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout + done.stderr == "", done.stdout + done.stderr
