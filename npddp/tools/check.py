@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import argparse
 
-from npddp.comm import backend_names, create, transport_names
+from npddp.comm import backend_names, create
 from npddp.comm.contract import PROPERTIES, run_contract
-from npddp.util import env, plugins
+from npddp.tools.arguments import load_plugins_and_check_transport
+from npddp.util import env
 
 PROG = "python -m npddp.check"
 
@@ -41,13 +42,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                    help="seconds a call may wait for its peers (default 60)")
     args = p.parse_args(argv)
-    try:
-        plugins.load(args.plugin)
-    except ValueError as exc:
-        p.error(str(exc))
-    if args.transport not in ("auto", *transport_names()):
-        p.error(f"--transport {args.transport!r} is unknown; valid: auto, {', '.join(transport_names())} "
-                "(a transport of your own: --plugin MODULE)")
+    load_plugins_and_check_transport(p, args)
     if args.backend not in backend_names():
         p.error(f"--backend {args.backend!r} is unknown; valid: {', '.join(backend_names())} "
                 "(an algorithm of your own: --plugin MODULE)")

@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from npddp.comm import DTYPES, create, transport_names
+from npddp.comm import DTYPES, create
 from npddp.comm.compose.auto import hier_possible
 from npddp.comm.compose.costmodel import candidates, model_table
 from npddp.comm.compose.tuning import FORMAT, VERSION, check_table
@@ -40,7 +40,8 @@ from npddp.comm.node.memory import node_ids
 from npddp.comm.node.shm import node_group
 from npddp.comm.transports.base import resolve_transport
 from npddp.process.job import abort_on_exception
-from npddp.util import plugins, variables
+from npddp.tools.arguments import load_plugins_and_check_transport
+from npddp.util import variables
 from npddp.util.atomicfile import target_problem, write_bytes_atomic
 
 PROG = "python -m npddp.tune"
@@ -84,13 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tolerance", type=float, default=0.05, metavar="FRACTION",
                    help="stable: the best's and the default's round medians vary by at most this (default: 0.05)")
     args = p.parse_args(argv)
-    try:
-        plugins.load(args.plugin)
-    except ValueError as exc:
-        p.error(str(exc))
-    if args.transport not in ("auto", *transport_names()):
-        p.error(f"--transport {args.transport!r} is unknown; valid: auto, {', '.join(transport_names())} "
-                "(a transport of your own: --plugin MODULE)")
+    load_plugins_and_check_transport(p, args)
     if args.max_bytes < args.min_bytes:
         p.error(f"-e {args.max_bytes} is smaller than -b {args.min_bytes}")
     if args.factor < 2:
