@@ -91,16 +91,10 @@ class NaiveCommunicator(P2PCommunicator):
 
     def ireduce_scatter(self, buf, op="sum", out=None):
         """:meth:`reduce_scatter`'s rounds (the same bits), non-blocking: rank 0 reduces in rank order."""
-        ufunc = c.check_op(op)
-        c.check_buffer(buf, writable=False)
-        scale = c.average_scale(op, buf, self._size)
-        out = c.check_block_out(buf, out, self._size, self._rank)
-        call = self._begin("ireduce_scatter", None, buf, op)
-        flat = buf.reshape(-1)
-        if flat.size == 0 or self._size == 1:
-            self._signed_empty(call)
-            np.copyto(out, flat)
-            return DoneWork(out)
+        opened = self._open_reduce_scatter(buf, op, out)
+        if isinstance(opened, DoneWork):
+            return opened
+        call, flat, ufunc, scale, out = opened
         if self._rank != ROOT:
             return RoundWork(call, [([(flat, ROOT)], [(out, ROOT)], None)], out)
         bounds = c.block_bounds(flat.size, self._size).tolist()

@@ -447,6 +447,15 @@ class P2PCommunicator(Backend):
     # --- non-blocking reduce-scatter and all-gather ----------------------------------
     def ireduce_scatter(self, buf, op="sum", out=None):
         """Start :meth:`reduce_scatter` (the same ring half, the same bits) into ``out`` (this rank's block)."""
+        opened = self._open_reduce_scatter(buf, op, out)
+        if isinstance(opened, DoneWork):
+            return opened
+        call, flat, ufunc, scale, out = opened
+        return ReduceScatterWork(call, self._ring, flat, ufunc, out, scale)
+
+    def _open_reduce_scatter(self, buf, op, out):
+        """Check a reduce-scatter's arguments and open its call: (call, flat input, ufunc, avg scale, out block),
+        or a finished :class:`DoneWork` where there is nothing to move (one rank, or an empty buffer)."""
         ufunc = c.check_op(op)
         c.check_buffer(buf, writable=False)
         scale = c.average_scale(op, buf, self._size)
@@ -457,7 +466,7 @@ class P2PCommunicator(Backend):
             self._signed_empty(call)
             np.copyto(out, flat)
             return DoneWork(out)
-        return ReduceScatterWork(call, self._ring, flat, ufunc, out, scale)
+        return call, flat, ufunc, scale, out
 
     def iallgather(self, buf, out=None):
         """Start :meth:`allgather` into ``out`` of shape ``(size, *buf.shape)``; ``buf`` may be ``out[rank]``."""
