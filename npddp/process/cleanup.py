@@ -277,6 +277,14 @@ class Watch:
         return removed
 
 
+def report_removed(removed: list[tuple[str, int]]) -> None:
+    """One stderr line naming the files a failed job left that were removed (nothing when there were none)."""
+    if removed:
+        sys.stderr.write(f"removed {len(removed)} file{'s' * (len(removed) > 1)} "
+                         f"({_mib(sum(n for _, n in removed))}) left by the failed job: "
+                         f"{', '.join(os.path.basename(p) for p, _ in removed)}\n")
+
+
 def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
@@ -308,11 +316,7 @@ def main(argv=None) -> int:
         parser.error("run needs a command, e.g. run -- mpirun -n 2 python -m npddp.train")
     watch = Watch(command)
     code = watch.run(reraise=False)            # exits 128 + N itself, after the cleanup
-    removed = watch.clean(code)
-    if removed:
-        sys.stderr.write(f"removed {len(removed)} file{'s' * (len(removed) > 1)} "
-                         f"({_mib(sum(n for _, n in removed))}) left by the failed job: "
-                         f"{', '.join(os.path.basename(p) for p, _ in removed)}\n")
+    report_removed(watch.clean(code))
     return code
 
 

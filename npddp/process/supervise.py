@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 
-from npddp.process.cleanup import Watch, _mib
+from npddp.process.cleanup import Watch, report_removed
 from npddp.process.job import EXIT_USAGE
 from npddp.process.spawn import RESTART_VARIABLE
 
@@ -75,11 +75,7 @@ class Supervisor:
         start = _Start(self.command, self, env=env, preexec_fn=_mpirun_dies_with_us)
         code = start.run()
         self.proc = None
-        removed = start.clean(code)
-        if removed:
-            sys.stderr.write(f"removed {len(removed)} file{'s' * (len(removed) > 1)} "
-                             f"({_mib(sum(n for _, n in removed))}) left by the failed job: "
-                             f"{', '.join(os.path.basename(p) for p, _ in removed)}\n")
+        report_removed(start.clean(code))
         return code
 
     def run(self) -> int:
