@@ -21,14 +21,14 @@ import sys
 
 import numpy as np
 
-from npddp.train.checkpoint import fileformat
-from npddp.train.agree import agree, share_text
 from npddp.data import iterate_batches
-from npddp.train.cli.inputs import load_data
-from npddp.util import env
-from npddp.process.job import EXIT_USAGE, JobError, open_communicator, run_main
-from npddp.train.models import build_model, shape_rows
 from npddp.nn import CrossEntropyLoss
+from npddp.process.job import EXIT_USAGE, JobError, open_communicator, run_main
+from npddp.train.agree import agree, share_text
+from npddp.train.checkpoint import fileformat
+from npddp.train.cli.inputs import load_data
+from npddp.train.models import build_model, shape_rows
+from npddp.util import env
 
 PROG = "python -m npddp.evaluate"
 SPLITS = ("val", "train", "all")

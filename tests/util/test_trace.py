@@ -145,6 +145,7 @@ def test_a_full_buffer_drops_and_counts_instead_of_growing(tmp_path):
     n = tr.name("e")
     for _ in range(10):
         tr.add(tr.clock(), n, tracing.COMPUTE)
+    assert tr.recorded == 4 and tr.dropped == 6 and tracing.NULL.recorded == 0   # what trace_overhead.py reads
     tr.close()
     doc = json.loads((tmp_path / "t.json").read_text())
     assert len(x_events(doc)) == 4 and doc["otherData"]["dropped_events"] == {"0": 6}

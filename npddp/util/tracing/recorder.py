@@ -102,8 +102,8 @@ class NullTracer:
 
     @property
     def recorded(self) -> int:
-        """Events held so far (at most the capacity; the rest are counted in ``dropped``)."""
-        return self._count
+        """Events held so far: none."""
+        return 0
 
     def describe(self, **meta) -> None:
         return None
@@ -204,6 +204,11 @@ class Tracer:
         self._step_start = time.perf_counter_ns()
         self.recording = self.first <= 1
         self.written = False
+
+    @property
+    def recorded(self) -> int:
+        """Events held so far (at most the capacity; the rest are counted in ``dropped``)."""
+        return self._count
 
     def describe(self, **meta) -> None:
         """Add ``meta`` (JSON values: the run's config, backend, ...) to the file's ``otherData``."""
