@@ -35,7 +35,7 @@ from npddp.comm.base import Backend
 from npddp.comm.communicators import split as sp
 from npddp.comm.engine.deadline import Deadline, Overdue, timeout_text, wait_until
 from npddp.comm.engine.work import DoneWork
-from npddp.comm.transports.mpi import free_comm
+from npddp.comm.transports.mpi import free_comm, mpi_world
 
 _MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
 
@@ -94,7 +94,7 @@ class MPICommunicator(Backend):
     name = "mpi"
 
     def __init__(self, mpi_comm=None, timeout: float = c.DEFAULT_TIMEOUT, dup: bool = False, check_args: bool = False):
-        self.comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+        self.comm = mpi_world() if mpi_comm is None else mpi_comm
         self._abandoned = [False]  # True once a call timed out: its messages may still come, so never free
         if dup:  # a context of its own (collective), freed with this communicator unless abandoned
             self.comm = self.comm.Dup()

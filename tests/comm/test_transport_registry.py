@@ -70,3 +70,18 @@ def test_npddp_check_passes_over_the_pipe_transport_and_leaves_no_pipe_behind():
     assert run.returncode == 0, run.stdout + run.stderr
     assert "6 passed, 0 failed of 6 properties" in run.stdout
     assert set(glob.glob(pipes)) == before
+
+
+@pytest.mark.parametrize("environ, size, refused", [
+    ({}, 1, False),                                              # no launcher: a singleton world is right
+    ({"PMI_SIZE": "2"}, 2, False), ({"OMPI_COMM_WORLD_SIZE": "4"}, 4, False),
+    ({"PMI_SIZE": "2"}, 1, True),                                # srun --mpi=pmi2 under Open MPI: N worlds of one
+    ({"PMI_SIZE": "3"}, 2, True),
+])
+def test_an_mpi_world_other_than_the_launchers_is_refused(environ, size, refused):
+    from npddp.comm.transports.mpi import check_world_size
+    if not refused:
+        check_world_size(size, environ)
+        return
+    with pytest.raises(ValueError, match=rf"world of {size} rank.*announced {environ['PMI_SIZE']}.*--mpi=pmix"):
+        check_world_size(size, environ)

@@ -12,6 +12,8 @@ import weakref
 
 import numpy as np
 
+from npddp.util import env
+
 
 def free_comm(comm, abandoned: list) -> None:
     """Free a communicator this package duplicated, unless MPI is finalized or a request on it was abandoned.
@@ -22,6 +24,25 @@ def free_comm(comm, abandoned: list) -> None:
     from mpi4py import MPI
     if not abandoned[0] and isinstance(comm, MPI.Comm) and comm != MPI.COMM_NULL and not MPI.Is_finalized():
         comm.Free()
+
+
+def check_world_size(size: int, environ=None) -> None:
+    """ValueError when MPI's world of ``size`` ranks is not the world the launcher announced.
+
+    A library that cannot talk to the launcher's process manager starts every process as a world
+    of its own (Open MPI under ``srun --mpi=pmi2``): N separate one-rank jobs, each "succeeding"."""
+    announced = env.mpi_world_size(environ)
+    if announced > 1 and size != announced:
+        raise ValueError(f"MPI started a world of {size} rank{'s' * (size != 1)} but the launcher announced "
+                         f"{announced}: this MPI does not speak the launcher's process manager (under srun: "
+                         "--mpi=pmix for Open MPI, --mpi=pmi2 for MPICH and Intel MPI; see docs/slurm.md)")
+
+
+def mpi_world():
+    """``MPI.COMM_WORLD``, checked against the world size the launcher announced (:func:`check_world_size`)."""
+    from mpi4py import MPI
+    check_world_size(MPI.COMM_WORLD.Get_size())
+    return MPI.COMM_WORLD
 
 
 class MPIRequest:
@@ -66,8 +87,7 @@ class MPITransport:
 
     def __init__(self, mpi_comm=None, dup: bool = False):
         if mpi_comm is None:
-            from mpi4py import MPI
-            mpi_comm = MPI.COMM_WORLD
+            mpi_comm = mpi_world()
         self._abandoned = [False]
         if dup:  # a context of its own (collective): no other communicator ever matches its messages
             mpi_comm = mpi_comm.Dup()
