@@ -95,8 +95,6 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
         from npddp.comm.backends import build
         comm = build(name, _transport_for(group, kind, timeout), timeout, tuning)
         comm.check_args = check_args
-    if kind == "mpi" and group is None:
-        guard.watch_departures()   # a rank that leaves while others wait for it ends them (collective, once)
     if debug:
         from npddp.comm.wrappers.debug import DebugCommunicator
         comm = DebugCommunicator(comm)

@@ -10,9 +10,6 @@ sets up two things, each with an environment variable that turns it off:
   (MPI: ``MPI_Abort``; over TCP it exits and its peers find the connection closed, each saying
   so in one line). Ctrl-C prints one ``interrupted`` line and exits 130. A single process keeps
   Python's own behaviour.
-* with it, under MPI, departures (:class:`Departures`): a rank that leaves with status 0 while
-  others still wait for it (``sys.exit(0)``, or the script's end) tells them at its exit, and
-  their wait ends with one line naming it instead of waiting for the timeout.
 * BLAS threads (``NPDDP_THREADS``: ``auto``, the default, a number, or ``off``): with several
   ranks on this node and no thread variable set (``OMP_NUM_THREADS`` and kin), each rank's BLAS
   is limited to its share of the cores (:func:`npddp.util.cores.auto_threads`), as ``--threads
@@ -23,14 +20,11 @@ Nothing here imports MPI: a job's MPI is used only when the script has already l
 
 from __future__ import annotations
 
-import atexit
 import fnmatch
 import os
 import sys
 import time
 import traceback
-
-import numpy as np
 
 from npddp.util import cores, env, variables
 
@@ -95,58 +89,7 @@ def install_exit_hook(world_of=None) -> None:
         original_exit(status)
 
     setattr(exit_all, MARK, True)
-    exit_all.departures = None   # the job's Departures, once a world-wide create() has made them
     sys.exit = exit_all
-
-
-class Departures:
-    """Notices of ranks that leave while the job runs: at exit each rank sends its rank (one int64) to every
-    peer, on a duplicate of the world of their own; a receive stays posted for them, and the waits of
-    ``npddp.comm`` look at it when they read the clock (:func:`check_departures`)."""
-
-    def __init__(self, world, mpi):
-        self.comm = world.Dup()   # collective: made by the first world-wide create() on every rank
-        self.rank, self.size = world.Get_rank(), world.Get_size()
-        self.inbox, self.outbox = np.zeros(1, dtype=np.int64), np.array([self.rank], dtype=np.int64)
-        self.receive = self.comm.Irecv(self.inbox, source=mpi.ANY_SOURCE)
-        self.sends: list = []
-
-    def check(self) -> None:
-        """ConnectionError naming the rank that left, once its notice has come."""
-        if self.receive.Test():
-            left = int(self.inbox[0])
-            raise ConnectionError(f"rank {left} left the job (it exited normally) while this rank still needed it")
-
-    def leave(self) -> None:
-        """Tell every peer this rank leaves (sends never waited on), and withdraw the posted receive."""
-        self.sends = [self.comm.Isend(self.outbox, peer) for peer in range(self.size) if peer != self.rank]
-        self.receive.Cancel()
-        self.receive.Wait()
-
-
-def watch_departures() -> None:
-    """At a world-wide create() under MPI with the exit hook installed: make the job's :class:`Departures`
-    (once) and send this rank's notice at its exit. Nothing for one rank or without MPI."""
-    hook, mpi = sys.exit, env.mpi_live()
-    if not getattr(hook, MARK, False) or getattr(hook, "departures", True) is not None or mpi is None:
-        return
-    world = mpi.COMM_WORLD
-    if world.Get_size() > 1:
-        hook.departures = Departures(world, mpi)
-        atexit.register(_leave, hook.departures)
-
-
-def _leave(departures: Departures) -> None:
-    """At this rank's exit (while MPI still runs): send the notices of :meth:`Departures.leave`."""
-    if env.mpi_live() is not None:
-        departures.leave()
-
-
-def check_departures() -> None:
-    """ConnectionError naming a rank that has left the job; called by the waits of ``npddp.comm`` at clock reads."""
-    departures = getattr(sys.exit, "departures", None)
-    if departures is not None:
-        departures.check()
 
 
 def share_threads(environ=None) -> int | None:

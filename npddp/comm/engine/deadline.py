@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 
 from npddp.util import variables
-from npddp.util.guard import check_departures
 
 #: Polls of a request between two reads of the clock.
 CLOCK_EVERY = 64
@@ -44,10 +43,9 @@ class Deadline:
 
     def past(self, timeout: float) -> bool:
         """Read the clock (the first read starts the deadline, ``timeout`` s on); nap once the wait is long.
-        True past the deadline; ConnectionError if a rank has left the job."""
+        True past the deadline."""
         now = time.monotonic()
         self.rounds += 1
-        check_departures()   # a rank that left: ConnectionError naming it
         if not self.expires:
             self.expires = now + timeout
             return False
