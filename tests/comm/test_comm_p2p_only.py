@@ -187,8 +187,9 @@ def test_the_argument_check_sends_no_extra_message_for_small_calls_and_one_per_p
 @pytest.mark.parametrize("backend", ("ring", "rd"))
 def test_checked_blocking_calls_poll_the_transports_requests_not_the_check(backend, group, monkeypatch,
                                                                            assert_all_ranks):
-    """A blocking checked call waits on its first messages' own requests: each of the check's wrappers is
-    tested at most once (when the call posts what it can), never once per poll."""
+    """A blocking checked call waits on its first messages' own requests: the check's wrappers are tested
+    about once each (when the call posts what it can; a late first message may take a second look), never
+    once per poll (which made thousands of tests for 20 wrappers)."""
     made, polls = [0], [0]
     for wrapper in (SignedSend, SignedRecv):
         init, test = wrapper.__init__, wrapper.test
@@ -207,4 +208,4 @@ def test_checked_blocking_calls_poll_the_transports_requests_not_the_check(backe
     for n in (256, 1 << 15):   # small first messages (signature embedded), large ones (signature ahead)
         for _ in range(5):
             ok &= np.array_equal(comm.allreduce(np.ones(n, dtype=np.float32)), np.full(n, comm.size))
-    assert_all_ranks(ok and polls[0] <= made[0], f"{backend}: {polls[0]} polls of {made[0]} wrappers", group)
+    assert_all_ranks(ok and polls[0] <= 2 * made[0], f"{backend}: {polls[0]} polls of {made[0]} wrappers", group)
