@@ -1,8 +1,8 @@
 """Alpha-beta cost models of collectives, their least-squares fit, and a projection of DDP to big clusters.
 
-A collective on ``n`` ranks moving ``S`` bytes takes ``T = steps * alpha + fraction * S / beta``,
-npddp's one cost model (:class:`npddp.comm.engine.cost.Cost` with gamma 0 and its beta = 1 / this beta):
-``alpha`` is the per-message latency, ``beta`` here the link bandwidth in bytes/s, ``steps`` the sequential
+A collective on ``n`` ranks moving ``S`` bytes takes ``T = steps * alpha + fraction * S / bandwidth``,
+npddp's one cost model (:class:`npddp.comm.engine.cost.Cost` with gamma 0 and beta = 1 / bandwidth, s/byte):
+``alpha`` is the per-message latency, ``bandwidth`` the link's bytes/s, ``steps`` the sequential
 messages on the critical path and ``fraction`` the multiple of ``S`` the busiest link carries.
 An all-reduce algorithm's steps and fraction are its own cost description (the ``cost`` of its
 class in ``npddp/comm/p2p/``, the one ``auto`` and the tuner read too), taken unpipelined:
@@ -57,30 +57,30 @@ def modelled(algorithm: str) -> bool:
     return algorithm in ALLREDUCE_MODELS or algorithm in costed()
 
 
-def model_time(nbytes, collective: str, n: int, alpha: float, beta: float, calls=1, algorithm: str = "ring"):
+def model_time(nbytes, collective: str, n: int, alpha: float, bandwidth: float, calls=1, algorithm: str = "ring"):
     """Alpha-beta time (s) of ``calls`` collectives moving ``nbytes`` in total, by :meth:`Cost.time`.
 
-    ``beta`` here is the link's bandwidth in bytes/s (what the fit and the tables report); the
-    model's own beta is its inverse, seconds per byte (:mod:`npddp.comm.engine.cost`).
+    ``bandwidth`` is the link's bytes/s (what the fit and the tables report); the model's beta is its
+    inverse, seconds per byte (:mod:`npddp.comm.engine.cost`).
     """
     steps, fraction = terms(collective, n, algorithm)
-    return Cost(steps=calls * steps, sent=fraction * np.asarray(nbytes), reduced=0.0).time(alpha, 1.0 / beta)
+    return Cost(steps=calls * steps, sent=fraction * np.asarray(nbytes), reduced=0.0).time(alpha, 1.0 / bandwidth)
 
 
 @dataclass(frozen=True)
 class Fit:
-    """Fitted alpha (s per message) and beta (bytes/s) with the fit's relative RMS error."""
+    """Fitted alpha (s per message) and bandwidth (bytes/s, 1 / beta) with the fit's relative RMS error."""
 
     alpha: float
-    beta: float
+    bandwidth: float
     rel_rms: float
 
 
 def fit_alpha_beta(nbytes, times, collective: str, n: int, algorithm: str = "ring") -> Fit:
-    """Least-squares fit of ``times = steps*alpha + fraction*nbytes/beta``, weighted by 1/time.
+    """Least-squares fit of ``times = steps*alpha + fraction*nbytes*beta`` (beta = 1 / bandwidth), weighted by 1/time.
 
-    Minimises the relative error, so small and large messages count alike; alpha and 1/beta
-    are kept non-negative (beta = inf when the times show no size dependence). Needs n >= 2
+    Minimises the relative error, so small and large messages count alike; alpha and beta
+    are kept non-negative (bandwidth = inf when the times show no size dependence). Needs n >= 2
     and at least two distinct sizes with positive times.
     """
     b = np.asarray(nbytes, dtype=np.float64).ravel()
@@ -114,7 +114,7 @@ def fit_alpha_beta(nbytes, times, collective: str, n: int, algorithm: str = "rin
     if best is None:
         raise ValueError("the alpha-beta fit found no non-negative solution")
     x, err = best
-    return Fit(alpha=float(x[0]), beta=float(1.0 / x[1]) if x[1] > 0 else math.inf, rel_rms=err)
+    return Fit(alpha=float(x[0]), bandwidth=float(1.0 / x[1]) if x[1] > 0 else math.inf, rel_rms=err)
 
 
 # ----------------------------------------------------------------------------- DDP projection
@@ -125,15 +125,15 @@ class Network:
 
     name: str
     alpha: float
-    beta: float
+    bandwidth: float
 
 
 #: Typical published figures, not measurements: per-message latency of an MPI
 #: point-to-point exchange and per-link bandwidth.
 NETWORKS = (
-    Network("10 GbE", alpha=50e-6, beta=1.25 * GB),
-    Network("100 GbE", alpha=10e-6, beta=12.5 * GB),
-    Network("InfiniBand HDR", alpha=1.5e-6, beta=25.0 * GB),
+    Network("10 GbE", alpha=50e-6, bandwidth=1.25 * GB),
+    Network("100 GbE", alpha=10e-6, bandwidth=12.5 * GB),
+    Network("InfiniBand HDR", alpha=1.5e-6, bandwidth=25.0 * GB),
 )
 
 
@@ -185,7 +185,7 @@ def project_ddp(params, world_sizes, compute_s_per_param: float, networks=NETWOR
     """Project DDP's per-step gradient all-reduce for each network x algorithm x model size x world size.
 
     Gradients (``params * bytes_per_param`` bytes) go in ``ceil(bytes / bucket_bytes)``
-    all-reduces: ``buckets * steps * alpha + fraction * bytes / beta``. Compute per step is
+    all-reduces: ``buckets * steps * alpha + fraction * bytes / bandwidth``. Compute per step is
     ``compute_s_per_param * params`` (FLOPs, hence time, scale with parameters at a fixed batch).
     """
     if compute_s_per_param < 0 or bytes_per_param < 1 or bucket_bytes < 1:
@@ -200,7 +200,7 @@ def project_ddp(params, world_sizes, compute_s_per_param: float, networks=NETWOR
                 nbytes = int(p) * bytes_per_param
                 buckets = max(1, math.ceil(nbytes / bucket_bytes))
                 for n in world_sizes:
-                    comm = float(model_time(nbytes, "allreduce", int(n), net.alpha, net.beta, calls=buckets,
+                    comm = float(model_time(nbytes, "allreduce", int(n), net.alpha, net.bandwidth, calls=buckets,
                                             algorithm=algorithm))
                     out.append(Projection(net.name, algorithm, int(p), int(n), buckets,
                                           compute_s_per_param * int(p), comm))

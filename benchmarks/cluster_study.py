@@ -87,22 +87,22 @@ def fit_network(path: Path, rate: float | None, world: int, min_bytes: int = 0) 
     """Per fixed algorithm and transport: the alpha-beta fit of its in-place times at the sweep's sizes >= min_bytes.
 
     Each algorithm is fitted with its own steps and bytes (``benchmarks/_costmodel.py``), so alpha is the
-    network's per-message latency and beta the bandwidth it sees; ``beta / rate`` is the link's share.
+    network's per-message latency and bandwidth what it sees (bytes/s); ``bandwidth / rate`` is the link's share.
     """
     times = {key: t for key, t in read(path).items() if key[0] >= min_bytes}
-    lines = [f"# alpha-beta fit per algorithm, sizes >= {min_bytes} B (T = steps x alpha + bytes sent / beta; "
+    lines = [f"# alpha-beta fit per algorithm, sizes >= {min_bytes} B (T = steps x alpha + bytes sent / bandwidth; "
              "weighted by 1/T)",
-             f"{'algorithm':>16} {'alpha us':>9} {'beta Gbit/s':>11} {'beta / rate':>11} {'rel rms':>8} {'sizes':>6}"]
+             f"{'algorithm':>16} {'alpha us':>9} {'bandwidth Gbit/s':>16} {'bw / rate':>9} {'rel rms':>8} {'sizes':>6}"]
     for transport in ("mpi", "tcp"):
         for name in FIXED:
             pts = sorted((n, t) for (n, b, tr), t in times.items() if b == name and tr == transport)
             if len({n for n, _ in pts}) < 2 or world < 2:
                 continue
             fit = fit_alpha_beta([n for n, _ in pts], [t for _, t in pts], "allreduce", world, name)
-            gbit = fit.beta * 8 / 1e9
-            share = f"{fit.beta * 8 / rate:.2f}" if rate else "-"
+            gbit = fit.bandwidth * 8 / 1e9
+            share = f"{fit.bandwidth * 8 / rate:.2f}" if rate else "-"
             label = name if transport == "mpi" else f"{name}/tcp"
-            lines.append(f"{label:>16} {fit.alpha * 1e6:9.1f} {gbit:11.3f} {share:>11} {fit.rel_rms:8.2f} {len(pts):6d}")
+            lines.append(f"{label:>16} {fit.alpha * 1e6:9.1f} {gbit:16.3f} {share:>9} {fit.rel_rms:8.2f} {len(pts):6d}")
     return lines
 
 

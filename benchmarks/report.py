@@ -14,7 +14,7 @@ printed with pandas; per kind:
 
 * ``allreduce_sweep`` (benchmarks/allreduce.py): bus bandwidth and median time per size and
   series, the time ratio to ``--baseline``, and an alpha-beta fit per series (``time = steps
-  x alpha + fraction x bytes / beta`` with the algorithm's own steps and fraction when it has
+  x alpha + fraction x bytes / bandwidth`` with the algorithm's own steps and fraction when it has
   a cost model, the ring's otherwise: benchmarks/_costmodel.py); plots ``<stem>_busbw`` (bus
   bandwidth vs size with p10-p90 bands) and ``<stem>_ratio`` (time / baseline's, 1.0 line).
   A sweep of MPI's own algorithms (benchmarks/mpi_algorithms.py: backends ``mpi:<algorithm>``)
@@ -35,7 +35,7 @@ Projection (printed last; plot ``projection``): DDP's gradient all-reduce per st
 model size (float32 gradients in ``--bucket-mb`` buckets), world size and algorithm (those of
 the sweeps given, else every algorithm with a cost model) on three networks with typical
 published latency and bandwidth (10 GbE: 50 us, 1.25 GB/s; 100 GbE: 10 us, 12.5 GB/s;
-InfiniBand HDR: 1.5 us, 25 GB/s: assumptions, not measurements; the alpha and beta fitted here
+InfiniBand HDR: 1.5 us, 25 GB/s: assumptions, not measurements; the alpha and bandwidth fitted here
 are printed beside them). Compute per step scales linearly with parameters: the rate comes
 from the largest model of the first ``ddp_breakdown`` dump, else from ``--compute-ms`` for a
 model of ``--compute-params``. Efficiency = compute / (compute + comm) without overlap (the
@@ -170,9 +170,9 @@ def fits_table(fits: dict, meta: dict) -> str:
     if not fits:
         return "alpha-beta fit: none (needs world size >= 2 and two sizes or more)"
     table = pd.DataFrame({"alpha_us": [f.alpha * 1e6 for f in fits.values()],
-                          "beta_GBps": [f.beta / bc.GB for f in fits.values()],
+                          "bandwidth_GBps": [f.bandwidth / bc.GB for f in fits.values()],
                           "rel_rms": [f.rel_rms for f in fits.values()]}, index=list(fits))
-    return (f"alpha-beta fit, {meta['world_size']} ranks (time = steps x alpha + fraction x bytes / beta; "
+    return (f"alpha-beta fit, {meta['world_size']} ranks (time = steps x alpha + fraction x bytes / bandwidth; "
             "weighted to relative error):\n" + table.to_string(float_format="{:.3f}".format))
 
 
@@ -224,9 +224,9 @@ def projection_tables(proj, rate: float, source: str, local_fits: dict, bucket_b
     """Network assumptions beside the local fits, then efficiency per network, model size and N."""
     import pandas as pd
 
-    nets = pd.DataFrame([{"network": n.name, "alpha_us": n.alpha * 1e6, "beta_GBps": n.beta / bc.GB,
+    nets = pd.DataFrame([{"network": n.name, "alpha_us": n.alpha * 1e6, "bandwidth_GBps": n.bandwidth / bc.GB,
                           "source": "assumed: typical published figure"} for n in cm.NETWORKS]
-                        + [{"network": f"local {series}", "alpha_us": f.alpha * 1e6, "beta_GBps": f.beta / bc.GB,
+                        + [{"network": f"local {series}", "alpha_us": f.alpha * 1e6, "bandwidth_GBps": f.bandwidth / bc.GB,
                             "source": f"fitted on this machine ({name})"}
                            for name, fits in local_fits.items() for series, f in fits.items()])
     labelled = proj.assign(params=[bc.format_count(int(p)) for p in proj["params"]])

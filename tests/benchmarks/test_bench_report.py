@@ -26,7 +26,7 @@ from npddp.comm import BACKENDS
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"
-MODEL = {"mpi": (3e-6, 6e9), "ring": (9e-6, 4e9)}  # backend -> (alpha s, beta B/s) of the synthetic sweep
+MODEL = {"mpi": (3e-6, 6e9), "ring": (9e-6, 4e9)}  # backend -> (alpha s, bandwidth B/s) of the synthetic sweep
 
 
 def synthetic_sweep(path, n=4):
@@ -80,7 +80,7 @@ def test_sweep_fits_recover_the_model_and_the_tables_show_ratios(tmp_path, capsy
     assert sorted(fits) == ["mpi inplace", "mpi outofplace", "ring inplace", "ring outofplace"]
     for series, fit in fits.items():
         alpha, beta = MODEL[series.split()[0]]
-        assert fit.alpha == pytest.approx(alpha, rel=1e-6) and fit.beta == pytest.approx(beta, rel=1e-6)
+        assert fit.alpha == pytest.approx(alpha, rel=1e-6) and fit.bandwidth == pytest.approx(beta, rel=1e-6)
     assert report.main([str(path), "--no-plots"]) == 0
     out = capsys.readouterr().out
     assert "allreduce sweep, 4 ranks" in out and "#wrong total: 0" in out
@@ -89,7 +89,7 @@ def test_sweep_fits_recover_the_model_and_the_tables_show_ratios(tmp_path, capsy
     want = (cm.model_time(8 << 20, "allreduce", 4, *MODEL["ring"])
             / cm.model_time(8 << 20, "allreduce", 4, *MODEL["mpi"]))
     assert last[0] == "8M" and float(last[1]) == pytest.approx(want, abs=0.005)
-    assert re.search(r"mpi inplace\s+3\.000\s+6\.000\s+0\.000", out)  # alpha us, beta GB/s, rel.rms
+    assert re.search(r"mpi inplace\s+3\.000\s+6\.000\s+0\.000", out)  # alpha us, bandwidth GB/s, rel.rms
     assert "local ring inplace" in out and "assumed: typical published figure" in out
     assert "not projected (no cost model in benchmarks/_costmodel.py): mpi" in out
     assert re.search(r"ring serial\s+ring overlap", out)  # projected: the sweep's modelled algorithm

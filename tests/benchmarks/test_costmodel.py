@@ -18,7 +18,7 @@ def test_fit_recovers_alpha_and_beta_exactly(collective):
             times = cm.model_time(SIZES, collective, n, alpha, beta)
             fit = cm.fit_alpha_beta(SIZES, times, collective, n)
             assert fit.alpha == pytest.approx(alpha, rel=1e-8)
-            assert fit.beta == pytest.approx(beta, rel=1e-8)
+            assert fit.bandwidth == pytest.approx(beta, rel=1e-8)
             assert fit.rel_rms < 1e-10
 
 
@@ -28,17 +28,17 @@ def test_fit_weights_relative_error_so_noise_costs_a_few_percent():
         times = cm.model_time(SIZES, "allreduce", 4, 8e-6, 3e9) * rng.lognormal(0.0, 0.02, SIZES.size)
         fit = cm.fit_alpha_beta(SIZES, times, "allreduce", 4)
         assert fit.alpha == pytest.approx(8e-6, rel=0.05), seed
-        assert fit.beta == pytest.approx(3e9, rel=0.05), seed
+        assert fit.bandwidth == pytest.approx(3e9, rel=0.05), seed
         assert 0.005 < fit.rel_rms < 0.05
 
 
 def test_fit_keeps_alpha_and_inverse_beta_non_negative():
     pure_bandwidth = cm.model_time(SIZES, "allreduce", 2, 0.0, 2e9) * np.where(np.arange(SIZES.size) % 2, 1.01, 0.99)
     fit = cm.fit_alpha_beta(SIZES, pure_bandwidth, "allreduce", 2)
-    assert fit.alpha >= 0 and fit.beta == pytest.approx(2e9, rel=0.02)
+    assert fit.alpha >= 0 and fit.bandwidth == pytest.approx(2e9, rel=0.02)
     flat = np.full(SIZES.size, 1e-3) * np.where(np.arange(SIZES.size) < 6, 1.05, 1.0)  # slower when smaller
     fit = cm.fit_alpha_beta(SIZES, flat, "allreduce", 3)
-    assert fit.beta == math.inf and fit.alpha == pytest.approx(1e-3 / 4, rel=0.05)
+    assert fit.bandwidth == math.inf and fit.alpha == pytest.approx(1e-3 / 4, rel=0.05)
 
 
 def test_fit_ignores_missing_times_and_rejects_what_it_cannot_fit():
@@ -105,7 +105,7 @@ def test_algorithm_models_match_the_schedules_they_run():
 def test_fit_uses_the_algorithms_own_model(algorithm):
     times = cm.model_time(SIZES, "allreduce", 8, 4e-6, 2e9, algorithm=algorithm)
     fit = cm.fit_alpha_beta(SIZES, times, "allreduce", 8, algorithm=algorithm)
-    assert fit.alpha == pytest.approx(4e-6, rel=1e-8) and fit.beta == pytest.approx(2e9, rel=1e-8)
+    assert fit.alpha == pytest.approx(4e-6, rel=1e-8) and fit.bandwidth == pytest.approx(2e9, rel=1e-8)
 
 
 def test_projection_has_one_series_per_algorithm_and_refuses_unmodelled_ones():
