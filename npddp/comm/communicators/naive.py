@@ -42,17 +42,11 @@ class NaiveCommunicator(P2PCommunicator):
 
     def reduce_scatter(self, buf, op="sum"):
         """Rank 0 receives and reduces every buffer in rank order, then sends each rank its block."""
-        ufunc = c.check_op(op)
-        c.check_buffer(buf, writable=False)
-        scale = c.average_scale(op, buf, self._size)
-        call = self._begin("reduce_scatter", None, buf, op)
-        flat = buf.reshape(-1)
+        opened = self._open_reduce_scatter(buf, op, None, "reduce_scatter")
+        if isinstance(opened, DoneWork):
+            return opened.wait()
+        call, flat, ufunc, scale, out = opened
         bounds = c.block_bounds(flat.size, self._size).tolist()
-        out = np.empty(bounds[self._rank + 1] - bounds[self._rank], dtype=buf.dtype)
-        if flat.size == 0 or self._size == 1:
-            self._signed_empty(call)
-            np.copyto(out, flat)
-            return out
         if self._rank != ROOT:
             call.transfer(recvs=[(out, ROOT)], sends=[(flat, ROOT)])
             return out
@@ -91,7 +85,7 @@ class NaiveCommunicator(P2PCommunicator):
 
     def ireduce_scatter(self, buf, op="sum", out=None):
         """:meth:`reduce_scatter`'s rounds (the same bits), non-blocking: rank 0 reduces in rank order."""
-        opened = self._open_reduce_scatter(buf, op, out)
+        opened = self._open_reduce_scatter(buf, op, out, "ireduce_scatter")
         if isinstance(opened, DoneWork):
             return opened
         call, flat, ufunc, scale, out = opened

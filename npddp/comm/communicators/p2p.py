@@ -330,17 +330,11 @@ class P2PCommunicator(Backend):
 
     def reduce_scatter(self, buf, op="sum"):
         """The ring schedule's first half: rank r ends with block r of the reduction."""
-        ufunc = c.check_op(op)
-        c.check_buffer(buf, writable=False)
-        scale = c.average_scale(op, buf, self._size)
-        call = self._begin("reduce_scatter", None, buf, op)
-        flat = buf.reshape(-1)
+        opened = self._open_reduce_scatter(buf, op, None, "reduce_scatter")
+        if isinstance(opened, DoneWork):
+            return opened.wait()
+        call, flat, ufunc, scale, out = opened
         bounds = c.block_bounds(flat.size, self._size)
-        out = np.empty(int(bounds[self._rank + 1] - bounds[self._rank]), dtype=buf.dtype)
-        if self._size == 1 or flat.size == 0:
-            self._signed_empty(call)
-            np.copyto(out, flat)
-            return out
         raw = self.scratch.acquire(flat.nbytes)
         partials = np.frombuffer(raw, dtype=buf.dtype, count=flat.size)  # (n,) partial sums land here
         try:
@@ -447,20 +441,21 @@ class P2PCommunicator(Backend):
     # --- non-blocking reduce-scatter and all-gather ----------------------------------
     def ireduce_scatter(self, buf, op="sum", out=None):
         """Start :meth:`reduce_scatter` (the same ring half, the same bits) into ``out`` (this rank's block)."""
-        opened = self._open_reduce_scatter(buf, op, out)
+        opened = self._open_reduce_scatter(buf, op, out, "ireduce_scatter")
         if isinstance(opened, DoneWork):
             return opened
         call, flat, ufunc, scale, out = opened
         return ReduceScatterWork(call, self._ring, flat, ufunc, out, scale)
 
-    def _open_reduce_scatter(self, buf, op, out):
-        """Check a reduce-scatter's arguments and open its call: (call, flat input, ufunc, avg scale, out block),
-        or a finished :class:`DoneWork` where there is nothing to move (one rank, or an empty buffer)."""
+    def _open_reduce_scatter(self, buf, op, out, operation: str):
+        """Check a reduce-scatter's arguments (``out`` None: allocate this rank's block) and open its call:
+        (call, flat input, ufunc, avg scale, out block), or a finished :class:`DoneWork` holding ``out`` where
+        there is nothing to move (one rank, or an empty buffer)."""
         ufunc = c.check_op(op)
         c.check_buffer(buf, writable=False)
         scale = c.average_scale(op, buf, self._size)
         out = c.check_block_out(buf, out, self._size, self._rank)
-        call = self._begin("ireduce_scatter", None, buf, op)
+        call = self._begin(operation, None, buf, op)
         flat = buf.reshape(-1)
         if self._size == 1 or flat.size == 0:
             self._signed_empty(call)
