@@ -270,3 +270,21 @@ def stale_then_backward(wrapper, model, x, via="model"):
         p.grad[...] = 5.0
     (model if via == "model" else wrapper).zero_grad()
     wrapper.backward(np.ones_like(wrapper(x)))
+
+
+class OneRank:
+    """The communicator of a world of one (nothing is ever sent): stands in for a Communicator in serial tests."""
+
+    rank, size, name, shared_memory = 0, 1, "mpi", False
+
+    def empty(self, n, dtype=np.float32):
+        return np.zeros(n, dtype=dtype)
+
+    def broadcast(self, buf, root=0):
+        return buf
+
+    def allreduce(self, buf, op="sum", out=None):
+        return buf
+
+    def allgather(self, buf):
+        return buf[None].copy()

@@ -11,24 +11,7 @@ from npddp.parallel.ddp import DistributedDataParallel
 from npddp.parallel.wrapper import DataParallelModule
 from npddp.parallel.zero import ZeroDataParallel
 from npddp.util import tracing
-
-
-class OneRank:
-    """The communicator of a world of one (nothing is ever sent)."""
-
-    rank, size, name, shared_memory = 0, 1, "mpi", False
-
-    def empty(self, n, dtype=np.float32):
-        return np.zeros(n, dtype=dtype)
-
-    def broadcast(self, buf, root=0):
-        return buf
-
-    def allreduce(self, buf, op="sum", out=None):
-        return buf
-
-    def allgather(self, buf):
-        return buf[None].copy()
+from tests.conftest import OneRank
 
 
 class PicksPerCall(OneRank):

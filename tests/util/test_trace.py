@@ -13,24 +13,7 @@ from npddp.optim import SGD
 from npddp.parallel.ddp import DistributedDataParallel
 from npddp.util import tracing
 from npddp.util.tracing import chrome
-
-
-class OneRank:
-    """The communicator of a world of one (the tracer never sends in it)."""
-
-    rank, size, name, shared_memory = 0, 1, "mpi", False
-
-    def empty(self, n, dtype=np.float32):
-        return np.zeros(n, dtype=dtype)
-
-    def broadcast(self, buf, root=0):
-        return buf
-
-    def allreduce(self, buf, op="sum", out=None):
-        return buf
-
-    def allgather(self, buf):
-        return buf[None].copy()
+from tests.conftest import OneRank
 
 
 class Rank(OneRank):
