@@ -10,7 +10,7 @@ Quoted lines must appear in the output in the page's order; other lines may come
 ``...`` stands for those). Times, rates and percentage shares match any number in their place (:data:`VARY`),
 runs of spaces any run of spaces; a marker adds patterns of its own that may vary, each after ``; vary: ``,
 e.g. ``<!-- output; vary: \\d+ BLAS thread.* -->``. Each block runs in a fresh temporary directory holding links
-to the checkout's top-level entries (so ``examples/`` and ``benchmarks/`` resolve and what the block writes
+to the checkout's top-level entries that git tracks (so ``examples/`` and ``benchmarks/`` resolve and what the block writes
 stays there), with the checkout first on PYTHONPATH and this interpreter's directory first on PATH.
 """
 
@@ -124,11 +124,19 @@ def missing_lines(expected: list[str], output: str, vary) -> list[str]:
     return missing
 
 
+def _tracked_top_level() -> set[str]:
+    """The checkout's top-level names git tracks (not what the user's own runs left there, e.g. a run.h5)."""
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True, text=True)
+    if listed.returncode != 0:   # no git: every entry but the virtual environment
+        return {entry.name for entry in ROOT.iterdir() if not entry.name.startswith(".venv")}
+    return {path.split("/", 1)[0] for path in listed.stdout.splitlines()}
+
+
 def run_block(block: Block, timeout: float = LIMIT_S) -> subprocess.CompletedProcess:
     """Run ``block``'s script with bash in a fresh directory linked to the checkout."""
     with tempfile.TemporaryDirectory(prefix="doc-commands-") as scratch:
         for entry in ROOT.iterdir():
-            if entry.name not in (".git", ".venv"):
+            if entry.name in _tracked_top_level():
                 os.symlink(entry, Path(scratch) / entry.name)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                    PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", os.defpath)]))
