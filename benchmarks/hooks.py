@@ -27,6 +27,8 @@ import argparse  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from npddp.util.atomicfile import target_problem  # noqa: E402
+
 #: Hook choices: name -> the training CLI's flags.
 HOOKS = {"allreduce": ["--comm-hook", "allreduce"], "fp16": ["--comm-hook", "fp16"],
          "topk": ["--comm-hook", "topk", "--topk-ratio", "0.01"],
@@ -54,6 +56,9 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--{what}: unknown {bad[0]!r}; valid: {', '.join(valid)}")
     if a.steps <= a.powersgd_start_iter:
         p.error(f"--steps {a.steps} must exceed --powersgd-start-iter {a.powersgd_start_iter}")
+    problem = a.csv and target_problem(f"--csv {a.csv!r}", a.csv)
+    if problem:  # checked before any run: a FIFO or a device is never opened, a missing folder is named
+        p.error(problem)
     return a
 
 

@@ -11,7 +11,9 @@ from benchmarks import hooks
 
 def test_bad_arguments_name_the_valid_values(capsys):
     for argv, words in ((["--hooks", "zip"], "unknown 'zip'"), (["--models", "resnet"], "unknown 'resnet'"),
-                        (["--steps", "5", "--powersgd-start-iter", "5"], "must exceed")):
+                        (["--steps", "5", "--powersgd-start-iter", "5"], "must exceed"),
+                        (["--csv", "/dev/null"], "--csv '/dev/null'"),
+                        (["--csv", "/nonexistent-folder/t.csv"], "--csv '/nonexistent-folder/t.csv'")):
         with pytest.raises(SystemExit):
             hooks.parse_args(argv)
         assert words in capsys.readouterr().err
