@@ -80,12 +80,15 @@ class Pipeline:
         else:
             self.ddp.step(optimizer)
 
-    def train_step(self, x, y, first_row: int = 0, global_rows: int | None = None) -> float | None:
+    def train_step(self, x, y, first_row: int = 0, global_rows: int | None = None,
+                   row_stride: int = 1) -> float | None:
         """Forward and backward of one batch; returns its mean loss on the last stage, None elsewhere.
 
         ``x`` (first stage) and ``y`` (last stage) are this rank's rows; other stages may pass
         None. ``first_row``: the global index of this rank's first row (data parallelism), and
-        ``global_rows`` the global batch size, which position the dropout streams.
+        ``global_rows`` the global batch size, which position the dropout streams; row ``k`` of
+        this rank is global row ``first_row + k * row_stride`` (a DistributedSampler's shard: the
+        replica's index and the number of replicas).
         """
         rows = len(x) if self.first else len(y) if self.last else self._agreed_rows()
         if not 1 <= self.micro_batches <= rows:
@@ -104,7 +107,7 @@ class Pipeline:
             elif kind == "fwd":
                 if self.first:
                     inputs[i] = x[lo:hi]
-                self.dropout.at_rows(first_row + lo)
+                self.dropout.at_rows(first_row + lo * row_stride, row_stride)
                 out = self.module.forward(inputs[i])
                 latest = i
                 if self.last:
@@ -123,7 +126,7 @@ class Pipeline:
                 grads[i] = self.comm.recv(np.empty(shape, dtype), self.stage.stage + 1, TAG_GRADIENT)
             elif kind == "bwd":
                 if latest != i:                            # recompute: layers keep their latest input only
-                    self.dropout.at_rows(first_row + lo)
+                    self.dropout.at_rows(first_row + lo * row_stride, row_stride)
                     self.module.forward(inputs[i])
                     latest = i
                 dx[i] = self._backward(grads.pop(i), last=i == last_bwd)

@@ -10,6 +10,12 @@ stream: PCG64 jumps ahead in O(log n), a float32 takes half a 64-bit output), an
 ``end_step(rows)`` leaves every stream where one process on ``rows`` rows leaves it. So a
 micro-batch (pipeline), a data-parallel rank's shard and a recomputed forward all get the
 mask bits the one process would: the seeding is per step and per sample offset.
+
+Rows need not be contiguous: ``at_rows(first, stride)`` places local row ``k`` at global row
+``first + k*stride``, which is what a :class:`npddp.data.DistributedSampler` gives data replica
+``r`` of ``N`` (the dataset order's positions ``r, r + N, ...``; ``first = r``, ``stride = N``).
+For such a forward the layer draws the rows ``first .. first + (k-1)*stride`` in one call and
+keeps every ``stride``-th of them (``stride`` times the draws of a contiguous slice).
 """
 
 from __future__ import annotations
@@ -49,7 +55,8 @@ class RowAlignedDropout:
         self.layers = [m for _, m in model.named_modules() if isinstance(m, Dropout)]
         self.start: list[np.ndarray | None] = [None] * len(self.layers)
         self.row_size = [0] * len(self.layers)
-        self.first_row = 0
+        self.first_row, self.stride = 0, 1
+        self.generators = [layer._rng for layer in self.layers]     # each layer's own stream
         for i, layer in enumerate(self.layers):
             layer.register_forward_pre_hook(self._positioner(i))
 
@@ -59,20 +66,39 @@ class RowAlignedDropout:
                 return
             x = args[0]
             self.row_size[i] = x.size // x.shape[0]
+            layer._rng = self.generators[i]
             layer.set_rng_state(skipped_state(self.start[i], self.first_row * self.row_size[i]))
+            if self.stride > 1:
+                layer._rng = _StridedDraws(layer, self.generators[i], self.stride)
         return position
 
     def begin_step(self) -> None:
         """Record where every stream stands: the draws of row 0 of this step's global batch."""
         self.start = [layer.get_rng_state() for layer in self.layers]
 
-    def at_rows(self, first: int) -> None:
-        """The next forward of every layer draws for global rows starting at ``first``."""
-        self.first_row = int(first)
+    def at_rows(self, first: int, stride: int = 1) -> None:
+        """The next forward of every layer draws for global rows ``first``, ``first + stride``, ..."""
+        if isinstance(stride, bool) or not isinstance(stride, (int, np.integer)) or stride < 1:
+            raise ValueError(f"stride must be an integer >= 1, got {stride!r}")
+        self.first_row, self.stride = int(first), int(stride)
 
     def end_step(self, rows: int) -> None:
         """Leave every stream where one process on a batch of ``rows`` rows leaves it."""
         for i, layer in enumerate(self.layers):
+            layer._rng = self.generators[i]
             if self.start[i] is not None and self.row_size[i]:
                 layer.set_rng_state(skipped_state(self.start[i], rows * self.row_size[i]))
         self.start = [None] * len(self.layers)
+
+
+class _StridedDraws:
+    """A Dropout's generator for one forward: every ``stride``-th row of the draws from where it stands."""
+
+    def __init__(self, layer: Dropout, generator: np.random.Generator, stride: int):
+        self.layer, self.generator, self.stride = layer, generator, stride
+
+    def random(self, shape, dtype):
+        """The draws of rows 0, stride, 2*stride, ... (``shape[0]`` of them); the layer gets its generator back."""
+        self.layer._rng = self.generator
+        span = (shape[0] - 1) * self.stride + 1 if shape[0] else 0
+        return self.generator.random((span, *shape[1:]), dtype=dtype)[::self.stride]

@@ -98,7 +98,8 @@ class MeshEngine:
         """
         rows = len(yb)
         self.pipeline.micro_batches = min(self.micro, rows)
-        return self.pipeline.train_step(xb, yb, first_row=self.here.dp * rows, global_rows=self.mesh.dp * rows)
+        return self.pipeline.train_step(xb, yb, first_row=self.here.dp, global_rows=self.mesh.dp * rows,
+                                        row_stride=self.mesh.dp)   # the sampler's shard: every dp-th row
 
     def evaluate(self, X: np.ndarray, y: np.ndarray, batch: int, loss_fn) -> np.ndarray:
         """(loss sum, correct, rows) of this replica's validation rows, on reporting ranks (zeros elsewhere)."""

@@ -18,7 +18,9 @@ def header(cfg: Config, comm, ds, model_text: str, model, ddp, trainer, env: dic
     ``default_why``: why the default backend is not mpi; ``nodes``: each rank's node (a line
     when there is more than one).
     """
-    per_rank = cfg.batch_size // comm.size
+    replicas = comm.size // (cfg.tp * cfg.pp)          # data replicas: the ranks of a split model share their rows
+    per_rank = cfg.batch_size // replicas
+    shares = f"{replicas} replica{'s' * (replicas > 1)}" if cfg.tp * cfg.pp > 1 else f"{comm.size}"
     nbytes = model.num_bytes()
     scaled = f", --normalize {cfg.normalize}" if cfg.normalize != "none" else ""
     kind = transport_of(comm)
@@ -32,10 +34,10 @@ def header(cfg: Config, comm, ds, model_text: str, model, ddp, trainer, env: dic
              f"{cfg.comm_hook}" + (f", local SGD every {cfg.local_sgd} steps" if cfg.local_sgd else "")
              + auto_picks(comm, ddp),
              (f"data: {ds.name}, {ds.n_train} train / {ds.n_val} val sequences of {cfg.context_length} tokens, "
-              f"vocabulary {ds.num_classes}; batch {cfg.batch_size} = {comm.size} x {per_rank} sequences, "
+              f"vocabulary {ds.num_classes}; batch {cfg.batch_size} = {shares} x {per_rank} sequences, "
               if cfg.model == "gpt" else
               f"data: {ds.name}, {ds.n_train} train / {ds.n_val} val rows of shape {tuple(ds.input_shape)}, "
-              f"{ds.num_classes} classes{scaled}; batch {cfg.batch_size} = {comm.size} x {per_rank}, ")
+              f"{ds.num_classes} classes{scaled}; batch {cfg.batch_size} = {shares} x {per_rank}, ")
              + f"{len(trainer.loader)} steps per epoch",
              f"optimizer: {cfg.optimizer}, lr {cfg.lr}"
              + (f", momentum {cfg.momentum}" if cfg.optimizer == "sgd" else "")
