@@ -322,3 +322,37 @@ def projection(df, meta: dict, params: int, note: str) -> Figure:
     axes[0].set_ylabel("projected efficiency, no overlap")
     axes[0].legend(title="algorithm", fontsize=8)
     return fig
+
+
+def mpi_study(frames: dict, setting: str, prefix: str = "mpi:") -> Figure:
+    """Per MPI (one panel each): every algorithm's in-place median time over the fastest npddp algorithm's, vs size.
+
+    ``frames``: {MPI family: ({(bytes, backend): seconds}, dump attributes)}; MPI's own algorithms
+    (``<prefix><name>``) dashed, ``mpi:default`` black, npddp's solid in their fixed colours.
+    """
+    meta = next(iter(frames.values()))[1]
+    fig = _figure(5.2 * len(frames) + 0.5, 6.2, f"all-reduce time / fastest npddp algorithm's, {setting} "
+                                                f"(in place, median; below 1: faster than npddp's best)", meta)
+    axes = fig.subplots(1, len(frames), squeeze=False, sharey=True)[0]
+    for ax, (family, (times, attrs)) in zip(axes, frames.items()):
+        names = list(dict.fromkeys(b for _, b in times))
+        sizes = sorted({n for n, _ in times})
+        best = {n: min(t for (m, b), t in times.items() if m == n and not b.startswith(prefix)) for n in sizes}
+        palette = backend_colours([b for b in names if b.startswith(prefix)])
+        for name in sorted(names, key=lambda b: (not b.startswith(prefix), b)):
+            xs = [n for n in sizes if (n, name) in times]
+            ys = [times[n, name] / best[n] for n in xs]
+            own = name.startswith(prefix)
+            default = name == prefix + "default"
+            style = ({"color": "black", "lw": 2.2, "ls": "-"} if default else
+                     {"color": palette[name], "lw": 1, "ls": "--"} if own else
+                     {"color": backend_colour(name), "lw": 1.8, "ls": "-"})
+            ax.plot(xs, ys, marker="o", ms=2.5, label=name, **style)
+        _size_axis(ax)
+        ax.set_yscale("log", base=2)
+        ax.axhline(1.0, color="gray", lw=0.8)
+        words = [w for w in str(attrs.get("mpi_library", family)).replace(",", " ").split() if w != "Version:"]
+        ax.set_title(" ".join(words[:3]) if words else family, fontsize=9)
+        ax.legend(fontsize=6, ncols=2, loc="upper left")
+    axes[0].set_ylabel("time / fastest npddp algorithm's time (log 2)")
+    return fig

@@ -4,6 +4,7 @@
     python benchmarks/mpi_algorithms.py -n 2 --algorithms ring,tree -b 1K -e 64K -f 8 --iters 5 --out a.h5
     python benchmarks/mpi_algorithms.py -n 4 --backends ring,rabenseifner --out both.h5  # npddp's in the same dump
     python benchmarks/mpi_algorithms.py --list                         # what the active MPI lets a user force
+    python benchmarks/mpi_algorithms.py --cluster 2x1@1gbit --lock /tmp/cluster.lock -b 1K -e 32M -f 8 --out c.h5
     python benchmarks/report.py mpi_algorithms.h5 ar.h5                # drawn beside npddp's algorithms
 
 MPI's ``Allreduce`` is not one algorithm: each library picks one of several by size and lets a
@@ -14,7 +15,11 @@ the library's variables set (``mpi:default``) and once per algorithm with its va
 (``mpi:<algorithm>``), each a fresh job of the mpirun beside this Python (else the one on PATH)
 with a time limit (``--timeout``). Every flag this script does not know goes to allreduce.py
 unchanged (sizes, iterations, dtype, buffers, ...); ``--backends`` adds npddp backends to the
-default run, so one dump holds both.
+default run, so one dump holds both. ``--cluster KxR@RATE`` runs each job across K emulated
+nodes of R ranks with links of RATE instead (``python -m npddp.cluster --launcher mpi``, a fresh
+cluster per run; ``-n`` is then K x R), each under ``flock --lock FILE`` when given, so jobs of
+other users of the emulated clusters never overlap with one. Each run's record holds the load
+average (``/proc/loadavg``) before and after it.
 
 Every run is checked: allreduce.py's ``#wrong`` must be 0; a run that fails, times out or
 returns wrong results is reported in the summary (its rows, if any, stay in the dump) and the
@@ -51,6 +56,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from npddp.cluster.shaping import parse_rate
 from npddp.process.cleanup import Watch
 from npddp.util.atomicfile import target_problem
 from npddp.util.runinfo import library_name
@@ -213,6 +219,7 @@ class Run:
     dump: str = ""
     fallbacks: int = 0
     log: str = ""
+    load: tuple = ()                    # the 1-minute load average before and after the run
 
     @property
     def env(self) -> dict:
@@ -272,10 +279,38 @@ def relaunch(command: list, env: dict, limit_s: float, workdir: Path, name: str)
     return (None if stopped.is_set() else code), log.read_text(errors="replace"), seconds
 
 
-def launch_command(lib: Library, launcher: str, nproc: int, args: list) -> list:
-    """The launcher command of one run of allreduce.py."""
-    extra = lib.launcher_args + (lib.root_args if os.geteuid() == 0 else ())
-    return [launcher, *extra, "-n", str(nproc), sys.executable, str(ALLREDUCE), *args]
+def launch_command(lib: Library, launcher: str, nproc: int, args: list, cluster=None, lock: str = "") -> list:
+    """The launcher command of one run of allreduce.py: ``nproc`` ranks here, or across ``cluster`` (nodes, ranks, rate)."""
+    job = [sys.executable, str(ALLREDUCE), *args]
+    if cluster is None:
+        extra = lib.launcher_args + (lib.root_args if os.geteuid() == 0 else ())
+        command = [launcher, *extra, "-n", str(nproc), *job]
+    else:
+        nodes, ranks, rate = cluster
+        command = [sys.executable, "-m", "npddp.cluster", "--nodes", str(nodes), "--ranks-per-node", str(ranks),
+                   "--rate", rate, "--launcher", "mpi", "--", *job]
+    return ["flock", lock, *command] if lock else command
+
+
+def parse_cluster(text: str) -> tuple[int, int, str]:
+    """``KxR@RATE`` (e.g. ``2x1@1gbit``) as (nodes, ranks per node, rate); ValueError naming what is wrong."""
+    shape, sep, rate = text.partition("@")
+    nodes, x, ranks = shape.partition("x")
+    if not (sep and x and nodes.isdigit() and ranks.isdigit() and int(nodes) >= 1 and int(ranks) >= 1 and rate):
+        raise ValueError(f"--cluster {text!r}: expected NODESxRANKS@RATE with NODES, RANKS >= 1, e.g. 2x1@1gbit")
+    try:
+        parse_rate(rate)
+    except ValueError as e:
+        raise ValueError(f"--cluster {text!r}: {e}") from None
+    return int(nodes), int(ranks), rate
+
+
+def load_average() -> float:
+    """This machine's 1-minute load average (NaN where /proc/loadavg cannot be read)."""
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return float("nan")
 
 
 def judge(run: Run, code: int | None, log: str, limit_s: float, lib: Library) -> None:
@@ -388,6 +423,11 @@ def build_parser(lib_names=()) -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds each run may take (default 600)")
     p.add_argument("--out", default="", help="write the merged HDF5 dump here")
     p.add_argument("--csv", default="", help="write its rows as CSV here")
+    p.add_argument("--cluster", default="", metavar="KxR@RATE",
+                   help="run each job across K emulated nodes of R ranks, links of RATE (python -m npddp.cluster "
+                        "--launcher mpi; -n is then K x R), e.g. 2x1@1gbit")
+    p.add_argument("--lock", default="", metavar="FILE",
+                   help="run each job under flock FILE (the emulated clusters' shared lock)")
     p.add_argument("--list", action="store_true", help="print the active library's algorithms and variables, and exit")
     return p
 
@@ -408,6 +448,14 @@ def main(argv=None) -> int:
     for flag in ("--collective", "--out", "--csv"):
         if any(a == flag or a.startswith(flag + "=") for a in passthrough):
             parser.error(f"{flag}: this script times allreduce only and writes its own dump (--out, --csv)")
+    try:
+        args.cluster = parse_cluster(args.cluster) if args.cluster else None
+    except ValueError as e:
+        parser.error(str(e))
+    if args.cluster is not None:
+        args.nproc = args.cluster[0] * args.cluster[1]
+    if args.lock and shutil.which("flock") is None:
+        parser.error(f"--lock {args.lock!r}: no flock on PATH")
     for option, path in (("--out", args.out), ("--csv", args.csv)):
         problem = target_problem(f"{option} {path!r}", path) if path else None
         if problem:
@@ -439,7 +487,8 @@ def main(argv=None) -> int:
 
 def measure(lib: Library, version: str, runs: list[Run], launcher: str, args, passthrough, argv) -> int:
     """Run each of ``runs`` (the default first: bad flags end everything there), then summarise and write."""
-    print(f"# {library_name(version)}: {len(runs)} runs of allreduce.py on {args.nproc} ranks with {launcher}",
+    where = launcher if args.cluster is None else "npddp.cluster {}x{} at {}".format(*args.cluster)
+    print(f"# {library_name(version)}: {len(runs)} runs of allreduce.py on {args.nproc} ranks with {where}",
           flush=True)
     with tempfile.TemporaryDirectory(prefix="mpi-algorithms-") as tmp:
         workdir = Path(tmp)
@@ -451,12 +500,15 @@ def measure(lib: Library, version: str, runs: list[Run], launcher: str, args, pa
                 continue
             dump = workdir / f"{label}.h5"
             command = launch_command(lib, launcher, args.nproc,
-                                     child_args(passthrough, args.backends, i == 0) + ["--out", str(dump)])
+                                     child_args(passthrough, args.backends, i == 0) + ["--out", str(dump)],
+                                     args.cluster, args.lock)
+            before = load_average()
             code, log, seconds = relaunch(command, run_environment(lib, run, launcher), args.timeout, workdir, label)
             judge(run, code, log, args.timeout, lib)
-            run.seconds = seconds
+            run.seconds, run.load = seconds, (before, load_average())
             run.dump = str(dump) if code in (0, 1) and dump.exists() else ""
-            print(f"# {run.backend} ({variables_text(run.env)}): {run.status}, {seconds:.1f} s", flush=True)
+            print(f"# {run.backend} ({variables_text(run.env)}): {run.status}, {seconds:.1f} s, load average "
+                  f"{run.load[0]:.2f} -> {run.load[1]:.2f}", flush=True)
             if i == 0 and code == EXIT_BAD:
                 sys.stderr.write(log)
                 return EXIT_BAD          # allreduce.py refused the flags: every run would
@@ -474,7 +526,8 @@ def write(args, lib: Library, version: str, runs: list[Run], rows: list[dict], r
           argv) -> None:
     """The merged dump (``--out``) and CSV (``--csv``), each if asked for."""
     record = [{"backend": r.backend, "variables": r.env, "status": r.status, "seconds": round(r.seconds, 2),
-               "fallback_notices": r.fallbacks, "honoured": honoured(rows, r.backend)} for r in runs]
+               "fallback_notices": r.fallbacks, "honoured": honoured(rows, r.backend), "load_average": list(r.load)}
+              for r in runs]
     backends = list(dict.fromkeys(r["backend"] for r in rows))
     if args.out:
         results.write_dump(args.out, KIND, rows, world_size=args.nproc, backends=backends, raw={"time_s": raw},

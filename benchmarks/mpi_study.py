@@ -1,0 +1,270 @@
+"""The active MPI's own all-reduce algorithms beside npddp's, on one node and across emulated nodes.
+
+    python benchmarks/mpi_study.py --out docs/cluster_study/mpi --lock /tmp/cluster.lock     # every setting
+    python benchmarks/mpi_study.py --out study --settings 1x2,2x1@1gbit                      # some of them
+    python benchmarks/mpi_study.py --report docs/cluster_study/mpi --plots docs/img          # tables, fits, plots
+
+One command per MPI (run it in each MPI's environment): for every setting of :data:`SETTINGS`
+(one node with N = 2; 2 nodes x 1 rank at 1 Gbit/s; 4 x 1 and 2 x 2 at 10 Gbit/s), one
+``benchmarks/mpi_algorithms.py`` run: ``mpi:default`` and npddp's algorithms interleaved in one
+job (allreduce.py measures every backend at a size before the next size), then one job per
+algorithm the library lets a user force. The dump of each is ``<mpi>_<setting>.h5`` (and
+``.csv``) in ``--out``; a setting's runs across nodes hold ``--lock`` (``flock``) one job at a time.
+
+``--report DIR`` reads every dump there and prints, per setting, the table of in-place median
+times (an algorithm per row, a size per column, the fastest at each size in bold), who wins per size (the best of
+the MPI's own algorithms against npddp's best, and the ratio), the alpha-beta fit of each
+algorithm (benchmarks/_costmodel.py: npddp's algorithms with their own steps and bytes, MPI's
+with the ring's shape) and the load average its runs saw; ``--plots DIR`` draws one figure per
+setting (benchmarks/_plots.py ``mpi_study``), a panel per MPI.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if not __package__:  # run by path: the repository root stands in for this folder, so `benchmarks` imports as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import argparse
+import importlib.util
+import json
+import subprocess
+from dataclasses import dataclass
+
+from benchmarks import mpi_algorithms as ma
+from benchmarks import results
+from benchmarks._costmodel import fit_alpha_beta, modelled
+
+PROG = "mpi_study.py"
+NPDDP = ("ring", "rd", "rabenseifner", "tree", "naive", "auto")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Where one sweep runs: ``nodes`` x ``ranks`` (one node: no emulated cluster), the link rate, the sizes."""
+
+    name: str
+    nodes: int
+    ranks: int
+    rate: str
+    sizes: tuple
+
+    @property
+    def backends(self) -> tuple:
+        """npddp's algorithms for this setting: shm on one node, hier where a node holds more than one rank."""
+        return NPDDP + (("shm",) if self.nodes == 1 else ()) + (("hier",) if self.ranks > 1 else ())
+
+    @property
+    def slug(self) -> str:
+        """The setting in a file name: ``1x2``, ``2x1_1gbit``."""
+        return self.name.replace("@", "_")
+
+    @property
+    def title(self) -> str:
+        """The setting in words."""
+        if self.nodes == 1:
+            return f"one node, N = {self.ranks}"
+        return f"{self.nodes} nodes x {self.ranks} rank{'s' if self.ranks > 1 else ''}, {self.rate}/s links"
+
+
+#: The study's settings; across nodes the sizes step by 8 (1 KiB to 32 MiB) to keep every job short.
+SETTINGS = (
+    Setting("1x2", 1, 2, "", ("-b", "1K", "-e", "64M", "-f", "4")),
+    Setting("2x1@1gbit", 2, 1, "1gbit", ("-b", "1K", "-e", "64M", "-f", "8")),
+    Setting("4x1@10gbit", 4, 1, "10gbit", ("-b", "1K", "-e", "64M", "-f", "8")),
+    Setting("2x2@10gbit", 2, 2, "10gbit", ("-b", "1K", "-e", "64M", "-f", "8")),
+)
+BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def family_slug(family: str) -> str:
+    """A library family in a file name: ``mpich``, ``openmpi``, ``intelmpi``."""
+    return family.lower().replace(" ", "")
+
+
+def command(setting: Setting, out: Path, family: str, args) -> list:
+    """The mpi_algorithms.py command of one setting."""
+    stem = out / f"{family_slug(family)}_{setting.slug}"
+    cmd = [sys.executable, str(Path(ma.__file__)), "--backends", ",".join(setting.backends),
+           "--timeout", str(args.timeout), "--out", f"{stem}.h5", "--csv", f"{stem}.csv"]
+    if setting.nodes == 1:
+        cmd += ["-n", str(setting.ranks)]
+    else:
+        cmd += ["--cluster", f"{setting.nodes}x{setting.ranks}@{setting.rate}"]
+        cmd += ["--lock", args.lock] if args.lock else []
+    cmd += ["--algorithms", args.algorithms] if args.algorithms else []
+    sizes = list(setting.sizes)
+    if args.maxbytes:
+        sizes[sizes.index("-e") + 1] = args.maxbytes
+    return cmd + [*sizes, "--iters", str(args.iters), "--budget", str(args.budget)]
+
+
+def run(args) -> int:
+    """Every chosen setting in turn; 0 when each mpi_algorithms.py run ended 0."""
+    lib = ma.detect(ma.library_version())
+    if lib is None:
+        sys.stderr.write(f"{PROG}: error: the active MPI is not one mpi_algorithms.py knows\n")
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    worst = 0
+    for name in args.settings:
+        cmd = command(BY_NAME[name], out, lib.family, args)
+        print("+", " ".join(cmd), flush=True)
+        worst = max(worst, subprocess.call(cmd))
+    return worst
+
+
+# ----------------------------------------------------------------------------- the report
+
+def load(directory: Path) -> dict:
+    """{setting name: {MPI family: (rows, attributes)}} of every study dump in ``directory``."""
+    found = {}
+    for setting in SETTINGS:
+        for lib in ma.LIBRARIES:
+            path = directory / f"{family_slug(lib.family)}_{setting.slug}.h5"
+            if path.exists():
+                rows, _, meta = ma.dump_rows(path)
+                found.setdefault(setting.name, {})[lib.family] = (rows, meta)
+    return found
+
+
+def medians(rows: list[dict]) -> dict:
+    """{(bytes, backend): in-place median seconds} of a dump's rows."""
+    return {(r["bytes"], r["backend"]): r["time_median_s"] for r in rows if r["place"] == "inplace"}
+
+
+def columns(times: dict) -> list:
+    """The dump's backends: MPI's own (default first), then npddp's, in the study's order."""
+    names = list(dict.fromkeys(b for _, b in times))
+    own = sorted((b for b in names if b.startswith(ma.PREFIX)), key=lambda b: (b != ma.PREFIX + ma.DEFAULT, b))
+    return own + [b for b in (*NPDDP, "shm", "hier") if b in names]
+
+
+def cell(seconds: float) -> str:
+    """Milliseconds with three significant digits."""
+    ms = seconds * 1e3
+    return f"{ms:.3g}" if ms < 100 else f"{ms:.0f}"
+
+
+def time_table(times: dict) -> list[str]:
+    """Markdown: an algorithm per row (npddp's in italics), a size per column, in-place median ms, each size's best bold."""
+    sizes = sorted({n for n, _ in times})
+    best = {n: min(t for (m, _), t in times.items() if m == n) for n in sizes}
+    lines = ["| algorithm | " + " | ".join(size_text(n) for n in sizes) + " |", "|---" * (len(sizes) + 1) + "|"]
+    for name in columns(times):
+        label = name.removeprefix(ma.PREFIX) if name.startswith(ma.PREFIX) else f"*{name}*"
+        cells = [(f"**{cell(times[n, name])}**" if times[n, name] == best[n] else cell(times[n, name]))
+                 if (n, name) in times else "-" for n in sizes]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def size_text(nbytes: int) -> str:
+    """1 KiB, 64 MiB."""
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
+
+
+def winners(times: dict) -> list[str]:
+    """Markdown: per size the best of MPI's own and of npddp's, and MPI's best over npddp's best."""
+    lines = ["| size | best of MPI's own | ms | best of npddp's | ms | MPI / npddp |", "|---|---|---|---|---|---|"]
+    for n in sorted({n for n, _ in times}):
+        own = {b: t for (m, b), t in times.items() if m == n and b.startswith(ma.PREFIX)}
+        ours = {b: t for (m, b), t in times.items() if m == n and not b.startswith(ma.PREFIX)}
+        if not own or not ours:
+            continue
+        a, b = min(own, key=own.get), min(ours, key=ours.get)
+        lines.append(f"| {size_text(n)} | {a.removeprefix(ma.PREFIX)} | {cell(own[a])} | {b} | {cell(ours[b])} | "
+                     f"{own[a] / ours[b]:.2f} |")
+    return lines
+
+
+def fits(times: dict, world: int) -> list[str]:
+    """Markdown: the alpha-beta fit of each algorithm over its sizes (npddp's own model, else the ring's)."""
+    lines = ["| algorithm | model | alpha (us) | bandwidth (Gbit/s) | rel. rms |", "|---|---|---|---|---|"]
+    for name in columns(times):
+        pts = sorted((n, t) for (n, b), t in times.items() if b == name)
+        if len(pts) < 2 or world < 2:
+            continue
+        shape = name if modelled(name) else "ring"
+        fit = fit_alpha_beta([n for n, _ in pts], [t for _, t in pts], "allreduce", world, shape)
+        lines.append(f"| {name.removeprefix(ma.PREFIX)} | {shape} | {fit.alpha * 1e6:.1f} | "
+                     f"{fit.bandwidth * 8 / 1e9:.3g} | {fit.rel_rms:.2f} |")
+    return lines
+
+
+def loads(meta: dict) -> tuple[float, float]:
+    """(lowest, highest) load average before or after any run of a dump."""
+    values = [v for r in json.loads(meta.get("mpi_algorithms", "[]")) for v in r.get("load_average", [])]
+    return (min(values), max(values)) if values else (float("nan"), float("nan"))
+
+
+def unmoved(meta: dict) -> list[str]:
+    """The forced algorithms whose times never left mpi:default's p10-p90 range, and runs that did not end ok."""
+    record = json.loads(meta.get("mpi_algorithms", "[]"))
+    return ([r["backend"].removeprefix(ma.PREFIX) for r in record if r.get("honoured") is False],
+            [f"{r['backend'].removeprefix(ma.PREFIX)} ({r['status']})" for r in record if r["status"] != "ok"])
+
+
+def report(directory: Path, plots: str) -> int:
+    """Print every setting's tables; draw its figure when ``plots`` names a folder."""
+    found = load(directory)
+    if not found:
+        sys.stderr.write(f"{PROG}: error: no study dumps (<mpi>_<setting>.h5) in {directory}\n")
+        return 2
+    for setting in SETTINGS:
+        by_family = found.get(setting.name)
+        if not by_family:
+            continue
+        print(f"\n## {setting.title}\n")
+        for family, (rows, meta) in by_family.items():
+            times, (lo, hi) = medians(rows), loads(meta)
+            same, failed = unmoved(meta)
+            print(f"### {meta.get('mpi_library', family).split(chr(10))[0]}: load average {lo:.1f}-{hi:.1f}\n")
+            print("\n".join(time_table(times)), "", "\n".join(winners(times)), "",
+                  "\n".join(fits(times, int(meta["world_size"]))), "", sep="\n")
+            print(f"not moved at any size: {', '.join(same) or 'none'}; not ok: {', '.join(failed) or 'none'}\n")
+        if plots and importlib.util.find_spec("matplotlib") is None:
+            print("# no plots: matplotlib is not installed (pip install matplotlib)")
+        elif plots:
+            from benchmarks import _plots
+            Path(plots).mkdir(parents=True, exist_ok=True)
+            frames = {family: (medians(rows), meta) for family, (rows, meta) in by_family.items()}
+            path = Path(plots) / f"mpi_study_{setting.slug}.png"
+            _plots.mpi_study(frames, setting.title, ma.PREFIX).savefig(path, dpi=110)
+            print(f"# wrote {path}")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="mpi_study", help="folder of the dumps (default mpi_study)")
+    p.add_argument("--settings", default=",".join(BY_NAME),
+                   help=f"comma-separated settings (default all: {', '.join(BY_NAME)})")
+    p.add_argument("--lock", default="", metavar="FILE", help="flock FILE around each job across emulated nodes")
+    p.add_argument("--iters", type=int, default=20, help="timed iterations per size, cut to --budget (default 20)")
+    p.add_argument("--budget", type=float, default=0.3, help="seconds per size, backend and place (default 0.3)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds each job may take (default 600)")
+    p.add_argument("--algorithms", default="", help="only these forced algorithms (mpi_algorithms.py --algorithms)")
+    p.add_argument("--maxbytes", default="", help="largest size instead of the setting's (a quick look)")
+    p.add_argument("--report", default="", metavar="DIR", help="print the tables of the dumps in DIR instead")
+    p.add_argument("--plots", default="", metavar="DIR", help="with --report: draw one PNG per setting into DIR")
+    args = p.parse_args(argv)
+    if args.report:
+        return report(Path(args.report), args.plots)
+    args.settings = [s.strip() for s in args.settings.split(",") if s.strip()]
+    bad = [s for s in args.settings if s not in BY_NAME]
+    if bad or not args.settings:
+        p.error(f"--settings: {bad[0] if bad else args.settings!r} is not one of {', '.join(BY_NAME)}")
+    if args.iters < 1 or not args.budget > 0:
+        p.error(f"--iters must be >= 1 and --budget > 0, got {args.iters} and {args.budget}")
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

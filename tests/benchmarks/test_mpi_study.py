@@ -1,0 +1,104 @@
+"""benchmarks/mpi_study.py: one command per MPI runs every setting's sweep of MPI's own algorithms beside npddp's,
+and its report prints the tables, winners and fits of each setting and draws one figure per setting."""
+
+import argparse
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+
+from benchmarks import mpi_algorithms as ma
+from benchmarks import mpi_study as ms
+from benchmarks import results
+
+
+def test_each_setting_runs_npddps_algorithms_that_fit_it_and_its_cluster_under_the_lock():
+    args = argparse.Namespace(lock="/tmp/x.lock", timeout=60.0, iters=3, budget=0.1,
+                             algorithms="", maxbytes="")
+    one = ms.command(ms.BY_NAME["1x2"], ms.Path("d"), "Open MPI", args)
+    assert one[one.index("--backends") + 1] == "ring,rd,rabenseifner,tree,naive,auto,shm,hier"
+    assert one[one.index("-n") + 1] == "2" and "--cluster" not in one and "--lock" not in one
+    assert one[one.index("--out") + 1] == "d/openmpi_1x2.h5"
+    wide = ms.command(ms.BY_NAME["4x1@10gbit"], ms.Path("d"), "Intel MPI", args)
+    assert wide[wide.index("--backends") + 1] == "ring,rd,rabenseifner,tree,naive,auto"
+    assert wide[wide.index("--cluster") + 1] == "4x1@10gbit" and wide[wide.index("--lock") + 1] == "/tmp/x.lock"
+    assert wide[wide.index("--out") + 1] == "d/intelmpi_4x1_10gbit.h5"
+    pair = ms.command(ms.BY_NAME["2x2@10gbit"], ms.Path("d"), "MPICH", args)
+    assert pair[pair.index("--backends") + 1].endswith(",auto,hier")
+
+
+def test_a_cluster_job_is_the_emulated_clusters_launcher_under_flock():
+    lib = ma.detect("MPICH Version: 5.0.2\n")
+    job = ma.launch_command(lib, "/x/mpirun", 4, ["--out", "a.h5"], ma.parse_cluster("2x2@10gbit"), "/tmp/l")
+    assert job[:2] == ["flock", "/tmp/l"]
+    assert job[job.index("--nodes") + 1] == "2" and job[job.index("--ranks-per-node") + 1] == "2"
+    assert job[job.index("--rate") + 1] == "10gbit" and job[job.index("--launcher") + 1] == "mpi"
+    assert "/x/mpirun" not in job and job[-2:] == ["--out", "a.h5"]
+    assert ma.launch_command(lib, "/x/mpirun", 2, [])[:3] == ["/x/mpirun", "-n", "2"]
+
+
+@pytest.mark.parametrize("text", ["2x1", "2@1gbit", "0x1@1gbit", "2x1@fast", "axb@1gbit"])
+def test_a_bad_cluster_is_one_error_line_and_exit_2(text, capsys):
+    with pytest.raises(SystemExit) as e:
+        ma.main(["--cluster", text, "--out", "x.h5"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len([line for line in err if "error:" in line]) == 1 and text in err[-1]
+
+
+def test_a_bad_setting_is_one_error_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        ms.main(["--settings", "3x3@1gbit"])
+    assert e.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "'3x3@1gbit' is not one of 1x2, 2x1@1gbit, 4x1@10gbit, 2x2@10gbit" in errors[0]
+
+
+def test_one_node_smoke_run_merges_mpis_and_npddps_backends_and_the_report_reads_it(tmp_path, capsys):
+    """The real thing under the active MPI: tiny sizes, the default run and one forced algorithm."""
+    lib = ma.detect(ma.library_version())
+    forced = lib.algorithms[-2].name if lib.family == "Open MPI" else next(
+        a.name for a in lib.algorithms if "ring" in a.name)
+    code = ms.main(["--out", str(tmp_path), "--settings", "1x2", "--algorithms", forced, "--maxbytes", "4K",
+                    "--iters", "2", "--budget", "0.02", "--timeout", "120"])
+    assert code == 0
+    path = tmp_path / f"{ms.family_slug(lib.family)}_1x2.h5"
+    table, meta = results.read_table(path), results.read_meta(path)
+    for column in ("backend", "algorithm", "transport", "place", "bytes", "time_median_s", "time_p10_s",
+                   "time_p90_s", "wrong"):
+        assert column in table
+    backends = set(np.asarray(table["backend"]).astype(str))
+    assert backends == {"mpi:default", f"mpi:{forced}", *ms.BY_NAME["1x2"].backends}
+    assert set(np.asarray(table["bytes"]).tolist()) == {1024, 4096}
+    assert int(np.asarray(table["wrong"]).sum()) == 0
+    record = json.loads(meta["mpi_algorithms"])
+    assert [r["backend"] for r in record] == ["mpi:default", f"mpi:{forced}"]
+    assert all(len(r["load_average"]) == 2 and r["load_average"][0] >= 0 for r in record)
+    capsys.readouterr()
+    assert ms.main(["--report", str(tmp_path), "--plots", str(tmp_path / "img")]) == 0
+    out = capsys.readouterr().out
+    assert "## one node, N = 2" in out and "| 4 KiB |" in out and "load average" in out
+    assert "| best of MPI's own |" in out and "| algorithm | model | alpha (us) |" in out
+    assert out.count("**") >= 4                                     # the best of each size bold
+    if importlib.util.find_spec("matplotlib") is None:                # the MPI's own venv may lack it
+        assert "# no plots: matplotlib is not installed" in out and not (tmp_path / "img").exists()
+    else:
+        assert (tmp_path / "img" / "mpi_study_1x2.png").stat().st_size > 10_000
+
+
+def test_the_report_of_an_empty_folder_is_one_error_line_and_exit_2(tmp_path, capsys):
+    assert ms.main(["--report", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.count("error:") == 1
+
+
+def test_winners_name_the_best_of_each_side_and_their_ratio():
+    times = {(1024, "mpi:default"): 2e-5, (1024, "mpi:ring"): 1e-5, (1024, "ring"): 4e-5, (1024, "rd"): 2e-5,
+             (4096, "mpi:default"): 9e-5, (4096, "ring"): 3e-5}
+    lines = ms.winners(times)
+    assert lines[2] == "| 1 KiB | ring | 0.01 | rd | 0.02 | 0.50 |"
+    assert lines[3] == "| 4 KiB | default | 0.09 | ring | 0.03 | 3.00 |"
+    table = ms.time_table(times)
+    assert table[0] == "| algorithm | 1 KiB | 4 KiB |"
+    assert table[2:] == ["| default | 0.02 | 0.09 |", "| ring | **0.01** | - |", "| *ring* | 0.04 | **0.03** |",
+                         "| *rd* | 0.02 | - |"]
