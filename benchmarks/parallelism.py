@@ -1,7 +1,9 @@
 """A GPT training step under DDP, ZeRO-3, tensor and pipeline parallelism and their combinations.
 
     python benchmarks/parallelism.py --sizes tiny,small --ranks 2,4 --out par.h5     # the sweep
-    python benchmarks/report.py par.h5                                               # its table
+    python benchmarks/parallelism.py --sizes small --nodes 2 --ranks-per-node 2 --rate 1gbit \
+        --lock /run/lock/cluster.lock --out par_2x2_1gbit.h5                          # across emulated nodes
+    python benchmarks/report.py par.h5 par_2x2_1gbit.h5                              # tables, plot
     mpirun -n 2 python benchmarks/parallelism.py --worker --size tiny --layout pp-1f1b   # one job
 
 Each (size, world size, layout) runs in an ``mpirun`` job of its own, because peak resident
@@ -10,9 +12,17 @@ GPT preset (vocabulary 256, ``--context`` tokens, float32, AdamW), splits it as 
 says, and trains ``--warmup`` untimed and ``--steps`` timed steps on a global batch of
 ``--batch`` random sequences. Every communicator is wrapped in a counter (:class:`Counted`)
 that adds up the bytes handed to each call and the time spent inside it (blocking calls, the
-issue and the wait of non-blocking ones): the exposed communication. The pipeline's sends and
-receives alone give the measured bubble (their blocked time over the step time), beside
-``(K-1)/(M+K-1)``. A step is as slow as its slowest rank; rows give the median over steps.
+issue and the wait of non-blocking ones): the exposed communication; beside the bytes handed
+over, the bytes a bandwidth-optimal algorithm sends for them (:func:`sent_bytes`). The
+pipeline's sends and receives alone give the measured bubble (their blocked time over the step
+time), beside ``(K-1)/(M+K-1)``. Peak memory is the resident high-water mark over the steps
+(``VmHWM``, reset after the model is built and split). A step is as slow as its slowest rank;
+rows give the median over steps, and with ``--repeats`` the median over jobs of each column.
+
+With ``--nodes K`` every job runs across K emulated nodes (``python -m npddp.cluster
+--launcher mpi``, R = ``--ranks-per-node`` ranks each, links shaped to ``--rate``), one cluster
+per job, each under an exclusive ``flock`` on ``--lock`` when given; the workers also read the
+bytes their node's ``eth0`` sent during the timed steps (``link_bytes``).
 
 Layouts (``--layouts``; one that does not fit a world size is skipped): ``ddp``, ``zero3``
 (every rank holds 1/N of parameters, gradients and AdamW state), ``tp`` (tp = N), ``pp-gpipe``
@@ -28,6 +38,8 @@ if not __package__:  # run by path: the repository root stands in for this folde
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import fcntl  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import resource  # noqa: E402
@@ -61,10 +73,25 @@ def shape_of(layout: str, n: int) -> tuple[int, int, int] | None:
 
 
 class Tally:
-    """Bytes and seconds inside communication calls, and seconds blocked in pipeline sends/receives."""
+    """Bytes handed to and sent by communication calls, seconds inside them and blocked in pipeline sends/receives."""
 
     def __init__(self):
-        self.bytes, self.seconds, self.p2p_seconds = 0, 0.0, 0.0
+        self.bytes, self.sent, self.seconds, self.p2p_seconds = 0, 0.0, 0.0, 0.0
+
+
+def sent_bytes(name: str, nbytes: int, size: int) -> float:
+    """Bytes one rank sends for a call handed ``nbytes`` in a group of ``size`` by a bandwidth-optimal algorithm.
+
+    All-reduce (ring, or reduce-scatter + all-gather): 2(n-1)/n x B; reduce-scatter of the whole
+    B: (n-1)/n x B; all-gather of this rank's block b: (n-1) x b; a send: its array; a broadcast
+    (outside the timed steps): B; a receive or a barrier: nothing.
+    """
+    if size < 2 or name in ("recv", "barrier"):
+        return float(nbytes) if name == "send" else 0.0
+    share = {"allreduce": 2 * (size - 1) / size, "iallreduce": 2 * (size - 1) / size,
+             "reduce_scatter": (size - 1) / size, "ireduce_scatter": (size - 1) / size,
+             "allgather": size - 1, "iallgather": size - 1, "gather": 1.0, "scatter": (size - 1) / size}
+    return share.get(name, 1.0) * nbytes
 
 
 class _TimedWork:
@@ -104,6 +131,7 @@ class Counted:
             buf = args[0] if args else None
             if name != "recv" and isinstance(buf, np.ndarray):
                 self._tally.bytes += buf.nbytes
+                self._tally.sent += sent_bytes(name, buf.nbytes, self._comm.size)
             t0 = time.perf_counter()
             out = call(*args, **kwargs)
             spent = time.perf_counter() - t0
@@ -163,9 +191,36 @@ def build(layout: str, size: str, world, backend: str, context: int, micro: int,
     return step, params, (dp, tp, pp), here.dp
 
 
+def reset_peak_memory() -> bool:
+    """Start the resident high-water mark (VmHWM) afresh from the current RSS; False where Linux does not allow it."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def peak_memory_mib(since_reset: bool) -> float:
+    """This process's peak RSS in MiB: VmHWM since the reset, else getrusage's ru_maxrss over its life."""
+    if since_reset:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0       # KiB -> MiB
+
+
+def link_sent(link: str | None) -> int:
+    """Bytes the network interface ``link`` of this node has sent so far (0 without one)."""
+    return int(Path(f"/sys/class/net/{link}/statistics/tx_bytes").read_text()) if link else 0
+
+
 def measure(world, backend: str, size: str, layout: str, *, steps: int, warmup: int, batch: int, context: int,
-            micro: int) -> dict | None:
-    """One layout's row on rank 0 of ``world`` (an mpi4py communicator), None elsewhere."""
+            micro: int, link: str | None = None, rate: str = "local") -> dict | None:
+    """One layout's row on rank 0 of ``world`` (an mpi4py communicator), None elsewhere.
+
+    ``link``: the interface that joins this node to the others (its sent bytes become
+    ``link_bytes``); ``rate``: the links' rate, recorded as given.
+    """
     from mpi4py import MPI
 
     tally = Tally()
@@ -174,23 +229,36 @@ def measure(world, backend: str, size: str, layout: str, *, steps: int, warmup: 
     rng = np.random.default_rng(replica)
     tokens = rng.integers(0, VOCAB, size=(rows, context + 1))
     x, y = tokens[:, :-1], tokens[:, 1:]
-    record = np.zeros((steps, 4))                     # step s, comm s, comm bytes, p2p s
+    record = np.zeros((steps, 5))                     # step s, comm s, comm bytes, p2p s, sent bytes
     harness = world.Dup()
+    node = world.Split_type(MPI.COMM_TYPE_SHARED)
+    layout_of_nodes = np.array([1.0 if node.Get_rank() == 0 else 0.0, 0.0])
+    harness.Allreduce(MPI.IN_PLACE, layout_of_nodes, op=MPI.SUM)
+    nodes, ranks_here = int(layout_of_nodes[0]), node.Get_size()
+    node.Free()
+    fresh = reset_peak_memory()
     for s in range(warmup + steps):
         harness.Barrier()
-        before = (tally.seconds, tally.bytes, tally.p2p_seconds)
+        if s == warmup:
+            link_before = link_sent(link)
+        before = (tally.seconds, tally.bytes, tally.p2p_seconds, tally.sent)
         t0 = time.perf_counter()
         step(x, y, replica * rows, batch)
         spent = time.perf_counter() - t0
         if s >= warmup:
             record[s - warmup] = (spent, tally.seconds - before[0], tally.bytes - before[1],
-                                  tally.p2p_seconds - before[2])
+                                  tally.p2p_seconds - before[2], tally.sent - before[3])
+    harness.Barrier()
+    wire = np.array([(link_sent(link) - link_before) / steps / ranks_here])   # this node's bytes, its ranks' share
+    harness.Allreduce(MPI.IN_PLACE, wire, op=MPI.SUM)
     worst, mean = record.copy(), record.copy()
     harness.Allreduce(MPI.IN_PLACE, worst, op=MPI.MAX)
     harness.Allreduce(MPI.IN_PLACE, mean, op=MPI.SUM)
     mean /= world.Get_size()
-    peak = np.array([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])   # KiB -> MiB
+    peak = np.array([peak_memory_mib(fresh)])
+    low = peak.copy()
     harness.Allreduce(MPI.IN_PLACE, peak, op=MPI.MAX)
+    harness.Allreduce(MPI.IN_PLACE, low, op=MPI.MIN)
     harness.Free()
     if world.Get_rank() != 0:
         return None
@@ -202,16 +270,20 @@ def measure(world, backend: str, size: str, layout: str, *, steps: int, warmup: 
             "schedule": LAYOUTS[layout][3] if pp > 1 else "none", "micro_batches": m, "params": params,
             "batch": batch, "context_length": context, "steps": steps, "step_ms": step_ms,
             "step_ms_p10": float(np.percentile(step_s, 10)) * 1e3, "step_ms_p90": float(np.percentile(step_s, 90)) * 1e3,
-            "comm_bytes": int(round(float(np.median(mean[:, 2])))), "comm_ms": comm_ms,
-            "comm_fraction": comm_ms / step_ms, "bubble": float(np.median(mean[:, 3] / worst[:, 0])),
+            "comm_bytes": int(round(float(np.median(mean[:, 2])))), "sent_bytes": float(np.median(mean[:, 4])),
+            "link_bytes": float(wire[0]) / world.Get_size() if link else float("nan"),
+            "comm_ms": comm_ms, "comm_fraction": comm_ms / step_ms,
+            "bubble": float(np.median(mean[:, 3] / worst[:, 0])),
             "bubble_theory": (pp - 1) / (m + pp - 1), "peak_rss_mib": float(peak[0]),
-            "tokens_per_s": batch * context / (step_ms / 1e3)}
+            "peak_rss_min_mib": float(low[0]), "tokens_per_s": batch * context / (step_ms / 1e3),
+            "nodes": nodes, "ranks_per_node": ranks_here, "rate": rate if nodes > 1 else "local", "repeats": 1}
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--sizes", default="tiny,small", help="GPT presets, comma-separated (default: tiny,small)")
-    p.add_argument("--ranks", default="2,4", help="world sizes, comma-separated (default: 2,4)")
+    p.add_argument("--ranks", default=None, help="world sizes, comma-separated (default: 2,4; across nodes: "
+                                                 "nodes x ranks per node, the only one allowed)")
     p.add_argument("--layouts", default=",".join(LAYOUTS), help=f"comma-separated, of {', '.join(LAYOUTS)}")
     p.add_argument("--steps", type=int, default=10, help="timed steps (default: 10)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default: 2)")
@@ -219,6 +291,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, default=64, help="tokens per sequence (default: 64)")
     p.add_argument("--micro-batches", type=int, default=4, help="micro-batches per step with a pipeline (default: 4)")
     p.add_argument("--backend", default="mpi", help="npddp backend (default: mpi)")
+    p.add_argument("--repeats", type=int, default=1, help="jobs per row; each column is their median (default: 1)")
+    p.add_argument("--nodes", type=int, default=1, help="emulated nodes (python -m npddp.cluster) each job runs "
+                                                        "across; 1: mpirun on this node (default: 1)")
+    p.add_argument("--ranks-per-node", type=int, default=2, help="with --nodes > 1: ranks on each node (default: 2)")
+    p.add_argument("--rate", default="1gbit", help="with --nodes > 1: each link's rate, tc syntax (default: 1gbit)")
+    p.add_argument("--lock", default="", help="with --nodes > 1: a file to hold an exclusive flock on around each "
+                                              "cluster job, so jobs of several users never overlap")
+    p.add_argument("--link", default="", help="with --worker: the interface whose sent bytes are link_bytes")
     p.add_argument("--out", default="", help="the dump (HDF5) to write")
     p.add_argument("--worker", action="store_true", help="run one --size and --layout in this MPI job")
     p.add_argument("--size", default="tiny", help="with --worker: the GPT preset")
@@ -233,17 +313,67 @@ def _usage(args, parser) -> None:
         s for s in args.layouts.split(",") if s not in LAYOUTS]
     if bad:
         parser.error(f"unknown size or layout {bad[0]!r}; sizes: {', '.join(PRESETS)}; layouts: {', '.join(LAYOUTS)}")
-    for name in ("steps", "batch", "context", "micro_batches"):
+    for name in ("steps", "batch", "context", "micro_batches", "repeats", "nodes", "ranks_per_node"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be an integer >= 1, got {getattr(args, name)}")
     if args.warmup < 0:
         parser.error(f"--warmup must be an integer >= 0, got {args.warmup}")
+    if args.nodes > 1:
+        from npddp.cluster.shaping import parse_rate
+        try:
+            parse_rate(args.rate)
+        except ValueError as exc:
+            parser.error(f"--rate: {exc}")
+    across = args.nodes * args.ranks_per_node if args.nodes > 1 else None
+    if args.ranks is None:
+        args.ranks = str(across or "2,4")
+    try:
+        sizes = [int(v) for v in args.ranks.split(",")]
+    except ValueError:
+        parser.error(f"--ranks must be integers >= 1, comma-separated, got {args.ranks!r}")
+    if min(sizes) < 1 or (across and sizes != [across]):
+        parser.error(f"--ranks {args.ranks!r} is not valid; valid: integers >= 1"
+                     + (f", and across {args.nodes} nodes of {args.ranks_per_node} only {across}" if across else ""))
+
+
+@contextlib.contextmanager
+def held(lock: str):
+    """An exclusive flock on the file ``lock`` (nothing when empty), the same lock flock(1) takes."""
+    if not lock:
+        yield
+        return
+    fd = os.open(lock, os.O_RDONLY | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def launcher(args, n: int) -> list[str]:
+    """The command that starts ``n`` ranks: mpirun here, or an emulated cluster of ``--nodes`` (MPI's launcher)."""
+    if args.nodes == 1:
+        return [shutil.which("mpirun") or str(Path(sys.executable).parent / "mpirun"), "-n", str(n)]
+    return [sys.executable, "-m", "npddp.cluster", "--nodes", str(args.nodes), "--ranks-per-node",
+            str(args.ranks_per_node), "--rate", args.rate, "--launcher", "mpi", "--"]
+
+
+def median_row(rows: list[dict]) -> dict:
+    """One row of several jobs of the same layout: each number the median over them, ``repeats`` their count."""
+    merged = dict(rows[0])
+    for key, value in merged.items():
+        if isinstance(value, float):
+            merged[key] = float(np.median([r[key] for r in rows]))
+        elif isinstance(value, int) and key == "comm_bytes":
+            merged[key] = int(round(float(np.median([r[key] for r in rows]))))
+    merged["repeats"] = len(rows)
+    return merged
 
 
 def sweep(args) -> list[dict]:
     """Every (size, ranks, layout) that fits, each in its own mpirun job; the rows."""
-    mpirun = shutil.which("mpirun") or str(Path(sys.executable).parent / "mpirun")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    across = ["--link", "eth0", "--rate", args.rate] if args.nodes > 1 else []
     rows = []
     for size in args.sizes.split(","):
         for n in (int(v) for v in args.ranks.split(",")):
@@ -251,19 +381,26 @@ def sweep(args) -> list[dict]:
                 dims = shape_of(layout, n)
                 if dims is None or args.batch % dims[0] or (dims[2] > 1 and args.micro_batches > args.batch // dims[0]):
                     continue
-                command = [mpirun, "-n", str(n), sys.executable, str(Path(__file__).resolve()), "--worker",
-                           "--size", size, "--layout", layout, "--steps", str(args.steps), "--warmup",
-                           str(args.warmup), "--batch", str(args.batch), "--context", str(args.context),
-                           "--micro-batches", str(args.micro_batches), "--backend", args.backend]
-                proc = subprocess.run(command, capture_output=True, text=True, env=env)
-                found = [line[len(MARK):] for line in proc.stdout.splitlines() if line.startswith(MARK)]
-                if proc.returncode or not found:
-                    raise SystemExit(f"{size} N={n} {layout}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
-                rows.append(json.loads(found[-1]))
+                command = launcher(args, n) + [
+                    sys.executable, str(Path(__file__).resolve()), "--worker", "--size", size, "--layout", layout,
+                    "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
+                    "--context", str(args.context), "--micro-batches", str(args.micro_batches),
+                    "--backend", args.backend] + across
+                repeats = []
+                for _ in range(args.repeats):
+                    with held(args.lock if args.nodes > 1 else ""):
+                        proc = subprocess.run(command, capture_output=True, text=True, env=env)
+                    found = [line[len(MARK):] for line in proc.stdout.splitlines() if line.startswith(MARK)]
+                    if proc.returncode or not found:
+                        raise SystemExit(f"{size} N={n} {layout}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
+                    repeats.append(json.loads(found[-1]))
+                rows.append(median_row(repeats))
                 r = rows[-1]
+                link = "" if args.nodes == 1 else f", link {r['link_bytes'] / 2**20:8.2f}"
                 print(f"{size:>6} N={n} {layout:>8}: step {r['step_ms']:9.1f} ms, comm {r['comm_ms']:8.1f} ms, "
-                      f"{r['comm_bytes'] / 2**20:8.2f} MiB/rank, bubble {r['bubble']:.2f} "
-                      f"(theory {r['bubble_theory']:.2f}), peak {r['peak_rss_mib']:.0f} MiB", flush=True)
+                      f"{r['comm_bytes'] / 2**20:8.2f} MiB/rank handed, {r['sent_bytes'] / 2**20:8.2f} sent{link}, "
+                      f"bubble {r['bubble']:.2f} (theory {r['bubble_theory']:.2f}), peak {r['peak_rss_min_mib']:.0f}-"
+                      f"{r['peak_rss_mib']:.0f} MiB", flush=True)
     return rows
 
 
@@ -274,7 +411,8 @@ def main(argv=None) -> int:
     if args.worker:
         from mpi4py import MPI
         row = measure(MPI.COMM_WORLD, args.backend, args.size, args.layout, steps=args.steps, warmup=args.warmup,
-                      batch=args.batch, context=args.context, micro=args.micro_batches)
+                      batch=args.batch, context=args.context, micro=args.micro_batches, link=args.link or None,
+                      rate=args.rate)
         if row is not None:
             print(MARK + json.dumps(row), flush=True)
         return 0

@@ -27,6 +27,9 @@ printed with pandas; per kind:
   repeats per world size; plot ``<stem>_efficiency`` with error bars, the no-comm ceiling and
   a warning where repeats spread by more than 20%.
 * ``torch_compare`` (benchmarks/compare_torch.py): the rows.
+* ``parallelism`` (benchmarks/parallelism.py): the rows, then every such dump (one node, emulated
+  clusters) side by side: step, exposed communication, bytes per rank handed / sent / on the
+  links, bubble beside (K-1)/(M+K-1), peak memory; plot ``parallelism`` (benchmarks/_parallelism_plot.py).
 * a ``.json`` trace (``--trace``, docs/traces.md): per step and rank backward, hidden and
   exposed communication, each all-reduce's slowest rank; plot ``<stem>_timeline`` (one step
   of every rank: benchmarks/_timeline.py; ``--trace-step`` picks the step).
@@ -317,6 +320,10 @@ def figures(plots, dumps, baseline: str) -> list:
             out.append((f"{stem}_breakdown", plots.breakdown(df, meta)))
         elif kind == "weak_scaling":
             out.append((f"{stem}_efficiency", plots.scaling(df, meta)))
+    layouts = [(meta, df) for _, meta, df in dumps if meta["kind"] == "parallelism"]
+    if layouts:
+        from benchmarks import _parallelism_plot
+        out.append(("parallelism", _parallelism_plot.figure([df for _, df in layouts], layouts[0][0])))
     return out
 
 
@@ -339,6 +346,10 @@ def print_dumps(dumps, baseline: str):
                   f"{scaling_summary(df).to_string(index=False, float_format='{:.3f}'.format)}\n")
         else:
             print(f"== {path}: {kind}\n{df.to_string(index=False, float_format='{:.4g}'.format)}\n")
+    layouts = [df for _, meta, df in dumps if meta["kind"] == "parallelism"]
+    if layouts:
+        from benchmarks import _parallelism_plot
+        print(f"{_parallelism_plot.comparison_table(layouts)}\n")
     return local_fits, breakdowns, list(dict.fromkeys(algorithms))
 
 

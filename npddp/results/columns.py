@@ -312,6 +312,12 @@ PARALLELISM = Kind(
         STEP_P90,
         _count("comm_bytes", "B", "bytes passed to communication calls per rank per step (an all-reduce of B bytes "
                                   "counts B; a send counts its array), mean over ranks"),
+        Column("sent_bytes", FLOAT, "B", "bytes a bandwidth-optimal algorithm sends per rank per step for those calls "
+                                         "(all-reduce 2(n-1)/n x B, reduce-scatter (n-1)/n x B, all-gather (n-1) x "
+                                         "its block, a send its array; n the group's size), mean over ranks", low=0.0),
+        Column("link_bytes", FLOAT, "B", "across emulated nodes: bytes each node's link (eth0) sent per step during "
+                                         "the timed steps, over its ranks, mean over nodes; NaN on one node",
+               low=0.0, nan_ok=True),
         _part("comm_ms", "time inside communication calls per step (blocking calls, and the issue and wait of "
                          "non-blocking ones): the exposed communication, waiting for other ranks included; median "
                          "over steps of the mean over ranks"),
@@ -320,12 +326,18 @@ PARALLELISM = Kind(
                                      "receives / step time (median over steps of the mean over ranks); 0 without "
                                      "a pipeline", low=0.0),
         Column("bubble_theory", FLOAT, "1", "(K-1)/(M+K-1) for K stages and M micro-batches", low=0.0),
-        Column("peak_rss_mib", FLOAT, "MiB", "peak resident memory of the largest rank (getrusage ru_maxrss)",
+        Column("peak_rss_mib", FLOAT, "MiB", "peak resident memory of the largest rank over the steps (VmHWM, "
+                                             "reset after the model is split; getrusage ru_maxrss where it cannot be)",
                positive=True),
+        Column("peak_rss_min_mib", FLOAT, "MiB", "the same of the smallest rank", positive=True),
         _time("tokens_per_s", "tokens/s", "batch x context_length / step_ms"),
+        _count("nodes", "nodes", "nodes the ranks ran on (MPI's shared-memory groups)", low=1),
+        _count("ranks_per_node", "ranks", "ranks on each node", low=1),
+        _label("rate", "each link's rate across emulated nodes (tc syntax, as given); 'local' on one node"),
+        _count("repeats", "jobs", "jobs behind the row; each number is the median over them", low=1),
     ),
     attrs=KIND_ATTRS,
-    ordered=(("step_ms_p10", "step_ms", "step_ms_p90"),),
+    ordered=(("step_ms_p10", "step_ms", "step_ms_p90"), ("peak_rss_min_mib", "peak_rss_mib")),
     world_size="at_most",
 )
 

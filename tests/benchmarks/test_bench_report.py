@@ -116,12 +116,12 @@ def test_projection_uses_the_compute_time_of_a_ddp_dump(dumps, capsys):
 def test_every_kind_prints_its_table_and_writes_its_plots(dumps, tmp_path, capsys):
     out_dir = tmp_path / "plots"
     assert report.main([str(p) for p in dumps.values()] + ["--outdir", str(out_dir), "--dpi", "40"]) == 0
-    names = ["allreduce_sweep_busbw", "allreduce_sweep_ratio", "ddp_breakdown_breakdown", "projection",
+    names = ["allreduce_sweep_busbw", "allreduce_sweep_ratio", "ddp_breakdown_breakdown", "parallelism", "projection",
              "weak_scaling_efficiency"]
     assert _written(out_dir) == sorted(f"{n}.png" for n in names)
     out = capsys.readouterr().out
     for heading in ("allreduce sweep, 1 ranks", "DDP step breakdown, 1 ranks", "weak scaling", "torch_compare",
-                    "DDP projection"):
+                    "DDP projection", "parallelism across networks"):
         assert heading in out, heading
     summary = out.split("weak scaling\n")[1].splitlines()
     assert summary[0].split()[:6] == ["model", "sync", "backend", "bucket_mb", "world_size", "efficiency_median"]

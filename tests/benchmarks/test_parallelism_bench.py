@@ -36,6 +36,8 @@ def test_the_tiny_gpt_sweep_at_two_ranks_writes_a_dump_the_report_prints(tmp_pat
     assert (pipe["bubble_theory"] - 1 / 3).abs().max() < 1e-12 and (pipe["bubble"] > 0).all()
     assert (table[table["pp"] == 1]["bubble"] == 0).all()
     assert (table["comm_bytes"] > 0).all() and (table["peak_rss_mib"] > 0).all()
+    assert (table["nodes"] == 1).all() and (table["rate"] == "local").all() and table["link_bytes"].isna().all()
+    assert (table["sent_bytes"] > 0).all() and (table["peak_rss_min_mib"] <= table["peak_rss_mib"]).all()
     report = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "report.py"), str(out)], capture_output=True,
                             text=True, timeout=120, cwd=tmp_path)
     assert report.returncode == 0, report.stderr
