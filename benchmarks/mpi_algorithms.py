@@ -19,7 +19,9 @@ default run, so one dump holds both. ``--cluster KxR@RATE`` runs each job across
 nodes of R ranks with links of RATE instead (``python -m npddp.cluster --launcher mpi``, a fresh
 cluster per run; ``-n`` is then K x R), each under ``flock --lock FILE`` when given, so jobs of
 other users of the emulated clusters never overlap with one. Each run's record holds the load
-average (``/proc/loadavg``) before and after it.
+average (``/proc/loadavg``) before and after it. ``--rounds R`` runs every job R times, in ABBA
+order (round 2 backwards), and pools each algorithm's iterations over its rounds: a load that
+drifts while the jobs run, as on a shared machine, then weighs on every algorithm alike.
 
 Every run is checked: allreduce.py's ``#wrong`` must be 0; a run that fails, times out or
 returns wrong results is reported in the summary (its rows, if any, stay in the dump) and the
@@ -52,7 +54,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -216,10 +218,10 @@ class Run:
     status: str = "not run"
     code: int | None = None
     seconds: float = 0.0
-    dump: str = ""
+    dumps: list = field(default_factory=list)   # one per round that wrote one
     fallbacks: int = 0
     log: str = ""
-    load: tuple = ()                    # the 1-minute load average before and after the run
+    load: tuple = ()                    # the 1-minute load average before and after each round's job
 
     @property
     def env(self) -> dict:
@@ -343,21 +345,53 @@ def dump_rows(path) -> tuple[list[dict], np.ndarray, dict]:
 
 
 def merge(runs: list[Run]) -> tuple[list[dict], np.ndarray, dict]:
-    """Every run's rows, the ``mpi`` backend's renamed ``mpi:<algorithm>``; their raw times; the first dump's attributes."""
+    """Every run's rows, the ``mpi`` backend's renamed ``mpi:<algorithm>``, its rounds pooled; raw times; attributes."""
     rows, raws, meta = [], [], {}
     for run in runs:
-        if not run.dump:
-            continue
-        mine, raw, attrs = dump_rows(run.dump)
-        meta = meta or attrs
-        for row in mine:
-            if row["backend"] == "mpi":
-                row["backend"] = row["algorithm"] = run.backend
-        rows += mine
-        raws.append(raw)
-    width = max((r.shape[1] for r in raws), default=1)
-    padded = [np.pad(r, ((0, 0), (0, width - r.shape[1])), constant_values=np.nan) for r in raws]
-    return rows, (np.concatenate(padded) if padded else np.zeros((0, width))), meta
+        mine, mine_raw = [], []
+        for dump in run.dumps:
+            part, raw, attrs = dump_rows(dump)
+            meta = meta or attrs
+            for row in part:
+                if row["backend"] == "mpi":
+                    row["backend"] = row["algorithm"] = run.backend
+            mine += part
+            mine_raw += list(raw)
+        pooled, pooled_raw = pool(mine, mine_raw)
+        rows += pooled
+        raws += pooled_raw
+    width = max((r.size for r in raws), default=1)
+    padded = [np.pad(r, (0, width - r.size), constant_values=np.nan) for r in raws]
+    return rows, (np.stack(padded) if padded else np.zeros((0, width))), meta
+
+
+#: The columns of a row that come from its timed iterations (recomputed when rounds are pooled).
+_TIMED = ("iters", "time_min_s", "time_p10_s", "time_median_s", "time_p90_s", "time_max_s", "algbw_GBps",
+          "busbw_GBps", "wrong", "algorithm")
+
+
+def pool(rows: list[dict], raw: list) -> tuple[list[dict], list]:
+    """Rows of one series and size from several rounds as one row over all their timed iterations; (rows, raw)."""
+    groups: dict = {}
+    for row, times in zip(rows, raw):
+        key = tuple((k, v) for k, v in row.items() if k not in _TIMED)
+        groups.setdefault(key, []).append((row, np.asarray(times, dtype=np.float64)))
+    out, out_raw = [], []
+    for members in groups.values():
+        first = dict(members[0][0])
+        times = np.concatenate([t[np.isfinite(t)] for _, t in members])
+        if len(members) > 1 and times.size:
+            t_min, p10, median, p90, t_max = np.percentile(times, [0, 10, 50, 90, 100])
+            factor = first["busbw_GBps"] / first["algbw_GBps"] if first["algbw_GBps"] else 1.0
+            algbw = first["bytes"] / median / bc.GB
+            first.update(iters=int(times.size), time_min_s=float(t_min), time_p10_s=float(p10),
+                         time_median_s=float(median), time_p90_s=float(p90), time_max_s=float(t_max),
+                         algbw_GBps=float(algbw), busbw_GBps=float(algbw * factor),
+                         wrong=int(sum(r["wrong"] for r, _ in members)),
+                         algorithm="+".join(dict.fromkeys(str(r["algorithm"]) for r, _ in members)))
+        out.append(first)
+        out_raw.append(times if times.size else members[0][1])
+    return out, out_raw
 
 
 def honoured(rows: list[dict], backend: str) -> bool | None:
@@ -428,6 +462,9 @@ def build_parser(lib_names=()) -> argparse.ArgumentParser:
                         "--launcher mpi; -n is then K x R), e.g. 2x1@1gbit")
     p.add_argument("--lock", default="", metavar="FILE",
                    help="run each job under flock FILE (the emulated clusters' shared lock)")
+    p.add_argument("--rounds", type=bc.int_at_least(1), default=1,
+                   help="jobs per algorithm, in ABBA order (round 2 runs the list backwards), their iterations "
+                        "pooled: load that drifts during the runs hits every algorithm alike (default 1)")
     p.add_argument("--list", action="store_true", help="print the active library's algorithms and variables, and exit")
     return p
 
@@ -485,6 +522,33 @@ def main(argv=None) -> int:
     return measure(lib, version, plan(lib, names), launcher, args, passthrough, argv)
 
 
+def run_once(lib: Library, run: Run, k: int, launcher: str, args, passthrough, workdir: Path) -> int | None:
+    """Round ``k`` of ``run``: relaunch, judge (a round's failure stays the run's status), keep its dump; exit status."""
+    label = run.backend.removeprefix(PREFIX) + (f"_round{k + 1}" if k else "")
+    dump = workdir / f"{label}.h5"
+    default_run = run.algorithm is None
+    command = launch_command(lib, launcher, args.nproc,
+                             child_args(passthrough, args.backends, default_run) + ["--out", str(dump)],
+                             args.cluster, args.lock)
+    before = load_average()
+    code, log, seconds = relaunch(command, run_environment(lib, run, launcher), args.timeout, workdir, label)
+    earlier = run.status if k else "ok"
+    judge(run, code, log, args.timeout, lib)
+    run.status = run.status if earlier == "ok" else earlier
+    run.seconds += seconds
+    run.load += (before, load_average())
+    if code in (0, 1) and dump.exists():
+        run.dumps.append(str(dump))
+    print(f"# {run.backend} ({variables_text(run.env)}){f' round {k + 1}' if args.rounds > 1 else ''}: "
+          f"{run.status}, {seconds:.1f} s, load average {run.load[-2]:.2f} -> {run.load[-1]:.2f}", flush=True)
+    if default_run and k == 0 and code == EXIT_BAD:
+        sys.stderr.write(log)
+    elif code != 0:
+        tail = [line for line in log.strip().splitlines() if line.strip()][-5:]
+        print("\n".join(f"#   | {line}" for line in tail), flush=True)
+    return code
+
+
 def measure(lib: Library, version: str, runs: list[Run], launcher: str, args, passthrough, argv) -> int:
     """Run each of ``runs`` (the default first: bad flags end everything there), then summarise and write."""
     where = launcher if args.cluster is None else "npddp.cluster {}x{} at {}".format(*args.cluster)
@@ -492,29 +556,16 @@ def measure(lib: Library, version: str, runs: list[Run], launcher: str, args, pa
           flush=True)
     with tempfile.TemporaryDirectory(prefix="mpi-algorithms-") as tmp:
         workdir = Path(tmp)
-        for i, run in enumerate(runs):
-            label = run.backend.removeprefix(PREFIX)
+        for run in runs:
             if run.algorithm is not None and not present(lib, run.algorithm):
                 run.status = "skipped: not in this build"
                 print(f"# {run.backend}: {run.status}", flush=True)
-                continue
-            dump = workdir / f"{label}.h5"
-            command = launch_command(lib, launcher, args.nproc,
-                                     child_args(passthrough, args.backends, i == 0) + ["--out", str(dump)],
-                                     args.cluster, args.lock)
-            before = load_average()
-            code, log, seconds = relaunch(command, run_environment(lib, run, launcher), args.timeout, workdir, label)
-            judge(run, code, log, args.timeout, lib)
-            run.seconds, run.load = seconds, (before, load_average())
-            run.dump = str(dump) if code in (0, 1) and dump.exists() else ""
-            print(f"# {run.backend} ({variables_text(run.env)}): {run.status}, {seconds:.1f} s, load average "
-                  f"{run.load[0]:.2f} -> {run.load[1]:.2f}", flush=True)
-            if i == 0 and code == EXIT_BAD:
-                sys.stderr.write(log)
-                return EXIT_BAD          # allreduce.py refused the flags: every run would
-            if not run.ok:
-                tail = [line for line in log.strip().splitlines() if line.strip()][-5:]
-                print("\n".join(f"#   | {line}" for line in tail), flush=True)
+        todo = [run for run in runs if not run.status.startswith("skipped")]
+        for k in range(args.rounds):
+            for run in (todo if k % 2 == 0 else todo[::-1]):   # ABBA: a steady drift of load hits every run alike
+                code = run_once(lib, run, k, launcher, args, passthrough, workdir)
+                if k == 0 and run is runs[0] and code == EXIT_BAD:
+                    return EXIT_BAD          # allreduce.py refused the flags: every run would
         rows, raw, meta = merge(runs)
         print("\n".join(summary(runs, rows)))
         if rows:

@@ -8,7 +8,8 @@ One command per MPI (run it in each MPI's environment): for every setting of :da
 (one node with N = 2; 2 nodes x 1 rank at 1 Gbit/s; 4 x 1 and 2 x 2 at 10 Gbit/s), one
 ``benchmarks/mpi_algorithms.py`` run: ``mpi:default`` and npddp's algorithms interleaved in one
 job (allreduce.py measures every backend at a size before the next size), then one job per
-algorithm the library lets a user force. The dump of each is ``<mpi>_<setting>.h5`` (and
+algorithm the library lets a user force; all of that twice (``--rounds 2``), the second time in
+reverse order, each algorithm's iterations pooled over both, so a drifting load weighs alike. The dump of each is ``<mpi>_<setting>.h5`` (and
 ``.csv``) in ``--out``; a setting's runs across nodes hold ``--lock`` (``flock``) one job at a time.
 
 ``--report DIR`` reads every dump there and prints, per setting, the table of in-place median
@@ -98,7 +99,7 @@ def command(setting: Setting, out: Path, family: str, args) -> list:
     sizes = list(setting.sizes)
     if args.maxbytes:
         sizes[sizes.index("-e") + 1] = args.maxbytes
-    return cmd + [*sizes, "--iters", str(args.iters), "--budget", str(args.budget)]
+    return cmd + ["--rounds", str(args.rounds), *sizes, "--iters", str(args.iters), "--budget", str(args.budget)]
 
 
 def run(args) -> int:
@@ -184,17 +185,32 @@ def winners(times: dict) -> list[str]:
     return lines
 
 
-def fits(times: dict, world: int) -> list[str]:
-    """Markdown: the alpha-beta fit of each algorithm over its sizes (npddp's own model, else the ring's)."""
-    lines = ["| algorithm | model | alpha (us) | bandwidth (Gbit/s) | rel. rms |", "|---|---|---|---|---|"]
+def fit_each(times: dict, world: int) -> dict:
+    """{algorithm: Fit} over its sizes: npddp's algorithms with their own steps and bytes, MPI's with the ring's."""
+    out = {}
     for name in columns(times):
         pts = sorted((n, t) for (n, b), t in times.items() if b == name)
-        if len(pts) < 2 or world < 2:
-            continue
-        shape = name if modelled(name) else "ring"
-        fit = fit_alpha_beta([n for n, _ in pts], [t for _, t in pts], "allreduce", world, shape)
-        lines.append(f"| {name.removeprefix(ma.PREFIX)} | {shape} | {fit.alpha * 1e6:.1f} | "
-                     f"{fit.bandwidth * 8 / 1e9:.3g} | {fit.rel_rms:.2f} |")
+        if len({n for n, _ in pts}) >= 2 and world >= 2:
+            out[name] = fit_alpha_beta([n for n, _ in pts], [t for _, t in pts], "allreduce", world,
+                                       name if modelled(name) else "ring")
+    return out
+
+
+def fits(by_family: dict) -> list[str]:
+    """Markdown: an algorithm per row, per MPI its alpha (us), bandwidth (Gbit/s) and relative rms error."""
+    fitted = {family: fit_each(medians(rows), int(meta["world_size"])) for family, (rows, meta) in by_family.items()}
+    names = list(dict.fromkeys(n for f in fitted.values() for n in f))
+    names = [n for n in names if n.startswith(ma.PREFIX)] + [n for n in names if not n.startswith(ma.PREFIX)]
+    lines = ["| algorithm | " + " | ".join(f"{f}: alpha us, Gbit/s, rms" for f in fitted) + " |",
+             "|---" * (len(fitted) + 1) + "|"]
+    for name in names:
+        cells = []
+        for family in fitted:
+            fit = fitted[family].get(name)
+            cells.append("" if fit is None else
+                         f"{fit.alpha * 1e6:.0f}, {fit.bandwidth * 8 / 1e9:.3g}, {fit.rel_rms:.2f}")
+        label = name.removeprefix(ma.PREFIX) if name.startswith(ma.PREFIX) else f"*{name}*"
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -207,7 +223,8 @@ def loads(meta: dict) -> tuple[float, float]:
 def unmoved(meta: dict) -> list[str]:
     """The forced algorithms whose times never left mpi:default's p10-p90 range, and runs that did not end ok."""
     record = json.loads(meta.get("mpi_algorithms", "[]"))
-    return ([r["backend"].removeprefix(ma.PREFIX) for r in record if r.get("honoured") is False],
+    return ([r["backend"].removeprefix(ma.PREFIX) for r in record
+             if r.get("honoured") is False and r["backend"] != ma.PREFIX + ma.DEFAULT],
             [f"{r['backend'].removeprefix(ma.PREFIX)} ({r['status']})" for r in record if r["status"] != "ok"])
 
 
@@ -226,9 +243,10 @@ def report(directory: Path, plots: str) -> int:
             times, (lo, hi) = medians(rows), loads(meta)
             same, failed = unmoved(meta)
             print(f"### {meta.get('mpi_library', family).split(chr(10))[0]}: load average {lo:.1f}-{hi:.1f}\n")
-            print("\n".join(time_table(times)), "", "\n".join(winners(times)), "",
-                  "\n".join(fits(times, int(meta["world_size"]))), "", sep="\n")
+            print("\n".join(time_table(times)), "", "\n".join(winners(times)), "", sep="\n")
             print(f"not moved at any size: {', '.join(same) or 'none'}; not ok: {', '.join(failed) or 'none'}\n")
+        print("### alpha-beta fits (npddp's algorithms with their own steps and bytes, MPI's with the ring's)\n")
+        print("\n".join(fits(by_family)), "\n")
         if plots and importlib.util.find_spec("matplotlib") is None:
             print("# no plots: matplotlib is not installed (pip install matplotlib)")
         elif plots:
@@ -247,8 +265,12 @@ def main(argv=None) -> int:
     p.add_argument("--settings", default=",".join(BY_NAME),
                    help=f"comma-separated settings (default all: {', '.join(BY_NAME)})")
     p.add_argument("--lock", default="", metavar="FILE", help="flock FILE around each job across emulated nodes")
-    p.add_argument("--iters", type=int, default=20, help="timed iterations per size, cut to --budget (default 20)")
-    p.add_argument("--budget", type=float, default=0.3, help="seconds per size, backend and place (default 0.3)")
+    p.add_argument("--rounds", type=int, default=2, help="jobs per algorithm, ABBA order, iterations pooled "
+                                                         "(mpi_algorithms.py --rounds; default 2)")
+    p.add_argument("--iters", type=int, default=10,
+                   help="timed iterations per size and round, cut to --budget (default 10)")
+    p.add_argument("--budget", type=float, default=0.2,
+                   help="seconds per size, backend, place and round (default 0.2)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds each job may take (default 600)")
     p.add_argument("--algorithms", default="", help="only these forced algorithms (mpi_algorithms.py --algorithms)")
     p.add_argument("--maxbytes", default="", help="largest size instead of the setting's (a quick look)")
@@ -261,8 +283,9 @@ def main(argv=None) -> int:
     bad = [s for s in args.settings if s not in BY_NAME]
     if bad or not args.settings:
         p.error(f"--settings: {bad[0] if bad else args.settings!r} is not one of {', '.join(BY_NAME)}")
-    if args.iters < 1 or not args.budget > 0:
-        p.error(f"--iters must be >= 1 and --budget > 0, got {args.iters} and {args.budget}")
+    if args.iters < 1 or args.rounds < 1 or not args.budget > 0:
+        p.error(f"--iters and --rounds must be >= 1 and --budget > 0, got {args.iters}, {args.rounds} and "
+                f"{args.budget}")
     return run(args)
 
 

@@ -14,12 +14,12 @@ from benchmarks import results
 
 
 def test_each_setting_runs_npddps_algorithms_that_fit_it_and_its_cluster_under_the_lock():
-    args = argparse.Namespace(lock="/tmp/x.lock", timeout=60.0, iters=3, budget=0.1,
+    args = argparse.Namespace(lock="/tmp/x.lock", timeout=60.0, iters=3, budget=0.1, rounds=2,
                              algorithms="", maxbytes="")
     one = ms.command(ms.BY_NAME["1x2"], ms.Path("d"), "Open MPI", args)
     assert one[one.index("--backends") + 1] == "ring,rd,rabenseifner,tree,naive,auto,shm,hier"
     assert one[one.index("-n") + 1] == "2" and "--cluster" not in one and "--lock" not in one
-    assert one[one.index("--out") + 1] == "d/openmpi_1x2.h5"
+    assert one[one.index("--out") + 1] == "d/openmpi_1x2.h5" and one[one.index("--rounds") + 1] == "2"
     wide = ms.command(ms.BY_NAME["4x1@10gbit"], ms.Path("d"), "Intel MPI", args)
     assert wide[wide.index("--backends") + 1] == "ring,rd,rabenseifner,tree,naive,auto"
     assert wide[wide.index("--cluster") + 1] == "4x1@10gbit" and wide[wide.index("--lock") + 1] == "/tmp/x.lock"
@@ -61,7 +61,7 @@ def test_one_node_smoke_run_merges_mpis_and_npddps_backends_and_the_report_reads
     forced = lib.algorithms[-2].name if lib.family == "Open MPI" else next(
         a.name for a in lib.algorithms if "ring" in a.name)
     code = ms.main(["--out", str(tmp_path), "--settings", "1x2", "--algorithms", forced, "--maxbytes", "4K",
-                    "--iters", "2", "--budget", "0.02", "--timeout", "120"])
+                    "--iters", "2", "--budget", "0.02", "--timeout", "120", "--rounds", "1"])
     assert code == 0
     path = tmp_path / f"{ms.family_slug(lib.family)}_1x2.h5"
     table, meta = results.read_table(path), results.read_meta(path)
@@ -79,7 +79,7 @@ def test_one_node_smoke_run_merges_mpis_and_npddps_backends_and_the_report_reads
     assert ms.main(["--report", str(tmp_path), "--plots", str(tmp_path / "img")]) == 0
     out = capsys.readouterr().out
     assert "## one node, N = 2" in out and "| 4 KiB |" in out and "load average" in out
-    assert "| best of MPI's own |" in out and "| algorithm | model | alpha (us) |" in out
+    assert "| best of MPI's own |" in out and "| algorithm | MPI" in out
     assert out.count("**") >= 4                                     # the best of each size bold
     if importlib.util.find_spec("matplotlib") is None:                # the MPI's own venv may lack it
         assert "# no plots: matplotlib is not installed" in out and not (tmp_path / "img").exists()
@@ -102,3 +102,46 @@ def test_winners_name_the_best_of_each_side_and_their_ratio():
     assert table[0] == "| algorithm | 1 KiB | 4 KiB |"
     assert table[2:] == ["| default | 0.02 | 0.09 |", "| ring | **0.01** | - |", "| *ring* | 0.04 | **0.03** |",
                          "| *rd* | 0.02 | - |"]
+
+
+def test_rounds_run_abba_and_pool_each_algorithms_iterations(tmp_path, monkeypatch, capsys):
+    """Two rounds: default, tree, ring, then ring, tree, default; each row's times are both rounds' together."""
+    order = []
+    per_round = {"default": (1e-5, 3e-5), "ring": (2e-5, 4e-5), "tree": (5e-5, 5e-5)}
+
+    def fake(command, env, limit_s, workdir, name):
+        order.append(name)
+        algorithm, _, k = name.partition("_round")
+        t = per_round[algorithm][1 if k else 0]
+        out = command[command.index("--out") + 1]
+        backends = command[command.index("--backends") + 1].split(",")
+        cfg_rows = []
+        for nbytes in (1024, 4096):
+            for backend in backends:
+                for place in ("outofplace", "inplace"):
+                    cfg_rows.append({"collective": "allreduce", "backend": backend, "transport": "mpi",
+                                     "algorithm": backend, "place": place, "buffers": "shared", "world_size": 2,
+                                     "dtype": "float32", "op": "sum", "bytes": nbytes, "count": nbytes // 4,
+                                     "iters": 3, "time_min_s": t, "time_p10_s": t, "time_median_s": t,
+                                     "time_p90_s": t, "time_max_s": t, "algbw_GBps": nbytes / t / 1e9,
+                                     "busbw_GBps": nbytes / t / 1e9, "wrong": 0})
+        results.write_dump(out, "allreduce_sweep", cfg_rows, world_size=2,
+                           raw={"time_s": np.full((len(cfg_rows), 3), t)},
+                           attrs={"collective": "allreduce", "dtype": "float32", "op": "sum"})
+        return 0, "# Wrong values       : 0 OK\n", 0.1
+
+    monkeypatch.setattr(ma, "library_version", lambda: "MPICH Version: 5.0.2\n")
+    monkeypatch.setattr(ma, "relaunch", fake)
+    path = tmp_path / "r.h5"
+    assert ma.main(["-n", "2", "--algorithms", "ring,tree", "--rounds", "2", "-b", "1K", "-e", "4K", "-f", "4",
+                    "--out", str(path)]) == 0
+    assert order == ["default", "tree", "ring", "ring_round2", "tree_round2", "default_round2"]   # the table's order
+    df = results.read_table(path)
+    ring = df[(df["backend"] == "mpi:ring") & (df["place"] == "inplace")]
+    assert len(ring) == 2 and (ring["iters"] == 6).all()
+    assert np.allclose(ring["time_median_s"], 3e-5) and np.allclose(ring["time_p10_s"], 2e-5)
+    assert np.allclose(ring["algbw_GBps"], ring["bytes"] / 3e-5 / 1e9)
+    assert results.read_raw(path, "time_s").shape == (len(df), 6)
+    record = {r["backend"]: r for r in json.loads(results.read_meta(path)["mpi_algorithms"])}
+    assert len(record["mpi:tree"]["load_average"]) == 4 and record["mpi:tree"]["status"] == "ok"
+    assert "round 2" in capsys.readouterr().out
