@@ -62,12 +62,13 @@ class Trainer:
     def __init__(self, cfg: Config, comm, out: Printer, ds, model, dropouts, ddp, optimizer, attrs: dict):
         self.cfg, self.comm, self.out = cfg, comm, out
         self.model, self.dropouts, self.ddp, self.optimizer = model, dropouts, ddp, optimizer
-        #: local SGD (--local-sgd K): parameters averaged every K steps, gradients never
-        self.averager = PeriodicModelAverager(comm, cfg.local_sgd) if cfg.local_sgd else None
-        self.X_val, self.y_val = shape_rows(cfg.model, ds.X_val), ds.y_val
-        self.n_train, self.input_shape, self.num_classes = ds.n_train, tuple(ds.input_shape), ds.num_classes
         #: a split model (--tp/--pp): ``ddp`` is a MeshEngine, whose data replicas read the batches
         self.split = getattr(ddp, "train_batch", None) is not None
+        #: local SGD (--local-sgd K): parameters averaged (over the data replicas) every K steps, gradients never
+        self.averager = (PeriodicModelAverager(ddp.replicas if self.split else comm, cfg.local_sgd)
+                         if cfg.local_sgd else None)
+        self.X_val, self.y_val = shape_rows(cfg.model, ds.X_val), ds.y_val
+        self.n_train, self.input_shape, self.num_classes = ds.n_train, tuple(ds.input_shape), ds.num_classes
         self.replicas, replica = (ddp.mesh.dp, ddp.here.dp) if self.split else (comm.size, comm.rank)
         sampler = DistributedSampler(ds.n_train, self.replicas, replica, shuffle=True, seed=cfg.seed)
         self.loader = BatchLoader(shape_rows(cfg.model, ds.X_train), ds.y_train, sampler,
@@ -162,7 +163,8 @@ class Trainer:
         traced = self.ddp.tracer.clock()
         with self.ddp.full_parameters():       # ZeRO-3 gathers the parameters here
             self.check_parameters(collective=True)
-            sharded = bool(self.cfg.zero) and self.cfg.checkpoint is not None and self.saved_at != self.step
+            sharded = (bool(self.cfg.zero) and not self.split and self.cfg.checkpoint is not None
+                       and self.saved_at != self.step)     # a split run's checkpoint is the whole model's
             if sharded:                          # --zero: every rank writes its shard after the metrics
                 self.saved_at = self.step
             if self.cfg.checkpoint is not None and self.saved_at != self.step:
@@ -173,7 +175,8 @@ class Trainer:
                     position=(self.epochs_done, self.batches_done, self.step), totals=self.totals,
                     totals_columns=TOTALS, config=self.attrs["config"], backend=self.cfg.backend,
                     optimizer_name=self.cfg.optimizer, input_shape=self.input_shape, num_classes=self.num_classes,
-                    attrs={k: v for k, v in self.attrs.items() if k != "config"}, local_sgd=self.averager is not None)
+                    attrs={k: v for k, v in self.attrs.items() if k != "config"},
+                    local_sgd=self.averager is not None and not self.split)   # split: the first replica's
                 if self.split and self.pending is not None:      # the whole model, one row per data replica
                     rng = self.pending.dropout_rng
                     self.pending = dataclasses.replace(self.pending, world_size=self.replicas,
@@ -232,7 +235,7 @@ class Trainer:
             ddp.zero_grad()
             averager = self.averager
             if self.split:                    # the loss is known on the last stage; the rest report 0 rows
-                loss = ddp.train_batch(xb, yb)
+                loss = ddp.train_batch(xb, yb, local=averager is not None and averager.local())
             else:
                 loss = loss_fn.forward(ddp(xb), yb)
                 with ddp.no_sync() if averager is not None and averager.local() else contextlib.nullcontext():

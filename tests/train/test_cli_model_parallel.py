@@ -32,9 +32,7 @@ def cfg_of(argv) -> Config:
 BAD = [
     (["--tp", "2"], 3, "--tp 2 x --pp 1 = 2 does not divide the world size 3; tp x pp must be one of 1, 3"),
     (["--tp", "0"], 2, "--tp must be an integer >= 1, got 0"),
-    (["--pp", "2", "--zero", "1"], 2, "--zero 1 with --tp 1 --pp 2 is not supported"),
-    (["--tp", "2", "--comm-hook", "fp16"], 2, "--comm-hook fp16 with --tp 2 --pp 1 is not supported"),
-    (["--pp", "2", "--local-sgd", "2"], 2, "--local-sgd 2 with --tp 1 --pp 2 is not supported"),
+    (["--pp", "2", "--zero", "3"], 2, "--zero 3 with --tp 1 --pp 2 is not supported"),
     (["--pp", "2", "--model", "cnn"], 2, "--tp 1 --pp 2 splits --model mlp or gpt, not cnn"),
     (["--pp", "2", "--batch-size", "8", "--micro-batches", "5"], 4,
      "--micro-batches 5 must be in [1, 4] (the rows per step of a data replica"),

@@ -51,6 +51,11 @@ class ZeroRedundancyOptimizer(Wrapping):
         return {dt: np.empty(n, dtype=dt) for dt, n in totals.items()}
 
     # --- the optimizer's face ---------------------------------------------------------------
+    @property
+    def buffers(self) -> tuple:
+        """The wrapped optimizer's per-parameter state buffers (``exp_avg``, ...), as in :meth:`state_dict`'s keys."""
+        return tuple(self.optim.buffers)
+
     def zero_grad(self) -> None:
         """Zero every parameter's gradient (all of them, not only this rank's)."""
         for p in self.params:

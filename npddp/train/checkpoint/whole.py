@@ -76,21 +76,31 @@ def whole_parameters(comm, pieces: Pieces) -> list:
 def _index(optimizer, pieces: Pieces) -> list[str]:
     """The full name of each of ``optimizer``'s parameters, in its order."""
     names = {id(p): n for n, p in pieces.local.items()}
-    return [names[id(p)] for p in optimizer.params]
+    return [names[id(p)] for p in _holder(optimizer).params]
+
+
+def _holder(optimizer):
+    """The optimizer that names the parameters and buffers: a ZeRO-1 optimizer under the CLI's checkpoint wrapper."""
+    return getattr(optimizer, "sharded", optimizer)
 
 
 class WholeOptimizerState:
     """An optimizer's state in the full model's parameter order: ``state_dict`` for saving, or a template
-    and ``load_state_dict`` (slicing into this rank's optimizer) for resuming."""
+    and ``load_state_dict`` (slicing into this rank's optimizer) for resuming.
+
+    Under ZeRO-1 the optimizer's ``state_dict`` gathers the stage's state on the first data
+    replica, the one whose copy is written; elsewhere it is zeros, which no rank writes.
+    """
 
     def __init__(self, comm, pieces: Pieces, optimizer, gather: bool):
         self.pieces, self.optimizer = pieces, optimizer
         state = optimizer.state_dict()
         order = _index(optimizer, pieces)
         full_index = {n: j for j, (n, _, _) in enumerate(pieces.full)}
-        self.keys = {f"{b}.{full_index[n]}": (f"{b}.{i}", n) for b in optimizer.buffers for i, n in enumerate(order)}
+        buffers = _holder(optimizer).buffers
+        self.keys = {f"{b}.{full_index[n]}": (f"{b}.{i}", n) for b in buffers for i, n in enumerate(order)}
         self.state = {k: v for k, v in state.items() if not (isinstance(v, np.ndarray) and v.ndim)}
-        for b in optimizer.buffers:
+        for b in buffers:
             full = (assemble(comm, pieces, {n: state[f"{b}.{i}"] for i, n in enumerate(order)}) if gather
                     else {n: np.zeros(s, d) for n, s, d in pieces.full})
             for j, (n, _, d) in enumerate(pieces.full):

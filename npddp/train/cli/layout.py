@@ -1,5 +1,8 @@
 """The training CLI's model-parallel layout: ``--tp``, ``--pp``, ``--micro-batches``, ``--pp-schedule`` checked.
 
+Over the data replicas of a split run, DDP with any ``--comm-hook``, ``--zero 1`` and
+``--local-sgd`` work as they do without a split; ``--zero 2`` and ``3`` are refused.
+
 Everything here looks at the flags and the world size only (no messages), so every rank reaches
 the same verdict before anything is sent; :func:`dry_check` builds the model once more with a
 stand-in tensor group to find sizes the split cannot take.
@@ -53,13 +56,9 @@ def check_layout(cfg: Config, world_size: int) -> int:
     what = f"--tp {cfg.tp} --pp {cfg.pp}"
     if cfg.model not in SPLIT_MODELS:
         raise ConfigError(f"{what} splits --model {' or '.join(SPLIT_MODELS)}, not {cfg.model}")
-    if cfg.zero:
-        raise ConfigError(f"--zero {cfg.zero} with {what} is not supported: the model's shards run under DDP "
-                          "over the data replicas; use --zero 0")
-    if cfg.comm_hook != "allreduce":
-        raise ConfigError(f"--comm-hook {cfg.comm_hook} with {what} is not supported; use --comm-hook allreduce")
-    if cfg.local_sgd:
-        raise ConfigError(f"--local-sgd {cfg.local_sgd} with {what} is not supported; use --local-sgd 0")
+    if cfg.zero >= 2:
+        raise ConfigError(f"--zero {cfg.zero} with {what} is not supported: the stages' gradients are reduced by "
+                          "DDP over the data replicas; --zero 1 (optimizer state sharded over them) works")
     if cfg.trace:
         raise ConfigError(f"--trace records DDP's steps and is not supported with {what}")
     return mesh.dp

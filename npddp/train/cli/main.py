@@ -191,8 +191,7 @@ def _engine(cfg: Config, model, comm, dropouts):
     """The data-parallel wrapper (DDP with its comm hook, a ZeRO stage, or a split model's engine) and its optimizer."""
     if layout.is_split(cfg):
         engine = MeshEngine(cfg, comm, model, dropouts)
-        return engine, make_optimizer(cfg.optimizer, engine.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                                      weight_decay=cfg.weight_decay)
+        return engine, engine.make_optimizer(cfg)
     tracer = tracing.Tracer(cfg.trace, comm, cfg.trace_steps) if cfg.trace else None  # None: $NPDDP_TRACE
     if cfg.zero >= 2:
         return sharding.build(cfg, model, comm, tracer)

@@ -7,19 +7,30 @@ step, parameters, reduce_metrics, stats, tracer, ...), plus :meth:`train_batch` 
 :meth:`evaluate` through the pipeline, and the whole-model views a checkpoint is written from
 and resumed into (:mod:`npddp.train.checkpoint.whole`). Dropout streams are seeded as one
 process's and positioned by sample row, so a run matches one process on the same global batch.
+
+Over the data group, as for a model that is not split: ``--comm-hook`` reduces DDP's buckets,
+``--zero 1`` shards the optimizer state (:meth:`make_optimizer`), ``--local-sgd`` runs the
+step without gradient averaging (``train_batch(local=True)``; the trainer's averager works over
+:attr:`replicas`). A step's :attr:`stats` count as communication the tensor group's
+all-reduces, the pipeline's sends and receives (waiting included) and the data group's sync.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from types import SimpleNamespace
 
 import numpy as np
 
 from npddp.data import iterate_batches
 from npddp.nn import CrossEntropyLoss
+from npddp.optim import make_optimizer
+from npddp.parallel import builtin as hooks
 from npddp.parallel.model import Mesh, Pipeline, PipelineStage, mesh_groups, shard_indices, tensor_parallel
+from npddp.parallel.model.clock import ClockedGroup
 from npddp.parallel.wrapper import StepStats
+from npddp.train import sharding
 from npddp.train.checkpoint import whole
 from npddp.train.cli.layout import micro_batches
 from npddp.util import tracing
@@ -38,15 +49,23 @@ class MeshEngine:
         self.comm, self.mesh = comm, Mesh(comm.size, tp=cfg.tp, pp=cfg.pp)
         self.groups = mesh_groups(self.mesh, raw_world(comm), cfg.backend, timeout=cfg.timeout)
         self.here = self.mesh.coords(comm.rank)
+        #: the communicator the data replicas share (local SGD averages over it); clocked groups for the stats
+        self.replicas = self.groups.data
+        self.clocks = [ClockedGroup(self.groups.tensor), ClockedGroup(self.groups.pipeline),
+                       ClockedGroup(self.groups.data)]
         full = [(n, p.data.shape, p.data.dtype) for n, p in model.named_parameters()]
         if cfg.tp > 1:
-            model = tensor_parallel(model, self.groups.tensor)
+            model = tensor_parallel(model, self.clocks[0])
         shards = shard_indices(model)
         self.stage = PipelineStage(model, cfg.pp, self.here.pp)
         self.micro = micro_batches(cfg)
-        self.pipeline = Pipeline(self.stage, self.groups.pipeline, CrossEntropyLoss(), self.micro,
+        self.pipeline = Pipeline(self.stage, self.clocks[1], CrossEntropyLoss(), self.micro,
                                  cfg.pp_schedule, data=self.groups.data if self.mesh.dp > 1 else None,
                                  sync=cfg.sync, bucket_cap_mb=cfg.bucket_mb)
+        if self.pipeline.ddp is not None:
+            self.pipeline.ddp.register_comm_hook(*hooks.build(
+                cfg.comm_hook, self.groups.data, topk_ratio=cfg.topk_ratio, powersgd_rank=cfg.powersgd_rank,
+                powersgd_start_iter=cfg.powersgd_start_iter, seed=cfg.seed))
         names = self.stage.original_names()
         self.local = [(names[n], p) for n, p in self.stage.named_parameters()]
         tied = "" if self.stage.tied is None or not self.pipeline.last or cfg.pp == 1 else \
@@ -58,11 +77,18 @@ class MeshEngine:
         self.dropouts = list(dropouts)
         self.owned = [first_copy and self.here.tp == 0 and id(d) in mine for d in self.dropouts]
         ddp = self.pipeline.ddp
-        self.stats = ddp.stats if ddp is not None else StepStats()
+        self.stats = StepStats()
         self.buckets = ddp.buckets if ddp is not None else []
         self.tracer, self.comm_hook_state, self.steps = tracing.NULL, None, 0
         #: this rank's losses and validation counts are the ones added up (last stage, first tensor slice)
         self.reports = self.pipeline.last and self.here.tp == 0
+
+    def make_optimizer(self, cfg):
+        """This stage's optimizer; with ``--zero 1`` its state sharded over the data replicas (ZeRO-1)."""
+        if cfg.zero == 1:
+            return sharding.shard_optimizer(cfg, self, self.clocks[2])
+        return make_optimizer(cfg.optimizer, self.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                              weight_decay=cfg.weight_decay)
 
     def whole_count(self) -> int:
         """Parameters of the whole model."""
@@ -79,7 +105,15 @@ class MeshEngine:
         self.pipeline.zero_grad()
 
     def step(self, optimizer) -> None:
+        """The optimizer step; ZeRO-1's exchange of updated parameters counts as communication."""
+        shared = self.clocks[2]
+        shared.reset()
+        t0 = time.perf_counter()
         self.pipeline.step(optimizer)
+        self.stats.optimizer_s = time.perf_counter() - t0 - shared.seconds
+        self.stats.comm_exposed_s += shared.seconds
+        self.stats.comm_calls += shared.calls
+        self.stats.comm_bytes += shared.nbytes
         self.steps += 1
 
     def full_parameters(self):
@@ -91,15 +125,33 @@ class MeshEngine:
         return self.comm.allreduce(np.array(sums, dtype=np.float64))
 
     # --- steps ---------------------------------------------------------------------------
-    def train_batch(self, xb: np.ndarray, yb: np.ndarray):
+    def train_batch(self, xb: np.ndarray, yb: np.ndarray, local: bool = False):
         """One step's forward and backward on this replica's rows; the mean loss on the last stage, else None.
 
-        A short last batch of an epoch runs as at most one micro-batch per row.
+        A short last batch of an epoch runs as at most one micro-batch per row. ``local``: the
+        gradients are not averaged over the data replicas (local SGD between averagings).
         """
         rows = len(yb)
         self.pipeline.micro_batches = min(self.micro, rows)
-        return self.pipeline.train_step(xb, yb, first_row=self.here.dp, global_rows=self.mesh.dp * rows,
-                                        row_stride=self.mesh.dp)   # the sampler's shard: every dp-th row
+        ddp = self.pipeline.ddp
+        for clock in self.clocks:
+            clock.reset()
+        t0 = time.perf_counter()
+        with ddp.no_sync() if local and ddp is not None else contextlib.nullcontext():
+            loss = self.pipeline.train_step(xb, yb, first_row=self.here.dp, global_rows=self.mesh.dp * rows,
+                                            row_stride=self.mesh.dp)   # the sampler's shard: every dp-th row
+        self.stats = self._step_stats(time.perf_counter() - t0)
+        return loss
+
+    def _step_stats(self, elapsed: float) -> StepStats:
+        """The step's StepStats: forward and backward interleave, so all of it is ``backward_s``; comm inside it
+        (tensor all-reduces, pipeline sends and receives, the data group's gradient sync) is ``comm_issue_s``."""
+        data = self.pipeline.ddp.stats if self.pipeline.ddp is not None else StepStats()
+        tensor, pipe = self.clocks[0], self.clocks[1]
+        return StepStats(backward_s=elapsed,
+                         comm_issue_s=tensor.seconds + pipe.seconds + data.comm_issue_s + data.comm_exposed_s,
+                         comm_calls=tensor.calls + pipe.calls + data.comm_calls,
+                         comm_bytes=tensor.nbytes + pipe.nbytes + data.comm_bytes)
 
     def evaluate(self, X: np.ndarray, y: np.ndarray, batch: int, loss_fn) -> np.ndarray:
         """(loss sum, correct, rows) of this replica's validation rows, on reporting ranks (zeros elsewhere)."""

@@ -1,0 +1,1 @@
+"""Tests of npddp.parallel.model composed with data parallelism."""
