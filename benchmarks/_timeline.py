@@ -6,6 +6,12 @@ hidden under it (the union of the all-reduce intervals inside backward), exposed
 how long after the first rank the last one issued it (no rank can finish before the last joins).
 The picture: one step of every rank, a compute lane (whole-model events, layers inside them),
 one lane per all-reduce lane of the trace, and the optimizer and data lanes, on one time axis.
+
+A split model's trace (``--tp``/``--pp``: ``pipeline`` events on the step track) gets instead, per
+step and rank, its stage, the micro-batches' forward and backward time, the sends, receives and
+all-reduces (union), the idle time (``idle (bubble)`` events) and the idle share of the step
+beside the ideal ``(K-1)/(M+K-1)``; its picture labels each micro-batch ``F i``/``B i`` and draws
+the idle stretches, with each rank named by its mesh coordinates.
 """
 
 from __future__ import annotations
@@ -19,6 +25,10 @@ import numpy as np
 LANES = ("data", "compute", "comm", "optimizer")
 COLOURS = {"forward": "#4c72b0", "backward": "#dd8452", "all-reduce wait": "#c44e52", "comm": "#55a868",
            "optimizer": "#8172b3", "data": "#937860", "checkpoint": "#da8bc3"}
+#: Colours of a pipeline trace's own compute events (added to the legend when the trace has them).
+PIPELINE_COLOURS = {"recompute": "#64b5cd", "idle": "#bbbbbb"}
+#: The name of a pipeline stage's idle stretches (npddp.parallel.model.pipetrace).
+IDLE = "idle (bubble)"
 
 
 def is_trace(path) -> bool:
@@ -88,6 +98,47 @@ def lateness_rows(doc: dict) -> list[dict]:
     return rows
 
 
+def pipeline_rows(doc: dict) -> list[dict]:
+    """Per (step, rank) of a split model's trace: stage, forward, backward, comm, idle and step ms; idle share."""
+    by_key: dict = {}
+    for e in complete_events(doc):
+        by_key.setdefault((e["args"]["step"], e["pid"]), []).append(e)
+    rows = []
+    for (step, rank), events in sorted(by_key.items()):
+        spans = [e for e in events if e.get("cat") == "step" and e["name"].startswith("pipeline ")]
+        if not spans:
+            continue
+        span = spans[0]
+
+        def total(prefix):
+            return sum(e["dur"] for e in events if e.get("cat") == "compute" and e["name"].startswith(prefix)) / 1e3
+        comm = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "comm"]
+        idle = total(IDLE)
+        rows.append({"step": step, "rank": rank, "stage": span["args"]["stage"], "forward_ms": total("forward mb "),
+                     "backward_ms": total("backward mb "), "comm_ms": union_length(comm) / 1e3, "idle_ms": idle,
+                     "step_ms": span["dur"] / 1e3, "idle_share": idle / max(span["dur"] / 1e3, 1e-9),
+                     "ideal": span["args"]["bubble"], "stages": span["args"]["stages"],
+                     "micro_batches": span["args"]["micro_batches"], "schedule": span["args"]["schedule"]})
+    return rows
+
+
+def pipeline_summary(rows: list[dict]) -> list[str]:
+    """The printed lines of a split model's trace: the per-rank table, then each step's mean idle share."""
+    lines = ["per step and rank (ms): the stage's micro-batch forwards and backwards, sends/receives/all-reduces "
+             "(union), idle (no computation), the step; idle share = idle / step",
+             _table(rows, (("step", "step", "d"), ("rank", "rank", "d"), ("stage", "stage", "d"),
+                           ("forward_ms", "forward", ".3f"), ("backward_ms", "backward", ".3f"),
+                           ("comm_ms", "comm", ".3f"), ("idle_ms", "idle", ".3f"), ("step_ms", "step", ".3f"),
+                           ("idle_share", "idle share", ".3f"), ("ideal", "(K-1)/(M+K-1)", ".3f")))]
+    for step in sorted({r["step"] for r in rows}):
+        mine = [r for r in rows if r["step"] == step]
+        first = mine[0]
+        lines.append(f"step {step}: measured idle share {np.mean([r['idle_share'] for r in mine]):.3f} (mean over "
+                     f"{len(mine)} ranks) beside (K-1)/(M+K-1) = {first['ideal']:.3f} (K = {first['stages']} stages, "
+                     f"M = {first['micro_batches']} micro-batches, {first['schedule']})")
+    return lines
+
+
 def _table(rows: list[dict], columns) -> str:
     """Rows as fixed-width text: columns are (key, header, format)."""
     head = "  ".join(f"{h:>12}" for _, h, _ in columns)
@@ -101,6 +152,9 @@ def summary(path, doc: dict) -> str:
     lines = [f"== {path}: trace of steps {other.get('trace_steps')} on ranks {other.get('ranks')}"
              + ("" if other.get("complete", True) else f" (INCOMPLETE: {other.get('reason', 'a rank failed')})"),
              f"clock offsets to rank 0 (us): {other.get('clock_offset_us', {})}"]
+    piped = pipeline_rows(doc)
+    if piped:
+        return "\n".join(lines + pipeline_summary(piped))
     rows = step_rows(doc)
     if rows:
         lines.append("per step and rank (ms): backward, communication (union), hidden under backward, exposed after it")
@@ -154,6 +208,8 @@ def timeline(doc: dict, step: int | None = None, title: str = ""):
 
     step = pick_step(doc, step)
     events = [e for e in complete_events(doc) if e["args"]["step"] == step]
+    labels = doc.get("otherData", {}).get("process_names", {})
+    colours = {**COLOURS, **(PIPELINE_COLOURS if any(e["name"] == IDLE for e in events) else {})}
     t0 = min(e["ts"] for e in events)
     comm: dict = {}
     lanes = []                                # (rank, lane name), top to bottom
@@ -175,19 +231,22 @@ def timeline(doc: dict, step: int | None = None, title: str = ""):
             kind = "all-reduce wait"
         layer = e.get("cat") == "compute" and e["args"].get("layer")
         height = 0.5 if layer else 0.8
-        ax.broken_barh([(start, width)], (row - height / 2, height), facecolors=COLOURS.get(kind, "#999999"),
+        ax.broken_barh([(start, width)], (row - height / 2, height), facecolors=colours.get(kind, "#999999"),
                        edgecolor="white" if layer else "none", linewidth=0.4, alpha=1.0 if layer else 0.45)
-        if e.get("cat") == "comm":
-            ax.text(start + width / 2, row, f"bucket {e['args'].get('bucket', '')}", ha="center", va="center",
+        if e.get("cat") == "comm" and "bucket" in e["args"]:
+            ax.text(start + width / 2, row, f"bucket {e['args']['bucket']}", ha="center", va="center",
                     fontsize=7)
+        elif kind in ("forward", "backward") and "micro_batch" in e["args"]:
+            ax.text(start + width / 2, row, f"{kind[0].upper()}{e['args']['micro_batch']}", ha="center",
+                    va="center", fontsize=7)
     ax.set_yticks(range(len(lanes)))
-    ax.set_yticklabels([f"rank {r} {n}" for r, n in reversed(lanes)], fontsize=8)
+    ax.set_yticklabels([f"{labels.get(str(r), f'rank {r}')} {n}" for r, n in reversed(lanes)], fontsize=8)
     for i in range(1, len(lanes)):
         if lanes[i][0] != lanes[i - 1][0]:
             ax.axhline(len(lanes) - i - 0.5, color="black", linewidth=0.6)
     ax.set_xlabel(f"ms from the start of step {step} (rank 0's clock)")
     ax.set_title(title or f"step {step}: compute and communication per rank")
-    ax.legend(handles=[Patch(color=c, label=k) for k, c in COLOURS.items()], fontsize=7, ncol=7,
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in colours.items()], fontsize=7, ncol=9,
               loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(lanes) < 6 else -0.15), frameon=False)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()

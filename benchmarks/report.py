@@ -32,7 +32,9 @@ printed with pandas; per kind:
   links, bubble beside (K-1)/(M+K-1), peak memory; plot ``parallelism`` (benchmarks/_parallelism_plot.py).
 * a ``.json`` trace (``--trace``, docs/traces.md): per step and rank backward, hidden and
   exposed communication, each all-reduce's slowest rank; plot ``<stem>_timeline`` (one step
-  of every rank: benchmarks/_timeline.py; ``--trace-step`` picks the step).
+  of every rank: benchmarks/_timeline.py; ``--trace-step`` picks the step). A split model's trace
+  (``--tp``/``--pp``) gets per step and rank its stage, forward, backward, communication and idle
+  time, and the measured idle share beside (K-1)/(M+K-1), its picture each micro-batch's F/B.
 
 Projection (printed last; plot ``projection``): DDP's gradient all-reduce per step for each
 model size (float32 gradients in ``--bucket-mb`` buckets), world size and algorithm (those of

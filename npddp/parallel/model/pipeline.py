@@ -18,15 +18,21 @@ each in-flight micro-batch's input and, before a backward, re-runs the forward o
 micro-batch when another ran since (activation recomputation, as GPipe does); the last stage
 under 1F1B never needs it. A GPT's tied embedding gradient is summed between the first and
 last stage after the last backward (see :mod:`npddp.parallel.model.stages`).
+
+Tracing (``tracer=``): each micro-batch's forward and backward, the sends and receives and the
+idle stretches (the bubble) go on the timeline (:mod:`npddp.parallel.model.pipetrace`), each
+layer's forward and backward inside them, and the data group's DDP records its all-reduces there.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from npddp.parallel.model.pipetrace import PipelineTrace
 from npddp.parallel.model.randomness import RowAlignedDropout
 from npddp.parallel.model.schedules import schedule
 from npddp.parallel.model.stages import PipelineStage
+from npddp.util import tracing
 
 HEADER_WORDS = 8
 DTYPES = ("float16", "float32", "float64", "int32", "int64")
@@ -48,7 +54,7 @@ class Pipeline:
     """Train ``stage`` (a :class:`PipelineStage`) over the pipeline group ``comm`` (its rank = stage index)."""
 
     def __init__(self, stage: PipelineStage, comm, loss, micro_batches: int, schedule_name: str = "1f1b",
-                 data=None, **ddp_args):
+                 data=None, tracer=None, **ddp_args):
         if not isinstance(stage, PipelineStage):
             raise TypeError(f"stage must be a PipelineStage, got {type(stage).__name__}")
         if comm.size != stage.stages or comm.rank != stage.stage:
@@ -59,10 +65,14 @@ class Pipeline:
         self.micro_batches, self.schedule_name = micro_batches, schedule_name
         self.first, self.last = stage.stage == 0, stage.stage == stage.stages - 1
         self.dropout = RowAlignedDropout(stage)
+        self.tracer = tracing.NULL if tracer is None else tracer
+        self.trace = PipelineTrace(self.tracer, stage.stage, stage.stages, schedule_name)
+        stage.trace_layers(self.tracer, tracing.COMPUTE)
         self.ddp = None
         if data is not None:
             from npddp.parallel.ddp import DistributedDataParallel
-            self.ddp = DistributedDataParallel(stage, data, **ddp_args)
+            traced = {} if tracer is None else {"tracer": tracer}
+            self.ddp = DistributedDataParallel(stage, data, **traced, **ddp_args)
         self.module = stage if self.ddp is None else self.ddp
 
     def parameters(self):
@@ -76,7 +86,9 @@ class Pipeline:
     def step(self, optimizer) -> None:
         """Step ``optimizer`` on this stage's (reduced) gradients."""
         if self.ddp is None:
+            t0 = self.tracer.clock()
             optimizer.step()
+            self.tracer.add(t0, self.tracer.name("optimizer step"), tracing.OPTIMIZER)
         else:
             self.ddp.step(optimizer)
 
@@ -100,10 +112,13 @@ class Pipeline:
         inputs, outputs, grads, dx = {}, {}, {}, {}
         latest, losses = None, 0.0
         self.dropout.begin_step()
+        self.trace.begin(self.micro_batches)
         for kind, i in ops:
             lo, hi = bounds[i], bounds[i + 1]
+            t0, nbytes = self.trace.clock(), 0
             if kind == "recv_act":
                 inputs[i] = self._recv_activation()
+                nbytes = inputs[i].nbytes
             elif kind == "fwd":
                 if self.first:
                     inputs[i] = x[lo:hi]
@@ -117,25 +132,24 @@ class Pipeline:
                 else:
                     outputs[i] = out
             elif kind == "send_act":
-                out = np.ascontiguousarray(outputs.pop(i))
-                self.comm.send(_header(out), self.stage.stage + 1, TAG_HEADER)
-                self.comm.send(out, self.stage.stage + 1, TAG_ACTIVATION)
-                outputs[i] = out.shape, out.dtype
+                out = self._send_activation(outputs.pop(i))
+                outputs[i], nbytes = (out.shape, out.dtype), out.nbytes
             elif kind == "recv_grad":
                 shape, dtype = outputs.pop(i)
                 grads[i] = self.comm.recv(np.empty(shape, dtype), self.stage.stage + 1, TAG_GRADIENT)
+                nbytes = grads[i].nbytes
             elif kind == "bwd":
                 if latest != i:                            # recompute: layers keep their latest input only
-                    self.dropout.at_rows(first_row + lo * row_stride, row_stride)
-                    self.module.forward(inputs[i])
-                    latest = i
+                    self._recompute(i, inputs[i], first_row + lo * row_stride, row_stride)
                 dx[i] = self._backward(grads.pop(i), last=i == last_bwd)
                 inputs.pop(i)
                 latest = None
             elif kind == "send_grad":
-                self.comm.send(np.ascontiguousarray(dx.pop(i)), self.stage.stage - 1, TAG_GRADIENT)
+                nbytes = self._send_gradient(dx.pop(i))
+            self.trace.op(kind, i, t0, nbytes)
         self.dropout.end_step(rows if global_rows is None else global_rows)
         self._sum_tied()
+        self.trace.end()
         return losses if self.last else None
 
     def predict(self, x) -> np.ndarray | None:
@@ -148,9 +162,7 @@ class Pipeline:
         out = self.stage.forward(x)
         if self.last:
             return out
-        out = np.ascontiguousarray(out)
-        self.comm.send(_header(out), self.stage.stage + 1, TAG_HEADER)
-        self.comm.send(out, self.stage.stage + 1, TAG_ACTIVATION)
+        self._send_activation(out)
         return None
 
     def _backward(self, dout, last: bool):
@@ -159,6 +171,26 @@ class Pipeline:
             return self.module.backward(dout)
         with self.ddp.no_sync():
             return self.module.backward(dout)
+
+    def _recompute(self, i: int, x: np.ndarray, first_row: int, row_stride: int) -> None:
+        """Run micro-batch ``i``'s forward again (its input ``x``, its rows' dropout bits) before its backward."""
+        t0 = self.trace.clock()
+        self.dropout.at_rows(first_row, row_stride)
+        self.module.forward(x)
+        self.trace.op("recompute", i, t0)
+
+    def _send_activation(self, out: np.ndarray) -> np.ndarray:
+        """Send an activation to the next stage: its header, then the array (returned, contiguous)."""
+        out = np.ascontiguousarray(out)
+        self.comm.send(_header(out), self.stage.stage + 1, TAG_HEADER)
+        self.comm.send(out, self.stage.stage + 1, TAG_ACTIVATION)
+        return out
+
+    def _send_gradient(self, grad: np.ndarray) -> int:
+        """Send the gradient of a received activation back to the previous stage; its bytes."""
+        grad = np.ascontiguousarray(grad)
+        self.comm.send(grad, self.stage.stage - 1, TAG_GRADIENT)
+        return grad.nbytes
 
     def _recv_activation(self) -> np.ndarray:
         """An activation from the previous stage: its header, then the array."""
@@ -182,6 +214,7 @@ class Pipeline:
         if tied is None:
             return
         grad = tied.grad
+        t0 = self.trace.clock()
         theirs = np.empty_like(grad)
         peer = self.stage.stages - 1 if self.first else 0
         if self.first:
@@ -191,3 +224,4 @@ class Pipeline:
             self.comm.recv(theirs, peer, TAG_TIED)
             self.comm.send(grad, peer, TAG_TIED)
         grad += theirs
+        self.trace.tied(t0, grad.nbytes)

@@ -59,8 +59,6 @@ def check_layout(cfg: Config, world_size: int) -> int:
     if cfg.zero >= 2:
         raise ConfigError(f"--zero {cfg.zero} with {what} is not supported: the stages' gradients are reduced by "
                           "DDP over the data replicas; --zero 1 (optimizer state sharded over them) works")
-    if cfg.trace:
-        raise ConfigError(f"--trace records DDP's steps and is not supported with {what}")
     return mesh.dp
 
 

@@ -8,6 +8,10 @@ step, parameters, reduce_metrics, stats, tracer, ...), plus :meth:`train_batch` 
 and resumed into (:mod:`npddp.train.checkpoint.whole`). Dropout streams are seeded as one
 process's and positioned by sample row, so a run matches one process on the same global batch.
 
+With ``--trace`` (or ``NPDDP_TRACE``) one tracer over the world records every rank: the pipeline's
+micro-batches, sends, receives and idle stretches, the tensor group's all-reduces and the data
+group's DDP; each rank's process is named by its (dp, pp, tp) coordinates.
+
 Over the data group, as for a model that is not split: ``--comm-hook`` reduces DDP's buckets,
 ``--zero 1`` shards the optimizer state (:meth:`make_optimizer`), ``--local-sgd`` runs the
 step without gradient averaging (``train_batch(local=True)``; the trainer's averager works over
@@ -42,6 +46,12 @@ def raw_world(comm):
     return transport if transport is not None else comm.comm
 
 
+def process_names(mesh: Mesh) -> dict:
+    """``{"R": "rank R: dp D, pp P, tp T"}`` for every rank of ``mesh`` (the trace's process names)."""
+    coords = {r: mesh.coords(r) for r in range(mesh.world_size)}
+    return {str(r): f"rank {r}: dp {c.dp}, pp {c.pp}, tp {c.tp}" for r, c in coords.items()}
+
+
 class MeshEngine:
     """A split model's training step, validation and checkpoint views (see the module docstring)."""
 
@@ -49,19 +59,21 @@ class MeshEngine:
         self.comm, self.mesh = comm, Mesh(comm.size, tp=cfg.tp, pp=cfg.pp)
         self.groups = mesh_groups(self.mesh, raw_world(comm), cfg.backend, timeout=cfg.timeout)
         self.here = self.mesh.coords(comm.rank)
+        self.tracer = tracing.Tracer(cfg.trace, comm, cfg.trace_steps) if cfg.trace else tracing.from_env(comm)
+        self.tracer.describe(process_names=process_names(self.mesh))
         #: the communicator the data replicas share (local SGD averages over it); clocked groups for the stats
         self.replicas = self.groups.data
         self.clocks = [ClockedGroup(self.groups.tensor), ClockedGroup(self.groups.pipeline),
                        ClockedGroup(self.groups.data)]
         full = [(n, p.data.shape, p.data.dtype) for n, p in model.named_parameters()]
         if cfg.tp > 1:
-            model = tensor_parallel(model, self.clocks[0])
+            model = tensor_parallel(model, self.clocks[0], tracer=self.tracer)
         shards = shard_indices(model)
         self.stage = PipelineStage(model, cfg.pp, self.here.pp)
         self.micro = micro_batches(cfg)
         self.pipeline = Pipeline(self.stage, self.clocks[1], CrossEntropyLoss(), self.micro,
                                  cfg.pp_schedule, data=self.groups.data if self.mesh.dp > 1 else None,
-                                 sync=cfg.sync, bucket_cap_mb=cfg.bucket_mb)
+                                 tracer=self.tracer, sync=cfg.sync, bucket_cap_mb=cfg.bucket_mb)
         if self.pipeline.ddp is not None:
             self.pipeline.ddp.register_comm_hook(*hooks.build(
                 cfg.comm_hook, self.groups.data, topk_ratio=cfg.topk_ratio, powersgd_rank=cfg.powersgd_rank,
@@ -79,7 +91,7 @@ class MeshEngine:
         ddp = self.pipeline.ddp
         self.stats = StepStats()
         self.buckets = ddp.buckets if ddp is not None else []
-        self.tracer, self.comm_hook_state, self.steps = tracing.NULL, None, 0
+        self.comm_hook_state, self.steps = None, 0
         #: this rank's losses and validation counts are the ones added up (last stage, first tensor slice)
         self.reports = self.pipeline.last and self.here.tp == 0
 
@@ -89,6 +101,16 @@ class MeshEngine:
             return sharding.shard_optimizer(cfg, self, self.clocks[2])
         return make_optimizer(cfg.optimizer, self.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                               weight_decay=cfg.weight_decay)
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps taken (restored on resume); setting it moves the tracer's window."""
+        return self._steps
+
+    @steps.setter
+    def steps(self, value: int) -> None:
+        self._steps = value
+        self.tracer.at_step(value)
 
     def whole_count(self) -> int:
         """Parameters of the whole model."""

@@ -76,8 +76,8 @@ def thread_name(track: int, lane: int) -> str:
     return TRACKS[track] + (f" {lane + 1}" if lane else "")
 
 
-def rank_events(part: RankPart) -> list[dict]:
-    """The Chrome events of one rank: its process name, thread names and complete events."""
+def rank_events(part: RankPart, label: str | None = None) -> list[dict]:
+    """The Chrome events of one rank: its process name (``label``, else ``rank N``), thread names and events."""
     ev = np.asarray(part.events, dtype=np.int64).reshape(-1, len(COLUMNS))
     names = [split_name(n) for n in part.names]
     start_us = ev[:, 2] // 1000                 # (n,) floor on both ends keeps containment
@@ -87,7 +87,7 @@ def rank_events(part: RankPart) -> list[dict]:
         rows = np.flatnonzero(ev[:, 1] == track)
         tids[rows] = track * LANES_PER_TRACK + assign_lanes(ev[rows, 2], ev[rows, 3])
     pid = int(part.rank)
-    out = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": f"rank {pid}"}},
+    out = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": label or f"rank {pid}"}},
            {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}}]
     for tid in sorted(set(tids.tolist())):
         track, lane = divmod(tid, LANES_PER_TRACK)
@@ -115,8 +115,13 @@ def other_data(parts: list[RankPart], base: dict) -> dict:
 
 
 def document(parts: list[RankPart], base: dict) -> dict:
-    """The whole trace: every rank's events, and ``otherData`` from ``base`` and the parts."""
-    events = [e for part in sorted(parts, key=lambda p: p.rank) for e in rank_events(part)]
+    """The whole trace: every rank's events, and ``otherData`` from ``base`` and the parts.
+
+    ``base["process_names"]`` (optional, ``{"rank": "name"}``) names the ranks' processes, e.g.
+    with their coordinates in a split model's mesh.
+    """
+    labels = base.get("process_names", {})
+    events = [e for part in sorted(parts, key=lambda p: p.rank) for e in rank_events(part, labels.get(str(part.rank)))]
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other_data(parts, base)}
 
 

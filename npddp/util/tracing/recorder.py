@@ -114,6 +114,9 @@ class NullTracer:
     def add(self, t0: int, name: int, track: int) -> None:
         return None
 
+    def span(self, t0: int, t1: int, name: int, track: int) -> None:
+        return None
+
     def wrap(self, fn, name: int, track: int):
         return fn
 
@@ -232,6 +235,11 @@ class Tracer:
         """Record event ``name`` on ``track`` from ``t0`` (a :meth:`clock` reading) until now."""
         if t0:
             self._record(name, track, t0, time.perf_counter_ns())
+
+    def span(self, t0: int, t1: int, name: int, track: int) -> None:
+        """Record event ``name`` on ``track`` from ``t0`` to ``t1`` (both :meth:`clock` readings; 0: ignored)."""
+        if t0 and t1:
+            self._record(name, track, t0, t1)
 
     def _record(self, name: int, track: int, t0: int, t1: int) -> None:
         """Store one event in the next free slot (or count it as dropped)."""
