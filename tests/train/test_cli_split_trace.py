@@ -89,7 +89,8 @@ def test_four_ranks_trace_the_data_and_tensor_groups_all_reduces(tmp_path, layou
         stage = 1 if pid in (2, 3) and "--tp" in layout or pid in (1, 3) and "--tp" not in layout else 0
         for step in (2, 3):
             assert compute_order(events, pid, step) == expected_order("1f1b", stage, 2, 2)
-            reduces = [e for e in events if e["pid"] == pid and e["args"]["step"] == step and e["name"].startswith(group)]
+            reduces = [e for e in events
+                       if e["pid"] == pid and e["args"]["step"] == step and e["name"].startswith(group)]
             # with --tp the second stage's row-parallel Linear all-reduces in every forward (the first
             # stage's column-parallel one would in backward, but the model's input needs no gradient)
             assert reduces or "--tp" in layout and stage == 0, (pid, step, group)
