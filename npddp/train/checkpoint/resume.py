@@ -80,8 +80,11 @@ def merge(given: dict, saved: dict, path: str) -> Config:
     return Config(**values)
 
 
-def changes(cfg: Config, given: dict, saved: dict, world_size: int) -> list[str]:
-    """Header lines naming what differs from the checkpoint and whether bit-identity still holds."""
+def changes(cfg: Config, given: dict, saved: dict, world_size: int, unkept: str = "") -> list[str]:
+    """Header lines naming what differs from the checkpoint and whether bit-identity still holds.
+
+    ``unkept``: state of this run that its checkpoints do not hold (a split run's), "" for none.
+    """
     config, lines, order = saved["config"], [], []
     now, was = {"world size": world_size}, {"world size": saved["world_size"]}
     for name in inherited_on_resume():
@@ -92,6 +95,9 @@ def changes(cfg: Config, given: dict, saved: dict, world_size: int) -> list[str]
             lines.append(f"{key} {_show(was[key])} -> {_show(now[key])}")
             if key.lstrip("-").replace("-", "_") in _ORDER_FIELDS:
                 order.append(key)
+    if not lines and unkept:
+        return [f"resume: same settings as the checkpoint, which does not hold {unkept}; so the run may differ "
+                "from an uninterrupted one"]
     if not lines:
         return ["resume: same settings as the checkpoint; bit-identical to an uninterrupted run"]
     text = "resume: changed since the checkpoint: " + ", ".join(lines)

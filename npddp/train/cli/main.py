@@ -231,7 +231,8 @@ def _announce(cfg: Config, given: dict, saved, comm, out: Printer, ddp, optimize
                  f"{ddp.stage.num_parameters():,} of {ddp.whole_count():,} parameters")
     if cfg.resume:
         replicas = ddp.mesh.dp if layout.is_split(cfg) else comm.size
-        for line in resume.changes(cfg, given, saved, replicas):
+        unkept = ddp.unkept_state(cfg) if layout.is_split(cfg) else ""
+        for line in resume.changes(cfg, given, saved, replicas, unkept):
             out.info(line)
     if comm.rank == 0:
         for line in outputs.remove_stale([cfg.checkpoint, cfg.metrics]):

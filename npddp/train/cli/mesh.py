@@ -31,6 +31,7 @@ from npddp.data import iterate_batches
 from npddp.nn import CrossEntropyLoss
 from npddp.optim import make_optimizer
 from npddp.parallel import builtin as hooks
+from npddp.parallel.hooks import HookState
 from npddp.parallel.model import Mesh, Pipeline, PipelineStage, mesh_groups, shard_indices, tensor_parallel
 from npddp.parallel.model.clock import ClockedGroup
 from npddp.parallel.wrapper import StepStats
@@ -111,6 +112,15 @@ class MeshEngine:
     def steps(self, value: int) -> None:
         self._steps = value
         self.tracer.at_step(value)
+
+    def unkept_state(self, cfg) -> str:
+        """What this run's whole-model checkpoints leave out ("" for nothing), for the resume line."""
+        parts = []
+        if cfg.local_sgd and self.mesh.dp > 1:
+            parts.append("each data replica's own parameters and optimizer state (local SGD: it holds replica 0's)")
+        if self.pipeline.ddp is not None and isinstance(self.pipeline.ddp.comm_hook_state, HookState):
+            parts.append(f"the --comm-hook {cfg.comm_hook} state (error feedback)")
+        return " or ".join(parts)
 
     def whole_count(self) -> int:
         """Parameters of the whole model."""
