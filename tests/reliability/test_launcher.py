@@ -12,13 +12,13 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
 
 from npddp.comm.node.names import PREFIX, SHM_DIR
 from npddp.process.spawn import parse_args, rank_env
+from npddp.util.env import JOIN_DIR_VARIABLE
 
 from tests.reliability.conftest import job_env
 
@@ -75,10 +75,11 @@ def test_a_rank_that_exits_with_a_code_ends_the_job_with_that_code(launch, worke
     assert "rank 1 exited with code 3" in job.output and not job.alive()
 
 
-LEAVER = """
+LEAVER = f"""
 import os, sys, time
 import numpy as np
 rank = int(os.environ["RANK"])
+print("join directory", os.environ["{JOIN_DIR_VARIABLE}"], flush=True)
 if rank == int(sys.argv[1]):
     if sys.argv[2] == "late":
         time.sleep(1.0)             # the others start joining first
@@ -97,17 +98,19 @@ def test_a_rank_that_exits_0_before_joining_ends_the_job_at_once(launch, tmp_pat
     """The others would wait for it until their timeout (120 s here); the launcher names it and stops them."""
     script = tmp_path / "leaver.py"
     script.write_text(LEAVER)
-    before = _join_dirs()
     started = time.monotonic()
     job = launch([script, leaver, when], n=3, launcher="npddp.run")
     code = job.wait(timeout=60)
     assert code == 1 and time.monotonic() - started < 30, job.output
     assert f"rank {leaver} exited with code 0 before joining the job" in job.output, job.output
-    assert not job.alive() and _join_dirs() <= before   # the launcher's join directory is gone too
+    assert not job.alive() and _join_dirs_left(job) == []   # the launcher's join directory is gone too
 
 
-def _join_dirs() -> set[str]:
-    return {d for d in os.listdir(tempfile.gettempdir()) if d.startswith("npddp-join-")}
+def _join_dirs_left(job) -> list[str]:
+    """The join directories this job's ranks were given (each prints its own) that still exist."""
+    given = {line.split(" ", 2)[2] for line in job.output.splitlines() if line.startswith("join directory ")}
+    assert given, job.output
+    return sorted(path for path in given if os.path.exists(path))
 
 
 @pytest.mark.slow
@@ -115,9 +118,8 @@ def test_ranks_that_never_communicate_may_end_at_different_times(launch, tmp_pat
     script = tmp_path / "leaver.py"
     script.write_text(LEAVER)
     job = launch([script, 0, "never"], n=3, launcher="npddp.run")
-    before = _join_dirs()
     assert job.wait(timeout=60) == 0, job.output
-    assert "before joining" not in job.output and _join_dirs() <= before
+    assert "before joining" not in job.output and _join_dirs_left(job) == []
 
 
 @pytest.mark.slow
