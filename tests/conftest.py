@@ -16,6 +16,7 @@ serial tests are deselected (the serial and ``mpirun`` runs cover them).
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import shutil
 import tempfile
@@ -42,22 +43,45 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "needs_mpi: calls mpi4py itself, so it runs under mpirun only")
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _segments_of_aborted_test_jobs():
-    """Remove the /dev/shm segments MPI left for the jobs this session aborted or killed on purpose.
+#: Hydra's topology file (MPICH, Intel MPI): its proxy makes it in /tmp (whatever TMPDIR says) and holds it open
+#: while the job runs; a plain ``mpirun`` job that is killed or aborts leaves it behind.
+HYDRA_TOPOLOGY_FILES = "/tmp/hydra_hwloc_xmlfile_*"
+_PRESENT_AT_START = pytest.StashKey[tuple]()
 
-    Only in a session that is not itself a rank of a job, and only segments that appeared
-    during the session and no live process maps.
-    """
+
+def _sees_the_whole_run(config) -> bool:
+    """True in the process that outlives every test of the run: not a rank of a job, not a pytest-xdist worker."""
     from npddp.util import env
-    from npddp.process.cleanup import SHM, orphans, remove_unused
+    return env.world_size() <= 1 and not hasattr(config, "workerinput")
 
-    if env.world_size() > 1 or not SHM.is_dir():
-        yield
+
+def _leftover_kinds() -> tuple[set[str], set[str]]:
+    """What aborted jobs may leave, present now: names in /dev/shm, and hydra's topology files."""
+    from npddp.process.cleanup import SHM
+    return set(os.listdir(SHM)) if SHM.is_dir() else set(), set(glob.glob(HYDRA_TOPOLOGY_FILES))
+
+
+def pytest_sessionstart(session):
+    if _sees_the_whole_run(session.config):
+        session.config.stash[_PRESENT_AT_START] = _leftover_kinds()
+
+
+def pytest_sessionfinish(session):
+    """Remove what the jobs this run aborted or killed on purpose left: MPI's /dev/shm segments and hydra's topology
+    files that appeared during the run and that no live process maps or holds open."""
+    from npddp.process.cleanup import held_temp_entries, orphans, remove_unused
+    if _PRESENT_AT_START not in session.config.stash:
         return
-    before = set(os.listdir(SHM))
-    yield
-    remove_unused([p for p in orphans(min_age_s=0.0) if p.name not in before])
+    shm_before, hydra_before = session.config.stash[_PRESENT_AT_START]
+    remove_unused([p for p in orphans(min_age_s=0.0) if p.name not in shm_before])
+    new = set(glob.glob(HYDRA_TOPOLOGY_FILES)) - hydra_before
+    held = set()
+    for pid in (int(entry) for entry in os.listdir("/proc") if entry.isdigit()) if new else ():
+        held |= held_temp_entries(pid, "/tmp")
+    for path in new - held:
+        with contextlib.suppress(OSError):
+            if os.lstat(path).st_uid == os.getuid():
+                os.unlink(path)
 
 
 def pytest_collection_modifyitems(config, items):
