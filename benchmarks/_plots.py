@@ -331,7 +331,7 @@ def mpi_study(frames: dict, setting: str, prefix: str = "mpi:") -> Figure:
     (``<prefix><name>``) dashed, ``mpi:default`` black, npddp's solid in their fixed colours.
     """
     meta = next(iter(frames.values()))[1]
-    fig = _figure(5.2 * len(frames) + 0.5, 6.2, f"all-reduce time / fastest npddp algorithm's, {setting} "
+    fig = _figure(5.2 * len(frames) + 1.5, 8.0, f"all-reduce time / fastest npddp algorithm's, {setting}\n"
                                                 f"(in place, median; below 1: faster than npddp's best)", meta)
     axes = fig.subplots(1, len(frames), squeeze=False, sharey=True)[0]
     for ax, (family, (times, attrs)) in zip(axes, frames.items()):
@@ -353,6 +353,6 @@ def mpi_study(frames: dict, setting: str, prefix: str = "mpi:") -> Figure:
         ax.axhline(1.0, color="gray", lw=0.8)
         words = [w for w in str(attrs.get("mpi_library", family)).replace(",", " ").split() if w != "Version:"]
         ax.set_title(" ".join(words[:3]) if words else family, fontsize=9)
-        ax.legend(fontsize=6, ncols=2, loc="upper left")
+        ax.legend(fontsize=6, ncols=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     axes[0].set_ylabel("time / fastest npddp algorithm's time (log 2)")
     return fig
