@@ -23,6 +23,9 @@ ALGORITHMS = {
 NODE_ALGORITHMS = {"shm": ("node.shm", "Shm")}
 #: Every backend ``npddp.comm.create`` accepts.
 BACKENDS = ("mpi", *ALGORITHMS, "auto", "shm", "hier")
+#: MPI's own all-reduce (the library's default selection): ``auto``'s candidate where the transport is MPI
+#: (:mod:`npddp.comm.compose.library`), named so in its tables and tuning files.
+LIBRARY = "mpi"
 
 
 def _load(module: str, name: str):

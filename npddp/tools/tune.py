@@ -18,7 +18,8 @@ slower than the default by more than the noise it measured. Neighbouring sizes w
 algorithm merge into one step, and a step ends halfway (geometrically) between the last size it
 won and the next size. The file is valid for this transport and world size only (``auto``
 checks both); rank 0 writes it. See :mod:`npddp.comm.compose.tuning` for the format. Buffers are
-ordinary NumPy arrays (the shared-memory candidate stages or single-copies them).
+ordinary NumPy arrays (the shared-memory candidate stages or single-copies them). Over MPI, MPI's own
+all-reduce competes as ``mpi``, timed as ``auto`` runs it (its argument check included).
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ import numpy as np
 
 from npddp.comm import DTYPES, create
 from npddp.comm.compose.auto import hier_possible
-from npddp.comm.compose.costmodel import candidates, model_table
+from npddp.comm.compose.costmodel import candidates, model_table, node_table
 from npddp.comm.compose.tuning import FORMAT, VERSION, check_table
 from npddp.comm.node.memory import node_ids
 from npddp.comm.node.shm import node_group
+from npddp.comm.registry import LIBRARY
 from npddp.comm.transports.base import resolve_transport
 from npddp.process.job import abort_on_exception
 from npddp.tools.arguments import load_plugins_and_check_transport
@@ -182,13 +184,25 @@ def stable(rounds: dict, default: str, tolerance: float) -> bool:
     return len(rounds[default]) >= MIN_ROUNDS and max(noise(rounds[best]), noise(rounds[default])) <= tolerance
 
 
+def library_path(transport: str):
+    """``auto`` pinned to MPI's own all-reduce (collective), or None where ``auto`` does not offer it (not over MPI)."""
+    comm = create("auto", transport=transport)
+    if LIBRARY not in comm.algorithms:
+        return None
+    comm.pin(LIBRARY)
+    return comm
+
+
 def defaults(comms: dict, transport: str, size: int, nodes: list):
-    """``default(nbytes)``: what ``auto`` picks with no tuning table (the cost model; on one node, shm).
+    """``default(nbytes)``: what ``auto`` picks with no tuning table (the cost model; on one node, shm, and over MPI
+    MPI's own below a size).
 
     ``nodes``: each rank's node id; across nodes the network model prices the candidates, as in ``auto``."""
     across = len(set(nodes)) > 1
     per_node = len(nodes) // len(set(nodes)) if "hier" in comms else 1
-    steps = [[None, "shm"]] if "shm" in comms else model_table(transport, size, across_nodes=across, per_node=per_node)
+    library = LIBRARY in comms
+    steps = node_table(size, library) if "shm" in comms else model_table(transport, size, across_nodes=across,
+                                                                         per_node=per_node, library=library)
     return lambda nbytes: next(a for limit, a in steps if limit is None or nbytes <= limit)
 
 
@@ -204,6 +218,9 @@ def main(argv=None) -> int:
         comms["shm"] = create("shm", transport=transport)
     elif hier_possible(nodes):  # as many ranks (> 1) on every node: hier's composition competes too
         comms["hier"] = create("hier", transport=transport)
+    library = library_path(transport)
+    if library is not None:  # over MPI: MPI's own all-reduce, as auto runs it
+        comms[LIBRARY] = library
     rank, size = timer.rank, timer.size
     default_for = defaults(comms, transport, size, nodes)
     sizes, winners, notes = [], [], []
@@ -232,7 +249,7 @@ def main(argv=None) -> int:
     table = {"*": steps_from(sizes, winners)}
     data = {"format": FORMAT, "version": VERSION, "transport": transport, "world_size": size,
             "dtype_measured": args.dtype, "sizes": sizes, "winners": winners, "notes": notes, "table": table}
-    check_table(data, transport, size, "shm" in comms, "hier" in comms)
+    check_table(data, transport, size, "shm" in comms, "hier" in comms, LIBRARY in comms)
     if rank == 0:
         try:
             write_bytes_atomic(args.out, json.dumps(data, indent=1).encode())

@@ -132,7 +132,7 @@ def test_the_tuner_is_stable_once_best_and_default_vary_little():
 @pytest.mark.mpi(min_size=2)
 def test_every_rank_makes_the_same_choice(world, tmp_path, assert_ranks_agree, assert_all_ranks):
     comm = create("auto", world.raw)
-    names = [*ALGORITHMS, "shm", "hier"]
+    names = [*ALGORITHMS, "shm", "hier", "mpi"]
     picks = np.array([names.index(comm.algorithm_for(1 << k, np.float32)) for k in range(0, 30, 3)])
     assert_ranks_agree(picks, world)
     assert_all_ranks(comm.source == "model", comm.source, world)
@@ -149,6 +149,7 @@ def test_the_tuner_writes_a_table_auto_loads(tmp_path):
     assert data["transport"] == "tcp" and data["world_size"] == 2 and data["sizes"] == [1024, 4096, 16384]
     assert check_table(data, "tcp", 2, node=True) == data["table"] and "best" in done.stdout
     assert "shm" in done.stdout.splitlines()[1]  # both ranks on this machine: shared memory competes too
+    assert "mpi" not in done.stdout.splitlines()[1].split()  # MPI's own all-reduce: over the MPI transport only
     assert len(data["notes"]) == 3 and all(line.split()[-len(n.split()):] == n.split()
                                             for line, n in zip(done.stdout.splitlines()[2:5], data["notes"]))
     assert all(w == "shm" or "faster than default shm in every round" in n for w, n in zip(data["winners"], data["notes"]))

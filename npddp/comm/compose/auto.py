@@ -14,6 +14,9 @@ model prices the candidates (:func:`~npddp.comm.compose.costmodel.network_time`)
 more than one, hier's composition joins them (:func:`~npddp.comm.compose.costmodel.hier_time`: shared memory on the node, the
 best algorithm between nodes). ``NPDDP_AUTO_SHM=0`` keeps both shared-memory paths out.
 
+Over the MPI transport, MPI's own all-reduce (:data:`~npddp.comm.registry.LIBRARY`, ``mpi``) is a candidate
+too (:mod:`npddp.comm.compose.library`; on one node the model runs it for short vectors, ahead of ``shm``).
+
 The tuning file's format: :mod:`npddp.comm.compose.tuning`; the model: :mod:`npddp.comm.compose.costmodel`.
 """
 
@@ -27,13 +30,13 @@ import numpy as np
 
 from npddp.comm import checks as c
 from npddp.comm.communicators.p2p import P2PCommunicator
-from npddp.comm.compose.costmodel import model_table
+from npddp.comm.compose.costmodel import model_table, node_table
 from npddp.comm.compose.hier import Hier, across_nodes, even_nodes
 from npddp.comm.compose.tuning import check_table
 from npddp.comm.node.allreduce import NodeGroup
 from npddp.comm.node.memory import node_ids
 from npddp.comm.node.shm import node_group
-from npddp.comm.registry import ALGORITHMS, algorithm, costed
+from npddp.comm.registry import ALGORITHMS, LIBRARY, algorithm, costed
 from npddp.util import variables
 
 _CACHE_SIZE = 256
@@ -60,6 +63,11 @@ class AutoCommunicator(P2PCommunicator):
         elif shared_memory and hier_possible(nodes):
             self.per_node = nodes.count(nodes[self._rank])
             self.algorithms["hier"] = _hier_path(self, nodes, timeout)
+        if transport.name == "mpi":   # MPI's own all-reduce competes too (collective: a duplicate communicator)
+            from npddp.comm.compose.library import library_candidate
+            library = library_candidate(self.context)
+            if library is not None:
+                self.algorithms[LIBRARY] = library
         self.source, self.table = self._load(tuning if tuning is not None else variables.text(variables.TUNING))
         self._setup_done()
         self._picks: dict = {}   # (nbytes, dtype) -> (name, algorithm, run)
@@ -77,9 +85,9 @@ class AutoCommunicator(P2PCommunicator):
 
     def _load(self, path) -> tuple[str, dict]:
         """``(where the table came from, table)``: the tuning file's, or the model's with one warning."""
-        kind = self.transport.name
-        steps = [[None, "shm"]] if self.node is not None else model_table(kind, self._size, self.chunk_bytes,
-                                                                          self.across_nodes, self.per_node)
+        kind, library = self.transport.name, LIBRARY in self.algorithms
+        steps = node_table(self._size, library) if self.node is not None else model_table(
+            kind, self._size, self.chunk_bytes, self.across_nodes, self.per_node, library)
         model = ("model", {"*": steps})
         if not path:
             return model
@@ -96,7 +104,7 @@ class AutoCommunicator(P2PCommunicator):
         else:
             try:
                 return f"tuning file {path}", check_table(json.loads(raw), kind, self._size, self.node is not None,
-                                                          self.per_node > 1)
+                                                          self.per_node > 1, library)
             except (ValueError, TypeError, IndexError, KeyError) as exc:
                 problem = str(exc)
         if self._rank == 0:
@@ -120,6 +128,13 @@ class AutoCommunicator(P2PCommunicator):
     def algorithm_for(self, nbytes: int, dtype) -> str:
         """The algorithm ``auto`` uses for an all-reduce of ``nbytes`` bytes of ``dtype``."""
         return self._pick(nbytes, dtype)[0]
+
+    def pin(self, name: str) -> None:
+        """Run candidate ``name`` at every size (the tuner times ``auto``'s own path to an algorithm this way)."""
+        if name not in self.algorithms:
+            raise ValueError(f"auto has no candidate {name!r} here; valid: {', '.join(self.algorithms)}")
+        self.source, self.table = f"pinned to {name}", {"*": [[None, name]]}
+        self._picks.clear()
 
     def _pick(self, nbytes: int, dtype) -> tuple:
         """``(name, algorithm, its blocking run or None)`` for ``nbytes`` of ``dtype``, cached per size and dtype."""

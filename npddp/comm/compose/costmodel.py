@@ -1,17 +1,30 @@
 """Prices of the all-reduce algorithms by name under the one cost model (:mod:`npddp.comm.engine.cost`):
-on one node, across nodes (a network), and hier's composition; the table ``auto`` picks from."""
+on one node, across nodes (a network), and hier's composition; the table ``auto`` picks from.
+
+MPI's own all-reduce (:data:`~npddp.comm.registry.LIBRARY`, a candidate over the MPI transport) is priced by a
+rule. Its default selection runs schedules npddp has too (MPICH: recursive doubling for short vectors,
+reduce-scatter then all-gather, i.e. Rabenseifner's, for long ones), moving the same bytes in the same steps,
+so it costs the cheaper of those two at the same constants: a tie, which the hand-written algorithm keeps
+(the tuner measures the difference). Where every rank shares one node the other candidate is ``shm``, whose
+time for short vectors is mostly Python around a node barrier, against MPI's C path: there MPI's own
+takes every size up to :data:`LIBRARY_NODE_BYTES`, measured on this machine (docs/performance.md)."""
 
 from __future__ import annotations
 
 from npddp.comm.engine.call import CHUNK_BYTES
 from npddp.comm.engine.cost import MODEL, NETWORK, Cost
-from npddp.comm.registry import algorithm, costed
+from npddp.comm.registry import LIBRARY, algorithm, costed
 
 #: Algorithms ``auto`` chooses among (naive is the baseline to beat, never the best); when every
-#: rank shares one node, ``shm`` too, and the model then takes it at every size.
+#: rank shares one node, ``shm`` instead (:func:`node_table`), and over MPI, MPI's own all-reduce too.
 CANDIDATES = ("rd", "rabenseifner", "ring", "tree")
 #: Algorithms whose large messages go out as pipelined chunks, sending and receiving at once.
 PIPELINED = ("ring",)
+#: The schedules MPI's default selection chooses between (its price: the cheaper one).
+LIBRARY_SCHEDULES = ("rd", "rabenseifner")
+#: On one node, MPI's own all-reduce goes first up to this many bytes, ``shm`` beyond (measured at N = 2 on
+#: ordinary arrays, docs/performance.md).
+LIBRARY_NODE_BYTES = 4096
 
 
 def candidates() -> tuple:
@@ -48,25 +61,19 @@ def hier_time(nbytes: float, size: int, per_node: int, chunk_bytes: int = CHUNK_
     return min(network_time(a, nbytes, nodes, chunk_bytes) for a in CANDIDATES) + node
 
 
-def model_table(transport: str, size: int, chunk_bytes: int = CHUNK_BYTES, across_nodes: bool = False,
-                per_node: int = 1) -> list:
-    """``[[max_bytes, algorithm], ...]`` from the cost model: the cheapest candidate at each size.
+def library_time(nbytes: float, size: int, price) -> float:
+    """Seconds of MPI's own all-reduce by the rule above: the cheaper of its schedules by ``price(name, nbytes)``."""
+    return min(price(a, nbytes) for a in LIBRARY_SCHEDULES)
 
-    ``across_nodes``: the ranks span nodes, so :func:`network_time` prices every candidate, whatever the transport;
-    ``per_node`` > 1 (as many ranks on every node): ``hier`` is a candidate too, and flat algorithms other than the
-    ring have a node's ranks cross its link at once.
-    """
-    alpha, beta, gamma = MODEL.get(transport, MODEL["mpi"])
 
-    def price(a: str, nbytes: int) -> float:
-        if a == "hier":
-            return hier_time(nbytes, size, per_node, chunk_bytes)
-        if across_nodes:
-            shared = per_node if a not in PIPELINED else 1  # ranks of one node sharing its link in the same round
-            return network_time(a, nbytes * shared, size, chunk_bytes)
-        return predict(a, nbytes, size, alpha, beta, gamma, chunk_bytes)
+def node_table(size: int, library: bool = False) -> list:
+    """``[[max_bytes, algorithm], ...]`` when every rank shares one node: ``shm``, after MPI's own all-reduce up to
+    :data:`LIBRARY_NODE_BYTES` where ``library`` (the transport is MPI)."""
+    return [[LIBRARY_NODE_BYTES, LIBRARY], [None, "shm"]] if library and size > 1 else [[None, "shm"]]
 
-    names = (*candidates(), "hier") if across_nodes and per_node > 1 else candidates()
+
+def _cheapest(names, price) -> list:
+    """``[[max_bytes, algorithm], ...]``: the first of ``names`` cheapest by ``price(name, nbytes)`` at each size."""
     steps: list = []
     for nbytes in _SIZES:
         best = min(names, key=lambda a: price(a, nbytes))
@@ -76,3 +83,28 @@ def model_table(transport: str, size: int, chunk_bytes: int = CHUNK_BYTES, acros
             steps.append([nbytes, best])
     steps[-1][0] = None
     return steps
+
+
+def model_table(transport: str, size: int, chunk_bytes: int = CHUNK_BYTES, across_nodes: bool = False,
+                per_node: int = 1, library: bool = False) -> list:
+    """``[[max_bytes, algorithm], ...]`` from the cost model: the cheapest candidate at each size.
+
+    ``across_nodes``: the ranks span nodes, so :func:`network_time` prices every candidate, whatever the transport;
+    ``per_node`` > 1 (as many ranks on every node): ``hier`` is a candidate too, and flat algorithms other than the
+    ring have a node's ranks cross its link at once. ``library``: MPI's own all-reduce is a candidate (listed last,
+    so a tie goes to the hand-written algorithm).
+    """
+    alpha, beta, gamma = MODEL.get(transport, MODEL["mpi"])
+
+    def price(a: str, nbytes: int) -> float:
+        if a == "hier":
+            return hier_time(nbytes, size, per_node, chunk_bytes)
+        if a == LIBRARY:
+            return library_time(nbytes, size, price)
+        if across_nodes:
+            shared = per_node if a not in PIPELINED else 1  # ranks of one node sharing its link in the same round
+            return network_time(a, nbytes * shared, size, chunk_bytes)
+        return predict(a, nbytes, size, alpha, beta, gamma, chunk_bytes)
+
+    names = (*candidates(), *(("hier",) if across_nodes and per_node > 1 else ()), *((LIBRARY,) if library else ()))
+    return _cheapest(names, price)

@@ -8,18 +8,20 @@ Tuning file (JSON)::
 
 Each list maps a dtype (``*``: any other) to ``[max_bytes, algorithm]`` steps in increasing
 order; a call of ``n`` bytes uses the first step with ``n <= max_bytes`` (``null``: no bound).
+An algorithm is a hand-written one, ``shm`` (every rank on one node), ``hier`` (as many ranks, more
+than one, on every node) or ``mpi``, MPI's own all-reduce (over the MPI transport only).
 """
 
 from __future__ import annotations
 
 from npddp.comm import checks as c
-from npddp.comm.registry import ALGORITHMS, NODE_ALGORITHMS, costed
+from npddp.comm.registry import ALGORITHMS, LIBRARY, NODE_ALGORITHMS, costed
 
 FORMAT = "npddp-allreduce-tuning"
 VERSION = 1
 
 
-def check_table(data, transport: str, size: int, node: bool = False, hier: bool = False) -> dict:
+def check_table(data, transport: str, size: int, node: bool = False, hier: bool = False, library: bool = False) -> dict:
     """The ``table`` of a parsed tuning file, validated for this job; ValueError naming what is wrong."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"not an npddp tuning file (format is not {FORMAT!r})")
@@ -40,9 +42,12 @@ def check_table(data, transport: str, size: int, node: bool = False, hier: bool 
         bounds = [s[0] for s in steps[:-1]]
         if any(not isinstance(b, int) or b < 0 for b in bounds) or bounds != sorted(bounds):
             raise ValueError(f"steps for {dtype!r}: max_bytes must be increasing integers")
-        valid = [*ALGORITHMS, *costed(), *(NODE_ALGORITHMS if node else ()), *(("hier",) if hier else ())]
+        valid = [*ALGORITHMS, *costed(), *(NODE_ALGORITHMS if node else ()), *(("hier",) if hier else ()),
+                 *((LIBRARY,) if library else ())]
         unknown = [s[1] for s in steps if s[1] not in valid]
         if unknown:
             raise ValueError(f"steps for {dtype!r} name algorithms {unknown} this job cannot run; valid: "
-                             f"{', '.join(valid)}" + ("" if node else " (shm needs every rank on one node)"))
+                             f"{', '.join(valid)}" + ("" if node else " (shm needs every rank on one node)")
+                             + (f" ({LIBRARY} is MPI's own all-reduce: over the MPI transport only)"
+                                if LIBRARY in unknown else ""))
     return table
