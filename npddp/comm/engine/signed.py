@@ -5,20 +5,27 @@ each peer carries the call's signature (:mod:`npddp.comm.signature`, :data:`HEAD
 its head, and its first receive from each peer checks the peer's signature before the
 algorithm sees any data:
 
-* A first message of at most :data:`SMALL_BYTES` goes as one message ``[signature | payload]``
-  from a staging buffer; the receiver receives it into a staging buffer, checks the signature,
-  then copies the payload to the algorithm's buffer. No extra message, no wait.
+* A first message of at most :data:`SMALL_BYTES` goes as one message ``[signature | payload]``,
+  copied into a fresh array the transport's request keeps until it is sent (no wrapper: the
+  call waits on the transport's own request); the receiver receives it into a staging buffer,
+  checks the signature, then copies the payload to the algorithm's buffer. No extra message, no wait.
 * A larger first message goes as the signature alone, then the payload, back to back under the
   call's tag; the receiver posts both receives at once (the signature into a staging buffer, the
   payload straight into the algorithm's buffer), and the payload's receive completes only after
   the signature, which arrives first (one pair and tag keep their order), has matched.
 
+What a call signs is fixed by its shape: the collective, dtype, count, op and root. The
+:class:`Signer` keeps the packed signature of each shape it has seen (:class:`Shape`), so a
+repeated call packs nothing. The call's number does not travel in the signature (its word is
+-1 on the wire): the tag already carries it (:class:`~npddp.comm.engine.call.TagSequence`), and
+a message only ever meets a receive of the same call.
+
 A staging buffer holds any small first message, so whichever way a peer sent its first message
 the receiver reads its signature. A receive that fails on the first message from a peer (a
 message of unexpected size) counts as a mismatch on that edge too. Later messages to and from a
-peer pass through unchanged, and so do messages under user tags (``send``/``recv``). Staging
-buffers come from a pool (:class:`Staging`) that grows to the first messages in flight, so
-steady-state calls allocate nothing that lasts.
+peer pass through unchanged, and so do messages under user tags (``send``/``recv``). Receive
+staging buffers come from a pool (:class:`Staging`) that grows to the first receives in flight,
+so steady-state calls allocate nothing that lasts.
 
 A rank that finds a mismatch stops: it sends an abort (its own and the peer's signature) to every
 rank under :data:`CONTROL_TAG`, and raises :class:`~npddp.comm.signature.CollectiveMismatchError`.
@@ -44,70 +51,73 @@ CONTROL_TAG = c.USER_TAG_LIMIT + c.COLLECTIVE_TAG_SPAN - 1
 ABORT_WORDS = 2 + 2 * sg.WORDS
 #: Bytes of the signature at the head of a first message.
 HEAD_BYTES = sg.HEAD.size
-#: First messages of at most this many bytes travel in one message with the signature (copied through staging).
+#: First messages of at most this many bytes travel in one message with the signature (copied into it, and out
+#: of the receiver's staging buffer).
 SMALL_BYTES = 8192
-_pack_into, _unpack_from, _agree = sg.HEAD.pack_into, sg.HEAD.unpack_from, sg.agree
+_unpack_from, _agree, _frombuffer, _BYTE = sg.HEAD.unpack_from, sg.agree, np.frombuffer, np.dtype(np.uint8)
+_STAGE_BYTES = HEAD_BYTES + SMALL_BYTES
+#: Shapes a :class:`Signer` keeps packed (the oldest is dropped past this many).
+SHAPE_CACHE_SIZE = 256
 
 
 class Staging:
-    """Reusable buffers for first messages, lent and given back: whole ones (``HEAD_BYTES + SMALL_BYTES`` bytes,
-    for every first receive and small first send) and heads (``HEAD_BYTES``, the signature ahead of a large send).
+    """Reusable receive buffers of ``HEAD_BYTES + SMALL_BYTES`` bytes for first messages, lent and given back.
 
-    A buffer is a pair: the array that goes to the transport, and a memoryview of it for copies
-    (cheaper than NumPy's for messages this small)."""
+    A buffer is a triple: the array that goes to the transport, a memoryview of it (the signature
+    is read from there) and one of the payload after the signature, for copies (cheaper than
+    NumPy's for messages this small). Calls pop and append ``free`` directly."""
 
     __slots__ = ("free", "nbytes")
 
     def __init__(self):
-        self.free: dict[int, list] = {HEAD_BYTES + SMALL_BYTES: [], HEAD_BYTES: []}   # bytes -> free buffers
-        self.nbytes = 0   # bytes of the buffers the pool owns, free and lent
+        self.free: list[tuple] = []   # buffers not lent
+        self.nbytes = 0               # bytes of the buffers the pool owns, free and lent
 
-    def take(self, nbytes: int = HEAD_BYTES + SMALL_BYTES) -> tuple:
-        """A free buffer of ``nbytes`` (a new one only when all are lent: the pool grows to the calls in flight)."""
-        free = self.free[nbytes]
-        if free:
-            return free.pop()
-        self.nbytes += nbytes
-        array = np.empty(nbytes, dtype=np.uint8)
-        return array, array.data
+    def new(self) -> tuple:
+        """A new buffer (when every one is lent: the pool grows to the first receives in flight)."""
+        self.nbytes += _STAGE_BYTES
+        array = np.empty(_STAGE_BYTES, dtype=np.uint8)
+        return array, array.data, array.data[HEAD_BYTES:]
 
-    def give(self, stage: tuple) -> None:
-        """Take back a buffer lent by :meth:`take`."""
-        self.free[len(stage[1])].append(stage)
+
+class Shape:
+    """What every call of one shape signs: its signature (number -1) and that signature packed for the wire."""
+
+    __slots__ = ("sig", "head", "alone")
+
+    def __init__(self, sig: tuple):
+        self.sig, self.head = sig, sg.HEAD.pack(*sig)
+        self.alone = np.frombuffer(self.head, dtype=np.uint8)   # the signature as a message of its own (read-only)
 
 
 class SignedSend:
-    """A first send: the staged message (``head``: signature and small payload, or signature only), then ``data``."""
+    """A large first send: the signature alone (``head``), then the payload (``data``), under one tag."""
 
-    __slots__ = ("head", "data", "stage", "staging")
+    __slots__ = ("head", "data", "stage")
 
-    def __init__(self, head, data, stage, staging):
-        self.head, self.data, self.stage, self.staging = head, data, stage, staging
+    def __init__(self, head, data, stage):
+        self.head, self.data, self.stage = head, data, stage   # stage: the signature's array, kept until sent
 
     def test(self) -> bool:
-        """True once every part has been sent (the staging buffer then goes back to the pool)."""
+        """True once both parts have been sent."""
         if self.stage is not None:
             if not self.head.test():
                 return False
-            self.staging.give(self.stage)
             self.stage = None
-        return self.data is None or self.data.test()
+        return self.data.test()
 
     def complete(self, call) -> None:
         """Wait through ``call``'s deadline loop, polling the transport's own requests (no wrapper per poll)."""
         if self.stage is not None:
             wait_until(self.head.test, call.overdue)
-            self.staging.give(self.stage)
             self.stage = None
-        if self.data is not None:
-            wait_until(self.data.test, call.overdue)
+        wait_until(self.data.test, call.overdue)
 
     def cancel(self) -> None:
-        """Abandon the parts still in flight (their staging buffer stays out of the pool)."""
+        """Abandon the parts still in flight (the signature's array stays with this handle)."""
         if self.stage is not None:
             self.head.cancel()
-        if self.data is not None:
-            self.data.cancel()
+        self.data.cancel()
 
 
 class SignedRecv:
@@ -150,26 +160,26 @@ class SignedRecv:
         """The error of a first message that did not fit (its sender called otherwise): a mismatch on this edge."""
         if isinstance(exc, sg.CollectiveMismatchError):
             return exc
-        call = self.call
-        self.error = call.owner.mismatch(call.number, self.source, call.sig, sg.UNKNOWN)
+        self.error = self.call.mismatch(self.source, sg.UNKNOWN)
         return self.error
 
     def _check(self) -> None:
         """The first message is in: check the peer's signature, copy a small payload out, give back the stage."""
         call, stage = self.call, self.stage
-        theirs = _unpack_from(stage[1])
-        if theirs != call.sig and not _agree(call.sig, theirs):
-            self.error = call.owner.mismatch(call.number, self.source, call.sig, theirs)
+        view = stage[1]
+        theirs = _unpack_from(view)
+        if theirs != call.signature and not _agree(call.signature, theirs):
+            self.error = call.mismatch(self.source, theirs)
             raise self.error
         if self.data is None:
             n = self.buf.nbytes
             if n:
-                self.buf.data.cast("B")[:] = stage[1][HEAD_BYTES:HEAD_BYTES + n]
+                self.buf.data.cast("B")[:] = stage[2][:n]
         self.stage = None
-        call.staging.give(stage)
+        call.staging.free.append(stage)
 
     def cancel(self) -> None:
-        """Abandon the parts still in flight."""
+        """Abandon the parts still in flight (the staging buffer stays out of the pool)."""
         if self.stage is not None:
             self.head.cancel()
         if self.data is not None:
@@ -182,13 +192,13 @@ class SignedCall(Call):
     It is its own ``transport``: ``isend``/``irecv`` sign or check the first message to or from
     each peer and pass the others to the communicator's transport (``raw``)."""
 
-    __slots__ = ("raw", "staging", "sig", "sent", "heard")
+    __slots__ = ("raw", "staging", "shape", "sent", "heard")
 
-    def __init__(self, owner, operation: str, number: int, tag: int, staging: Staging, sig: tuple):
+    def __init__(self, owner, operation: str, number: int, tag: int, shape: Shape, staging: Staging):
         # Call's fields (but transport, a property here) set without Call.__init__: this runs once per call
         self.owner, self.operation, self.number, self.tag = owner, operation, number, tag
-        self.expires, self.rounds, self.scale, self.signature = 0.0, 0, 0.0, sig
-        self.raw, self.staging, self.sig = owner.transport, staging, sig
+        self.expires, self.rounds, self.scale, self.signature = 0.0, 0, 0.0, shape.sig
+        self.raw, self.staging, self.shape = owner.transport, staging, shape
         self.sent = self.heard = 0   # bit p: the first message to (from) peer p is posted
 
     @property
@@ -201,6 +211,11 @@ class SignedCall(Call):
         """The transport's name."""
         return self.raw.name
 
+    def mismatch(self, source: int, theirs) -> sg.CollectiveMismatchError:
+        """Tell every rank that ``source``'s signature ``theirs`` differs from this call's; the error to raise."""
+        mine = (self.signature[0], self.number, *self.signature[2:])
+        return self.owner.mismatch(self.number, source, mine, theirs)
+
     def isend(self, buf, dest: int, tag: int):
         """Send ``buf``; the first message to ``dest`` carries the signature."""
         bit = 1 << dest
@@ -208,17 +223,10 @@ class SignedCall(Call):
             return self.raw.isend(buf, dest, tag)
         self.sent |= bit
         n = buf.nbytes
-        if n <= SMALL_BYTES:
-            stage = self.staging.take()
-            array, view = stage
-            _pack_into(view, 0, *self.sig)
-            if n:
-                view[HEAD_BYTES:HEAD_BYTES + n] = buf.data.cast("B")
-            return SignedSend(self.raw.isend(array[:HEAD_BYTES + n], dest, tag), None, stage, self.staging)
-        stage = self.staging.take(HEAD_BYTES)
-        _pack_into(stage[1], 0, *self.sig)
-        raw = self.raw
-        return SignedSend(raw.isend(stage[0], dest, tag), raw.isend(buf, dest, tag), stage, self.staging)
+        if n <= SMALL_BYTES:   # one message, a fresh array (read-only) that the transport's request holds until sent
+            return self.raw.isend(_frombuffer(self.shape.head + buf.tobytes(), _BYTE), dest, tag)
+        head, raw = self.shape.alone, self.raw
+        return SignedSend(raw.isend(head, dest, tag), raw.isend(buf, dest, tag), head)
 
     def wait(self, request) -> None:
         """Complete ``request``; a signed one polls the transport's requests inside it directly."""
@@ -233,7 +241,8 @@ class SignedCall(Call):
         if self.heard & bit:
             return self.raw.irecv(buf, source, tag)
         self.heard |= bit
-        stage = self.staging.take()
+        free = self.staging.free
+        stage = free.pop() if free else self.staging.new()
         raw = self.raw
         head = raw.irecv(stage[0], source, tag)
         data = raw.irecv(buf, source, tag) if buf.nbytes > SMALL_BYTES else None
@@ -244,18 +253,31 @@ _SIGNED = (SignedSend, SignedRecv)
 
 
 class Signer:
-    """What a communicator's signed calls share: the staging pool."""
+    """What a communicator's signed calls share: the staging pool and the packed signature of each call shape."""
 
-    __slots__ = ("staging",)
+    __slots__ = ("staging", "shapes")
 
     def __init__(self):
         self.staging = Staging()
+        self.shapes: dict[tuple, Shape | None] = {}   # (operation, dtype, count, op, root) -> Shape; None: not signed
 
     def open(self, owner, operation: str, number: int, tag: int, buf=None, op=None, root=None) -> Call:
         """The call about to run: signed if it is a collective, else a plain :class:`Call`."""
-        if sg.kind_code(operation) < 0:
+        key = (operation, None, -1, op, root) if buf is None else (operation, buf.dtype, buf.size, op, root)
+        shape = self.shapes.get(key, self)
+        if shape is self:
+            shape = self._shape(key, operation, buf, op, root)
+        if shape is None:
             return Call(owner, operation, number, tag)
-        return SignedCall(owner, operation, number, tag, self.staging, sg.words(operation, number, buf, op, root))
+        return SignedCall(owner, operation, number, tag, shape, self.staging)
+
+    def _shape(self, key: tuple, operation: str, buf, op, root) -> Shape | None:
+        """The Shape of a call not seen lately (None for what is not a collective), kept under ``key``."""
+        shapes = self.shapes
+        if len(shapes) >= SHAPE_CACHE_SIZE:
+            del shapes[next(iter(shapes))]
+        shape = shapes[key] = None if sg.kind_code(operation) < 0 else Shape(sg.words(operation, -1, buf, op, root))
+        return shape
 
 
 class AbortWatch:
