@@ -65,9 +65,25 @@ def test_the_data_line_divides_the_batch_by_the_data_replicas(argv, world, text)
     ds = SimpleNamespace(name="synthetic", n_train=96, n_val=32, input_shape=(64,), num_classes=10)
     model = SimpleNamespace(num_bytes=lambda: 8, num_parameters=lambda: 1)
     trainer = SimpleNamespace(loader=range(12))
-    lines = header(cfg, comm, ds, "mlp", model, SimpleNamespace(buckets=[]), trainer, {}, "threads: 1")
+    lines = header(cfg, comm, ds, "mlp", model, SimpleNamespace(buckets=[], whole_count=lambda: 3), trainer, {},
+                   "threads: 1")
     data = next(line for line in lines if line.startswith("data: "))
     assert data.endswith(text), data
+
+
+@pytest.mark.parametrize("argv,count,sync", [
+    (["--tp", "2"], "3 parameters (float32, 24 B)", "sync: none (one data replica), comm hook allreduce"),
+    ([], "1 parameters (float32, 8 B)", "sync: overlap, 0 bucket, comm hook allreduce"),
+])
+def test_the_model_line_counts_the_whole_model_not_the_ranks_part(argv, count, sync):
+    cfg = Config(**parse_args(["--model", "mlp", "--batch-size", "8", *argv]))
+    comm = SimpleNamespace(size=2, rank=0, transport=SimpleNamespace(name="tcp"))
+    ds = SimpleNamespace(name="synthetic", n_train=96, n_val=32, input_shape=(64,), num_classes=10)
+    part = SimpleNamespace(num_bytes=lambda: 8, num_parameters=lambda: 1)   # this rank's part: 1 of 3
+    lines = header(cfg, comm, ds, "mlp", part, SimpleNamespace(buckets=[], whole_count=lambda: 3),
+                   SimpleNamespace(loader=range(12)), {}, "threads: 1")
+    assert next(line for line in lines if line.startswith("model: ")).endswith(count), lines
+    assert sync in lines, lines
 
 
 def _worst(a: dict, b: dict) -> float:

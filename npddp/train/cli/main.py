@@ -226,9 +226,8 @@ def _announce(cfg: Config, given: dict, saved, comm, out: Printer, ddp, optimize
     if cfg.zero:
         out.info(sharding.memory_line(cfg.zero, ddp, optimizer))
     if layout.is_split(cfg):
-        out.info(layout.layout_line(cfg, comm.size) + f"; batch {cfg.batch_size} = {ddp.mesh.dp} replica"
-                 f"{'s' * (ddp.mesh.dp > 1)} x {cfg.batch_size // ddp.mesh.dp}; rank 0 holds "
-                 f"{ddp.stage.num_parameters():,} of {ddp.whole_count():,} parameters")
+        out.info(layout.layout_line(cfg, comm.size) + f"; rank 0 holds {ddp.stage.num_parameters():,} of "
+                 f"{ddp.whole_count():,} parameters")
     if cfg.resume:
         replicas = ddp.mesh.dp if layout.is_split(cfg) else comm.size
         unkept = ddp.unkept_state(cfg) if layout.is_split(cfg) else ""

@@ -20,8 +20,10 @@ def header(cfg: Config, comm, ds, model_text: str, model, ddp, trainer, env: dic
     """
     replicas = comm.size // (cfg.tp * cfg.pp)          # data replicas: the ranks of a split model share their rows
     per_rank = cfg.batch_size // replicas
-    shares = f"{replicas} replica{'s' * (replicas > 1)}" if cfg.tp * cfg.pp > 1 else f"{comm.size}"
-    nbytes = model.num_bytes()
+    split = cfg.tp * cfg.pp > 1
+    shares = f"{replicas} replica{'s' * (replicas > 1)}" if split else f"{comm.size}"
+    count = ddp.whole_count() if split else model.num_parameters()   # a split rank holds only its part
+    nbytes = count * model.num_bytes() // max(model.num_parameters(), 1) if split else model.num_bytes()
     scaled = f", --normalize {cfg.normalize}" if cfg.normalize != "none" else ""
     kind = transport_of(comm)
     where = f"MPI {env.get('mpi_library', '?')}" if kind == "mpi" else "TCP sockets, no MPI"
@@ -29,9 +31,10 @@ def header(cfg: Config, comm, ds, model_text: str, model, ddp, trainer, env: dic
     lines = [f"npddp.train: {comm.size} rank{'s' * (comm.size > 1)}, backend {cfg.backend} over {kind}{why}, {where}",
              *([nodes_line(nodes)] if len(set(nodes)) > 1 else []),
              thread_line,
-             f"model: {model_text}; {model.num_parameters():,} parameters ({cfg.dtype}, {format_bytes(nbytes)})",
-             f"sync: {cfg.sync}, {len(ddp.buckets)} bucket{'s' * (len(ddp.buckets) > 1)}, comm hook "
-             f"{cfg.comm_hook}" + (f", local SGD every {cfg.local_sgd} steps" if cfg.local_sgd else "")
+             f"model: {model_text}; {count:,} parameters ({cfg.dtype}, {format_bytes(nbytes)})",
+             (f"sync: {cfg.sync}, {len(ddp.buckets)} bucket{'s' * (len(ddp.buckets) > 1)}, comm hook " if ddp.buckets or not split
+              else "sync: none (one data replica), comm hook ")
+             + f"{cfg.comm_hook}" + (f", local SGD every {cfg.local_sgd} steps" if cfg.local_sgd else "")
              + auto_picks(comm, ddp),
              (f"data: {ds.name}, {ds.n_train} train / {ds.n_val} val sequences of {cfg.context_length} tokens, "
               f"vocabulary {ds.num_classes}; batch {cfg.batch_size} = {shares} x {per_rank} sequences, "
