@@ -13,7 +13,7 @@ import pytest
 from npddp.nn import CrossEntropyLoss, mlp
 from npddp.optim import SGD
 from npddp.parallel.model import Pipeline, PipelineStage, schedule
-from npddp.parallel.model.pipetrace import ideal_bubble
+from npddp.parallel.model.schedules import ideal_bubble
 from npddp.util import tracing
 from tests.conftest import OneRank
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 
+from npddp.parallel.model.schedules import ideal_bubble
 from npddp.util import tracing
 
 #: Schedule operations that compute, and the event name of each kind of operation.
@@ -28,11 +29,6 @@ COMPUTE_KINDS = ("fwd", "bwd", "recompute")
 LABELS = {"fwd": "forward", "bwd": "backward", "recompute": "recompute", "recv_act": "recv activation",
           "send_act": "send activation", "recv_grad": "recv gradient", "send_grad": "send gradient"}
 IDLE = "idle (bubble)"
-
-
-def ideal_bubble(stages: int, micro_batches: int) -> float:
-    """The idle share of a step when every micro-batch takes the same time on every stage: (K-1)/(M+K-1)."""
-    return (stages - 1) / (micro_batches + stages - 1)
 
 
 class PipelineTrace:

@@ -65,3 +65,8 @@ def schedule(name: str, stage: int, stages: int, micro_batches: int) -> list[tup
     for k in range(m - warmup, m):
         ops += _backward(stage, stages, k)
     return ops
+
+
+def ideal_bubble(stages: int, micro_batches: int) -> float:
+    """The idle share of a step when every micro-batch takes the same time on every stage: (K-1)/(M+K-1)."""
+    return (stages - 1) / (micro_batches + stages - 1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from npddp.parallel.model.mesh import Mesh
+from npddp.parallel.model.schedules import ideal_bubble
 from npddp.train.config import Config, ConfigError
 
 #: The models --tp/--pp split.
@@ -27,11 +28,6 @@ def is_split(cfg: Config) -> bool:
 def micro_batches(cfg: Config) -> int:
     """Micro-batches per step: --micro-batches, or --pp when it is 0."""
     return cfg.micro_batches or cfg.pp
-
-
-def bubble(stages: int, micro: int) -> float:
-    """The pipeline's idle share of a step, (K-1)/(M+K-1)."""
-    return (stages - 1) / (micro + stages - 1)
 
 
 def check_layout(cfg: Config, world_size: int) -> int:
@@ -75,7 +71,7 @@ def layout_line(cfg: Config, world_size: int) -> str:
     text = f"parallel: dp {mesh.dp} x pp {mesh.pp} x tp {mesh.tp}; "
     if mesh.pp == 1:
         return text + f"no pipeline, {m} micro-batch{'es' * (m > 1)} (gradient accumulation)"
-    return text + f"pipeline {cfg.pp_schedule}, {m} micro-batches, bubble {bubble(mesh.pp, m):.2f}"
+    return text + f"pipeline {cfg.pp_schedule}, {m} micro-batches, bubble {ideal_bubble(mesh.pp, m):.2f}"
 
 
 def dry_check(build, cfg: Config) -> str | None:
