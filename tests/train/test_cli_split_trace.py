@@ -94,3 +94,4 @@ def test_four_ranks_trace_the_data_and_tensor_groups_all_reduces(tmp_path, layou
             # with --tp the second stage's row-parallel Linear all-reduces in every forward (the first
             # stage's column-parallel one would in backward, but the model's input needs no gradient)
             assert reduces or "--tp" in layout and stage == 0, (pid, step, group)
+            assert all(e["args"].get("bytes", 0) > 0 for e in reduces), reduces   # each names its size

@@ -28,19 +28,23 @@ from npddp.util import tracing
 
 
 class _TracedAllReduce:
-    """``comm.allreduce`` in place, recorded on the tracer's comm track under one event name."""
+    """``comm.allreduce`` in place, recorded on the tracer's comm track under one event name per size."""
 
-    __slots__ = ("comm", "tracer", "event")
+    __slots__ = ("comm", "tracer", "label", "events")
 
     def __init__(self, comm, tracer, label: str):
-        self.comm = comm
+        self.comm, self.label = comm, label
         self.tracer = tracing.NULL if tracer is None else tracer
-        self.event = self.tracer.name(label, backend=comm.name, group_size=comm.size)
+        self.events: dict[int, int] = {}     # bytes -> event id (a layer's buffer has one size per micro-batch shape)
 
     def __call__(self, buf: np.ndarray) -> np.ndarray:
         t0 = self.tracer.clock()
         out = self.comm.allreduce(buf)
-        self.tracer.add(t0, self.event, tracing.COMM)
+        event = self.events.get(buf.nbytes)
+        if event is None:
+            event = self.events[buf.nbytes] = self.tracer.name(
+                self.label, backend=self.comm.name, group_size=self.comm.size, bytes=buf.nbytes)
+        self.tracer.add(t0, event, tracing.COMM)
         return out
 
 
