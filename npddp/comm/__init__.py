@@ -22,7 +22,8 @@ Two environment variables reach every communicator ``create`` builds (and so the
 The first ``create`` also protects the calling script (:mod:`npddp.util.guard`): an exception
 escaping on one rank ends the whole job (``NPDDP_ABORT_ON_EXCEPTION=0`` turns that off), and
 each rank's BLAS gets its share of the node's cores unless a thread variable is set
-(``NPDDP_THREADS=off`` turns that off).
+(``NPDDP_THREADS=off`` turns that off). Under MPI, the first world-wide ``create`` also sets up the
+notices by which a rank that leaves normally ends the ranks still waiting for it (:class:`guard.Departures`).
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
         from npddp.comm.backends import build
         comm = build(name, _transport_for(group, kind, timeout), timeout, tuning)
         comm.check_args = check_args
+    if kind == "mpi" and group is None:
+        guard.watch_departures()   # a rank that leaves while others need it ends them (collective, once)
     if debug:
         from npddp.comm.wrappers.debug import DebugCommunicator
         comm = DebugCommunicator(comm)

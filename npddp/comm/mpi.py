@@ -6,6 +6,10 @@ arrives raises TimeoutError here as it does in the hand-written backends; the co
 unusable afterwards (the pending MPI request cannot be cancelled). With ``timeout=inf`` every
 call is the blocking one (``Allreduce``, ``Bcast``, ...), which waits forever.
 
+A rank that left the job normally (:class:`npddp.util.guard.Departures`) ends a wait that needs it, a
+grace interval after the notice, with ConnectionError naming it: every member for a collective, the
+peer for a send or receive (:mod:`npddp.comm.engine.deadline`); not a blocking call under ``timeout=inf``.
+
 ``op="avg"``: MPI sums, then the sum is scaled by 1/N in place (MPI has no average op).
 
 Argument check (on unless ``check_args=False``; ``create`` reads ``NPDDP_CHECK_ARGS``). MPI checks
@@ -36,6 +40,7 @@ from npddp.comm.communicators import split as sp
 from npddp.comm.engine.deadline import Deadline, Overdue, timeout_text, wait_until
 from npddp.comm.engine.work import DoneWork
 from npddp.comm.transports.mpi import free_comm, mpi_world
+from npddp.util.guard import departures
 
 _MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
 
@@ -46,11 +51,13 @@ class MPIWork:
     With the argument check its data collective starts only once the signatures have agreed
     (``start``, called by :meth:`MPICommunicator._pump`); until then ``_request`` is None."""
 
-    __slots__ = ("_owner", "_request", "_result", "_what", "_done", "_scale", "_check", "_start")
+    __slots__ = ("_owner", "_request", "_result", "_what", "_done", "_scale", "_check", "_start", "_peer")
 
-    def __init__(self, owner, request, result: np.ndarray, what: str, scale: float = 0.0, check=None, start=None):
+    def __init__(self, owner, request, result: np.ndarray, what: str, scale: float = 0.0, check=None, start=None,
+                 peer: int | None = None):
         self._owner, self._request, self._result, self._what = owner, request, result, what
         self._done = False
+        self._peer = peer    # isend/irecv: the one rank the wait needs (None: every member)
         self._scale = scale  # op avg: 1/N, applied in place once the sum is complete
         self._check, self._start = check, start   # (signature table, its all-gather), and what starts the data
 
@@ -73,7 +80,7 @@ class MPIWork:
             owner._check_usable()
             if self._request is None:
                 owner._wait(self._started, self._what)
-            owner._wait(self._request.Test, self._what)
+            owner._wait(self._request.Test, self._what, peer=self._peer)
             self._finish()
         return self._result
 
@@ -165,9 +172,10 @@ class MPICommunicator(Backend):
         if self._failure is not None:
             raise RuntimeError(f"this mpi communicator is unusable after an earlier failure: {self._failure}")
 
-    def _run(self, what: str, blocking, nonblocking, waiting: str = "for its peers", sig=None) -> None:
+    def _run(self, what: str, blocking, nonblocking, waiting: str = "for its peers", sig=None, peer=None) -> None:
         """Run one call: ``blocking()`` without a deadline, else ``nonblocking()``'s request polled against it;
-        a collective (``sig``: its buffer, op and root) with ``check_args`` starts its data once all agree."""
+        a collective (``sig``: its buffer, op and root) with ``check_args`` starts its data once all agree.
+        ``peer``: the one rank a send or receive needs (None: every member)."""
         self._check_usable()
         self._calls += 1
         if sig is not None and self._checking:
@@ -180,23 +188,32 @@ class MPICommunicator(Backend):
         if math.isinf(self._timeout):  # no deadline: MPI's blocking call
             blocking()
         else:
-            self._wait(nonblocking().Test, what, waiting)
+            self._wait(nonblocking().Test, what, waiting, peer)
 
     def _nothing(self, what: str, buf=None, op=None, root=None) -> None:
         """A collective that moves no data on this rank: with ``check_args`` it still takes part in the check."""
         if self._checking:
             self._run(what, None, _no_request, sig=(buf, op, root))
 
-    def _wait(self, done, what: str, waiting: str = "for its peers") -> None:
-        """Poll ``done()`` through the one deadline loop until it is true; TimeoutError past the deadline."""
-        deadline = Deadline()
+    def _wait(self, done, what: str, waiting: str = "for its peers", peer: int | None = None) -> None:
+        """Poll ``done()`` through the one deadline loop until it is true; TimeoutError past the deadline,
+        ConnectionError once a rank it needs (``peer``, else every member) has left the job."""
+        deadline = Deadline(self._members if peer is None else partial(self._members, [peer]))
         try:
             wait_until(done, partial(deadline.past, self._timeout))
-        except Overdue:
+        except (Overdue, ConnectionError) as exc:   # past the deadline, or a rank it needs left the job
             number = "" if "(collective #" in what or what.endswith(")") else f" (collective #{self._calls})"
             self._abandoned[0] = True
-            self._failure = timeout_text(f"[rank {self._rank}] mpi {what}{number}", self._timeout, waiting)
-            raise TimeoutError(self._failure) from None
+            if isinstance(exc, Overdue):
+                self._failure = timeout_text(f"[rank {self._rank}] mpi {what}{number}", self._timeout, waiting)
+                raise TimeoutError(self._failure) from None
+            self._failure = f"[rank {self._rank}] mpi {what}{number}: {exc}; this communicator is now unusable"
+            raise ConnectionError(self._failure) from None
+
+    def _members(self, ranks=None) -> list[int]:
+        """The world ranks of ``ranks`` of this communicator (None: every member); read once a rank has left."""
+        job = departures()
+        return [] if job is None else job.world_ranks(self.comm, ranks)
 
     def barrier(self) -> None:
         """MPI_Barrier."""
@@ -326,14 +343,14 @@ class MPICommunicator(Backend):
         c.check_buffer(buf, writable=False)
         dest, tag, comm = c.check_rank(dest, self._size, "dest"), c.check_tag(tag), self.comm
         self._run(f"send (tag {tag})", lambda: comm.Send(buf, dest=dest, tag=tag),
-                  lambda: comm.Isend(buf, dest=dest, tag=tag), f"to send to rank {dest}")
+                  lambda: comm.Isend(buf, dest=dest, tag=tag), f"to send to rank {dest}", peer=dest)
 
     def recv(self, buf, source, tag=0):
         """MPI_Recv into ``buf`` (MPI_Irecv polled against the deadline)."""
         c.check_buffer(buf)
         source, tag, comm = c.check_rank(source, self._size, "source"), c.check_tag(tag), self.comm
         self._run(f"recv (tag {tag})", lambda: comm.Recv(buf, source=source, tag=tag),
-                  lambda: comm.Irecv(buf, source=source, tag=tag), f"to receive from rank {source}")
+                  lambda: comm.Irecv(buf, source=source, tag=tag), f"to receive from rank {source}", peer=source)
         return buf
 
     def isend(self, buf, dest, tag=0):
@@ -341,14 +358,16 @@ class MPICommunicator(Backend):
         c.check_buffer(buf, writable=False)
         dest, tag = c.check_rank(dest, self._size, "dest"), c.check_tag(tag)
         self._check_usable()
-        return MPIWork(self, self.comm.Isend(buf, dest=dest, tag=tag), buf, f"isend (tag {tag}) to rank {dest}")
+        return MPIWork(self, self.comm.Isend(buf, dest=dest, tag=tag), buf, f"isend (tag {tag}) to rank {dest}",
+                       peer=dest)
 
     def irecv(self, buf, source, tag=0):
         """MPI_Irecv into ``buf``; its Work's ``wait`` (at most the timeout) returns ``buf``."""
         c.check_buffer(buf)
         source, tag = c.check_rank(source, self._size, "source"), c.check_tag(tag)
         self._check_usable()
-        return MPIWork(self, self.comm.Irecv(buf, source=source, tag=tag), buf, f"irecv (tag {tag}) from rank {source}")
+        return MPIWork(self, self.comm.Irecv(buf, source=source, tag=tag), buf,
+                       f"irecv (tag {tag}) from rank {source}", peer=source)
 
     def split(self, color, key=0):
         """MPI_Comm_split after an all-gather of every rank's (color, key) (collective); None for color None or

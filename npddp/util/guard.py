@@ -10,6 +10,10 @@ sets up two things, each with an environment variable that turns it off:
   (MPI: ``MPI_Abort``; over TCP it exits and its peers find the connection closed, each saying
   so in one line). Ctrl-C prints one ``interrupted`` line and exits 130. A single process keeps
   Python's own behaviour.
+* with it, under MPI, departures (:class:`Departures`): a rank that leaves with status 0 (``sys.exit(0)``,
+  or the script's end) tells every peer at its exit; a peer still waiting on it (it is a member of the
+  waited call's communicator, and the call needs it) ends with one line naming it, a grace interval
+  after the notice (:mod:`npddp.comm.engine.deadline`), instead of waiting for the timeout.
 * BLAS threads (``NPDDP_THREADS``: ``auto``, the default, a number, or ``off``): with several
   ranks on this node and no thread variable set (``OMP_NUM_THREADS`` and kin), each rank's BLAS
   is limited to its share of the cores (:func:`npddp.util.cores.auto_threads`), as ``--threads
@@ -20,11 +24,15 @@ Nothing here imports MPI: a job's MPI is used only when the script has already l
 
 from __future__ import annotations
 
+import atexit
 import fnmatch
 import os
 import sys
+import threading
 import time
 import traceback
+
+import numpy as np
 
 from npddp.util import cores, env, variables
 
@@ -37,6 +45,8 @@ EXIT_FAILED, EXIT_INTERRUPTED = 1, 130
 _GRACE_S = 0.2
 #: Seconds an interrupted rank other than 0 waits, so a Ctrl-C reaching every rank is reported once (by rank 0).
 _DEFER_S = 0.5
+#: Seconds a leaving rank takes in the notices of peers leaving with it, and its nap between looks.
+_DRAIN_S, _DRAIN_NAP_S = 0.1, 0.002
 #: Marks the hook this module installs (and the one ``npddp.process.job`` builds on it).
 MARK = "_npddp_guard"
 
@@ -89,7 +99,93 @@ def install_exit_hook(world_of=None) -> None:
         original_exit(status)
 
     setattr(exit_all, MARK, True)
+    exit_all.departures = None   # the job's Departures, once a world-wide create() has made them
     sys.exit = exit_all
+
+
+class Departures:
+    """Notices of ranks that left the job normally: at exit each rank sends its world rank (one int64) to every
+    peer on a duplicate of the world of their own, never waited on; a receive stays posted for them here.
+
+    :meth:`gone` is read by the waits of ``npddp.comm`` at their clock reads only; each wait decides
+    itself whether a rank that left is one it still needs."""
+
+    def __init__(self, world, mpi):
+        self.comm = world.Dup()   # collective: made by the first world-wide create() on every rank
+        self.world = world
+        self.rank, self.size = world.Get_rank(), world.Get_size()
+        self.inbox, self.outbox = np.zeros(1, dtype=np.int64), np.array([self.rank], dtype=np.int64)
+        self.source = mpi.ANY_SOURCE
+        self.receive = self.comm.Irecv(self.inbox, source=self.source)
+        self.left: dict[int, float] = {}   # world rank -> monotonic time its notice was seen here
+        self.sends: list = []
+        self._testing = threading.Lock()   # one thread at a time tests the posted receive (a progress thread waits too)
+
+    def gone(self) -> dict[int, float]:
+        """The ranks whose notice has come so far (world rank -> when it was seen); takes in any new ones."""
+        if not self._testing.acquire(blocking=False):
+            return self.left
+        try:
+            receive = self.receive
+            while receive is not None and receive.Test():
+                self.left.setdefault(int(self.inbox[0]), time.monotonic())
+                receive = self.receive = (self.comm.Irecv(self.inbox, source=self.source)
+                                          if len(self.left) < self.size - 1 else None)
+        finally:
+            self._testing.release()
+        return self.left
+
+    def world_ranks(self, comm, ranks=None) -> list[int]:
+        """The world ranks of ``ranks`` of the MPI communicator ``comm`` (None: all its members)."""
+        group, world = comm.Get_group(), self.world.Get_group()
+        try:
+            ranks = range(group.Get_size()) if ranks is None else ranks
+            return [int(r) for r in group.Translate_ranks(list(ranks), world)]
+        finally:
+            group.Free()
+            world.Free()
+
+    def leave(self) -> None:
+        """Tell every peer not known to have left that this rank leaves (sends never waited on), take in the
+        notices of peers leaving at about the same time (at most ``_DRAIN_S``), and withdraw the posted receive.
+
+        A notice that comes after the receive is withdrawn stays unmatched, which some MPIs report at
+        finalize (MPICH over UCX prints a warning per message): hence no notice to a rank already gone,
+        and the short wait for the notices of ranks that leave together."""
+        left = self.gone()
+        self.sends = [self.comm.Isend(self.outbox, peer) for peer in range(self.size)
+                      if peer != self.rank and peer not in left]
+        until = time.monotonic() + _DRAIN_S
+        while len(self.gone()) < self.size - 1 and time.monotonic() < until:
+            time.sleep(_DRAIN_NAP_S)
+        with self._testing:
+            if self.receive is not None:
+                self.receive.Cancel()
+                self.receive.Wait()
+                self.receive = None
+
+
+def watch_departures() -> None:
+    """At a world-wide create() under MPI with the exit hook installed: make the job's :class:`Departures`
+    (once, collective) and send this rank's notice at its exit. Nothing for one rank or without MPI."""
+    hook, mpi = sys.exit, env.mpi_live()
+    if not getattr(hook, MARK, False) or hook.departures is not None or mpi is None:
+        return
+    world = mpi.COMM_WORLD
+    if world.Get_size() > 1:
+        hook.departures = Departures(world, mpi)
+        atexit.register(_leave, hook.departures)
+
+
+def _leave(departures: Departures) -> None:
+    """At this rank's exit, while MPI still runs: :meth:`Departures.leave`."""
+    if env.mpi_live() is not None:
+        departures.leave()
+
+
+def departures() -> Departures | None:
+    """The job's :class:`Departures`, or None (no world-wide create() under MPI, or the guard is off)."""
+    return getattr(sys.exit, "departures", None)
 
 
 def share_threads(environ=None) -> int | None:

@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from npddp.comm.engine.deadline import GRACE_S
 from npddp.process.cleanup import Watch
 from tests.reliability.conftest import job_env, mpirun
 
@@ -129,3 +130,109 @@ def test_sys_exit_with_a_code_on_rank_1_of_a_plain_script_ends_the_job_with_that
     took = time.monotonic() - started
     assert done.returncode == 3, done.stdout + done.stderr
     assert took < ENDS_WITHIN, f"{took:.1f} s (the others waited for their timeout)"
+
+
+@pytest.mark.parametrize("launcher, backend, n", [("mpirun", "mpi", 2), ("mpirun", "mpi", 3), ("mpirun", "ring", 2),
+                                                  ("mpirun", "ring", 3), ("npddp.run", "ring", 2)])
+def test_a_rank_that_leaves_with_status_0_ends_the_ranks_still_waiting_for_it_with_one_line_naming_it(
+        tmp_path, launcher, backend, n):
+    script = tmp_path / "exit_script.py"
+    script.write_text(EXIT_SCRIPT)
+    started = time.monotonic()
+    done = subprocess.run(_command(launcher, script, backend, "0", n), env=job_env(NPDDP_TIMEOUT="60"),
+                          capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - started
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out
+    assert took < ENDS_WITHIN, f"{took:.1f} s (the others waited for their timeout)"
+    lines = [line for line in out.splitlines() if line.startswith("[rank")]
+    waiting = [f"[rank {r}] ending: " for r in range(n) if r != 1]
+    assert lines and all(any(line.startswith(w) and "rank 1" in line[len(w):] for w in waiting) for line in lines), out
+    assert len(lines) == len({line.split("]")[0] for line in lines}), out      # one line per waiting rank at most
+    assert "Traceback" not in out, out
+
+
+#: Test ids of the backends ("mpi" alone would read as pytest-mpi's mark and skip the test without --with-mpi).
+BACKEND_IDS = ["mpi-backend", "ring-backend"]
+
+SPLIT_SCRIPT = """
+import sys, time
+import numpy as np
+from npddp.comm import create
+comm = create(sys.argv[1])
+comm.allreduce(np.ones(10))
+pair = comm.split(None if comm.rank == 1 else 0)
+if comm.rank == 1:
+    sys.exit(0)
+x = np.ones(1000)
+for step in range(4):
+    if pair.rank == 1 and step == 2:
+        time.sleep(float(sys.argv[2]))       # rank 0 waits longer than the grace, in a group without rank 1
+    pair.allreduce(x)
+    assert x[0] == 2, x[0]
+    x[:] = 1
+print(f"rank {comm.rank} passed", flush=True)
+"""
+
+
+@pytest.mark.parametrize("backend", ["mpi", "ring"], ids=BACKEND_IDS)
+def test_ranks_still_working_in_a_group_without_the_rank_that_left_finish(tmp_path, backend):
+    script = tmp_path / "split_script.py"
+    script.write_text(SPLIT_SCRIPT)
+    done = subprocess.run(_command("mpirun", script, backend, str(GRACE_S + 1.0), 3),
+                          env=job_env(NPDDP_TIMEOUT="60"), capture_output=True, text=True, timeout=120)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "rank 0 passed" in out and "rank 2 passed" in out and "[rank" not in out, out
+
+
+LAST_MESSAGES_SCRIPT = """
+import sys, time
+import numpy as np
+from npddp.comm import create
+comm = create(sys.argv[1])
+if comm.rank == 2:
+    time.sleep(float(sys.argv[2]))           # rank 0's gather still waits for rank 2 after rank 1 has left
+rows = comm.gather(np.full(3, comm.rank, dtype=np.float64), root=0)
+if comm.rank == 1:
+    sys.exit(0)                              # its part of the gather is done: rank 0 needs it no more
+big = np.full(4 << 20, comm.rank, dtype=np.float64)  # 32 MiB: still in flight as rank 2 leaves
+if comm.rank == 2:
+    comm.isend(big, 0, tag=5).wait()
+    sys.exit(0)
+assert rows[:, 0].tolist() == [0, 1, 2], rows
+comm.irecv(big, 2, tag=5).wait()
+assert (big == 2).all()
+print("rank 0 passed", flush=True)
+"""
+
+
+@pytest.mark.parametrize("backend", ["mpi", "ring"], ids=BACKEND_IDS)
+def test_a_job_whose_ranks_leave_one_by_one_after_their_last_messages_finishes(tmp_path, backend):
+    script = tmp_path / "last_messages_script.py"
+    script.write_text(LAST_MESSAGES_SCRIPT)
+    done = subprocess.run(_command("mpirun", script, backend, "0.5", 3),
+                          env=job_env(NPDDP_TIMEOUT="60"), capture_output=True, text=True, timeout=120)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "rank 0 passed" in out and "[rank" not in out, out
+
+
+QUIET_SCRIPT = """
+import sys
+import numpy as np
+from npddp.comm import create
+comm = create(sys.argv[1])
+for _ in range(20):
+    comm.allreduce(np.ones(1000))
+sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize("backend", ["mpi", "ring"], ids=BACKEND_IDS)
+def test_a_job_whose_ranks_all_exit_with_status_0_ends_quietly(tmp_path, backend):
+    script = tmp_path / "quiet_script.py"
+    script.write_text(QUIET_SCRIPT)
+    done = subprocess.run(_command("mpirun", script, backend, "unused", 3), env=job_env(NPDDP_TIMEOUT="60"),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout + done.stderr == "", done.stdout + done.stderr

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from npddp.comm import checks as c
-from npddp.comm.engine.deadline import Deadline, Overdue, timeout_text, wait_until
+from npddp.comm.engine.deadline import Deadline, Overdue, timeout_text, wait_until, world_members
 
 #: Bytes of one chunk of the pipelined algorithms (ring steps, tree, chain broadcast), unless a communicator sets its own.
 CHUNK_BYTES = 1 << 20
@@ -90,6 +90,11 @@ class Call(Deadline):
         if self.owner.watch is not None:
             self.owner.heard_abort()
         return self.past(self.owner.timeout)
+
+    def needs(self) -> list[int]:
+        """World ranks whose leaving ends this call's waits: a collective's communicator's members (a user's send or
+        receive names no peer here, so it waits for its timeout)."""
+        return world_members(self.owner.transport) if self.number is not None else []
 
     def wait(self, request) -> None:
         """Complete ``request``, yielding the CPU between polls; Overdue past the deadline."""
