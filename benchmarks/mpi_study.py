@@ -31,6 +31,7 @@ if not __package__:  # run by path: the repository root stands in for this folde
 import argparse
 import importlib.util
 import json
+import re
 import subprocess
 from dataclasses import dataclass
 
@@ -230,6 +231,12 @@ def fits(by_family: dict) -> list[str]:
     return lines
 
 
+def short_name(meta: dict, family: str) -> str:
+    """``MPICH 5.0.2``, ``Open MPI 5.0.11``, ``Intel MPI 2021.18.1``: the family and the first version number."""
+    found = re.search(r"\d+(?:\.\d+)+", str(meta.get("mpi_library", "")))
+    return f"{family} {found.group(0)}" if found else family
+
+
 def loads(meta: dict) -> tuple[float, float]:
     """(lowest, highest) load average before or after any run of a dump."""
     values = [v for r in json.loads(meta.get("mpi_algorithms", "[]")) for v in r.get("load_average", [])]
@@ -258,7 +265,7 @@ def report(directory: Path, plots: str) -> int:
         for family, (rows, meta) in by_family.items():
             times, (lo, hi) = medians(rows), loads(meta)
             same, failed = unmoved(meta)
-            print(f"### {meta.get('mpi_library', family).split(chr(10))[0]}: load average {lo:.1f}-{hi:.1f}\n")
+            print(f"### {short_name(meta, family)}: load average {lo:.1f}-{hi:.1f}\n")
             print("\n".join(time_table(times)), "", "\n".join(winners(times, medians(rows, "time_p10_s"))), "",
                   sep="\n")
             print(f"not moved at any size: {', '.join(same) or 'none'}; not ok: {', '.join(failed) or 'none'}\n")

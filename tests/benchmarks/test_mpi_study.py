@@ -145,3 +145,12 @@ def test_rounds_run_abba_and_pool_each_algorithms_iterations(tmp_path, monkeypat
     record = {r["backend"]: r for r in json.loads(results.read_meta(path)["mpi_algorithms"])}
     assert len(record["mpi:tree"]["load_average"]) == 4 and record["mpi:tree"]["status"] == "ok"
     assert "round 2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("version, family, name", [
+    ("MPICH Version: 5.0.2", "MPICH", "MPICH 5.0.2"),
+    ("Open MPI v5.0.11, package: Open MPI user@localhost Distribution, ident: 5.0.11", "Open MPI", "Open MPI 5.0.11"),
+    ("Intel(R) MPI Library 2021.18.1 for Linux* OS", "Intel MPI", "Intel MPI 2021.18.1"),
+    ("", "MPICH", "MPICH")])
+def test_each_table_is_headed_by_the_library_and_its_version(version, family, name):
+    assert ms.short_name({"mpi_library": version}, family) == name
