@@ -327,14 +327,14 @@ def projection(df, meta: dict, params: int, note: str) -> Figure:
 def mpi_study(frames: dict, setting: str, prefix: str = "mpi:") -> Figure:
     """Per MPI (one panel each): every algorithm's in-place median time over the fastest npddp algorithm's, vs size.
 
-    ``frames``: {MPI family: ({(bytes, backend): seconds}, dump attributes)}; MPI's own algorithms
+    ``frames``: {panel title (the MPI): ({(bytes, backend): seconds}, dump attributes)}; MPI's own algorithms
     (``<prefix><name>``) dashed, ``mpi:default`` black, npddp's solid in their fixed colours.
     """
     meta = next(iter(frames.values()))[1]
     fig = _figure(5.2 * len(frames) + 1.5, 8.0, f"all-reduce time / fastest npddp algorithm's, {setting}\n"
                                                 f"(in place, median; below 1: faster than npddp's best)", meta)
     axes = fig.subplots(1, len(frames), squeeze=False, sharey=True)[0]
-    for ax, (family, (times, attrs)) in zip(axes, frames.items()):
+    for ax, (family, (times, _)) in zip(axes, frames.items()):
         names = list(dict.fromkeys(b for _, b in times))
         sizes = sorted({n for n, _ in times})
         best = {n: min(t for (m, b), t in times.items() if m == n and not b.startswith(prefix)) for n in sizes}
@@ -351,8 +351,7 @@ def mpi_study(frames: dict, setting: str, prefix: str = "mpi:") -> Figure:
         _size_axis(ax)
         ax.set_yscale("log", base=2)
         ax.axhline(1.0, color="gray", lw=0.8)
-        words = [w for w in str(attrs.get("mpi_library", family)).replace(",", " ").split() if w != "Version:"]
-        ax.set_title(" ".join(words[:3]) if words else family, fontsize=9)
+        ax.set_title(family, fontsize=9)
         ax.legend(fontsize=6, ncols=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     axes[0].set_ylabel("time / fastest npddp algorithm's time (log 2)")
     return fig
