@@ -259,11 +259,12 @@ class Signer:
 
     def __init__(self):
         self.staging = Staging()
-        self.shapes: dict[tuple, Shape | None] = {}   # (operation, dtype, count, op, root) -> Shape; None: not signed
+        # (operation, dtype number (hashed faster than the dtype), count, op, root) -> Shape; None: not signed
+        self.shapes: dict[tuple, Shape | None] = {}
 
     def open(self, owner, operation: str, number: int, tag: int, buf=None, op=None, root=None) -> Call:
         """The call about to run: signed if it is a collective, else a plain :class:`Call`."""
-        key = (operation, None, -1, op, root) if buf is None else (operation, buf.dtype, buf.size, op, root)
+        key = (operation, -1, -1, op, root) if buf is None else (operation, buf.dtype.num, buf.size, op, root)
         shape = self.shapes.get(key, self)
         if shape is self:
             shape = self._shape(key, operation, buf, op, root)
