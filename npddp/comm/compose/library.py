@@ -79,6 +79,7 @@ class LibraryAllreduce:
             return
         request = self.comm.Iallreduce(send, dst, op=op)
         self.in_flight[0] += 1
+        call.rounds = 0   # MPI's wait spins afresh (see LibraryWork._begin)
         try:
             wait_until(request.Test, call.overdue)
         except Overdue:
@@ -137,10 +138,12 @@ class LibraryWork(P2PWork):
         return True
 
     def _begin(self) -> None:
-        """Start MPI's ``Iallreduce``."""
+        """Start MPI's ``Iallreduce``; its wait spins afresh: after a check that waited long the call's clock
+        would have it nap between polls, and MPI's progress moves only while both ranks poll."""
         send, dst, op, _ = self._args
         self._request = self._library.comm.Iallreduce(send, dst, op=op)
         self._library.in_flight[0] += 1
+        self._call.rounds = 0
 
     def _advance(self, block: bool) -> bool:
         library, call = self._library, self._call
