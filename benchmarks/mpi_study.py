@@ -278,7 +278,7 @@ def report(directory: Path, plots: str) -> int:
             Path(plots).mkdir(parents=True, exist_ok=True)
             frames = {short_name(meta, family): (medians(rows), meta) for family, (rows, meta) in by_family.items()}
             path = Path(plots) / f"mpi_study_{setting.slug}.png"
-            _plots.mpi_study(frames, setting.title, ma.PREFIX).savefig(path, dpi=110)
+            _plots.mpi_study(frames, setting.title, ma.PREFIX).savefig(path, dpi=80)
             print(f"# wrote {path}")
     return 0
 
