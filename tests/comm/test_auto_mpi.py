@@ -198,4 +198,7 @@ def test_the_tuner_over_mpi_times_mpi_beside_the_others_and_writes_a_table_auto_
     data = json.loads(out.read_text())
     assert data["transport"] == "mpi" and data["sizes"] == [1024, 4096, 16384]
     assert check_table(data, "mpi", 2, node=True, library=True) == data["table"]
-    assert data["winners"][0] in (LIBRARY, "shm")   # 1 KiB: the default (mpi) unless shm beat it every round
+    defaults = [next(a for m, a in node_table(2, library=True) if m is None or n <= m) for n in data["sizes"]]
+    assert defaults == [LIBRARY, LIBRARY, "shm"]   # the default it keeps unless another wins every round
+    assert all(w == d or f"faster than default {d} in every round" in note
+               for w, d, note in zip(data["winners"], defaults, data["notes"])), data["notes"]
