@@ -41,6 +41,8 @@ def comparison_table(frames) -> str:
     df["bubble (theory)"] = [f"{b:.2f} ({t:.2f})" if p > 1 else "-"
                              for b, t, p in zip(df["bubble"], df["bubble_theory"], df["pp"])]
     df["peak MiB"] = [f"{lo:.0f}-{hi:.0f}" for lo, hi in zip(df["peak_rss_min_mib"], df["peak_rss_mib"])]
+    for column in ("step_ms", "comm_ms"):
+        df[column] = [f"{v:.1f}" for v in df[column]]
     keep = ["model_size", "world_size", "layout", "network", "step_ms", "comm_ms", "MiB handed", "MiB sent",
             "MiB link", "bubble (theory)", "peak MiB", "repeats"]
     out = df[keep].sort_values(["model_size", "world_size", "layout", "network"], kind="stable")
@@ -79,7 +81,8 @@ def figure(frames, meta: dict) -> Figure:
             part = across[across["network"] == net].set_index("label")["link_bytes"].reindex(labels) / MIB
             sent.scatter(part.to_numpy(), np.arange(len(labels)) + i * height, marker="|", s=60, color="black",
                          label="on the link" if i == networks.index(across["network"].iloc[0]) else None, zorder=3)
-    sent.set_xlabel("MiB per rank per step (bar: bandwidth-optimal; |: link)")
+    sent.set_xscale("log")
+    sent.set_xlabel("MiB per rank per step, log (bar: bandwidth-optimal; |: link)")
     _bars(bubble, df, labels, networks, "bubble")
     theory = df.drop_duplicates("label").set_index("label")["bubble_theory"].reindex(labels)
     bubble.scatter(theory.to_numpy(), np.arange(len(labels)) + 0.4 - 0.4 / max(1, len(networks)), marker="x",

@@ -14,9 +14,10 @@ says, and trains ``--warmup`` untimed and ``--steps`` timed steps on a global ba
 that adds up the bytes handed to each call and the time spent inside it (blocking calls, the
 issue and the wait of non-blocking ones): the exposed communication; beside the bytes handed
 over, the bytes a bandwidth-optimal algorithm sends for them (:func:`sent_bytes`). The
-pipeline's sends and receives alone give the measured bubble (their blocked time over the step
-time), beside ``(K-1)/(M+K-1)``. Peak memory is the resident high-water mark over the steps
-(``VmHWM``, reset after the model is built and split). A step is as slow as its slowest rank;
+measured bubble is a stage's idle share of the step (:func:`pipeline_idle`: blocked in the
+pipeline's sends and receives, plus the wait for the slowest rank after its last backward),
+beside ``(K-1)/(M+K-1)``. Peak memory is the resident high-water mark over the steps
+(``VmHWM``, reset after the model is built, split and its freed pages trimmed). A step is as slow as its slowest rank;
 rows give the median over steps, and with ``--repeats`` the median over jobs of each column.
 
 With ``--nodes K`` every job runs across K emulated nodes (``python -m npddp.cluster
@@ -39,7 +40,9 @@ if not __package__:  # run by path: the repository root stands in for this folde
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
+import ctypes  # noqa: E402
 import fcntl  # noqa: E402
+import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import resource  # noqa: E402
@@ -192,7 +195,14 @@ def build(layout: str, size: str, world, backend: str, context: int, micro: int,
 
 
 def reset_peak_memory() -> bool:
-    """Start the resident high-water mark (VmHWM) afresh from the current RSS; False where Linux does not allow it."""
+    """Start the resident high-water mark (VmHWM) afresh; False where Linux does not allow it.
+
+    Memory freed since the start (the full model, once split) goes back to the system first:
+    glibc keeps freed heap pages resident until ``malloc_trim``.
+    """
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:
@@ -207,6 +217,15 @@ def peak_memory_mib(since_reset: bool) -> float:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024.0
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0       # KiB -> MiB
+
+
+def pipeline_idle(blocked_s, own_s, slowest_s):
+    """A stage's idle time per step: blocked in the pipeline's sends and receives, plus the wait for the slowest rank.
+
+    The second part is the trailing bubble of a middle stage: after its last backward it has
+    nothing to receive, so it waits outside any call until the step's last rank is done.
+    """
+    return blocked_s + (slowest_s - own_s)
 
 
 def link_sent(link: str | None) -> int:
@@ -251,8 +270,11 @@ def measure(world, backend: str, size: str, layout: str, *, steps: int, warmup: 
     harness.Barrier()
     wire = np.array([(link_sent(link) - link_before) / steps / ranks_here])   # this node's bytes, its ranks' share
     harness.Allreduce(MPI.IN_PLACE, wire, op=MPI.SUM)
-    worst, mean = record.copy(), record.copy()
+    worst = record.copy()
     harness.Allreduce(MPI.IN_PLACE, worst, op=MPI.MAX)
+    if pp > 1:
+        record[:, 3] = pipeline_idle(record[:, 3], record[:, 0], worst[:, 0])
+    mean = record.copy()
     harness.Allreduce(MPI.IN_PLACE, mean, op=MPI.SUM)
     mean /= world.Get_size()
     peak = np.array([peak_memory_mib(fresh)])

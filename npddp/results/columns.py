@@ -323,8 +323,9 @@ PARALLELISM = Kind(
                          "over steps of the mean over ranks"),
         Column("comm_fraction", FLOAT, "1", "comm_ms / step_ms", low=0.0),
         Column("bubble", FLOAT, "1", "measured pipeline idle share: time blocked in the pipeline's sends and "
-                                     "receives / step time (median over steps of the mean over ranks); 0 without "
-                                     "a pipeline", low=0.0),
+                                     "receives, plus the wait for the slowest rank after a stage's step, / step "
+                                     "time (median over steps of the mean over ranks); 0 without a pipeline",
+               low=0.0),
         Column("bubble_theory", FLOAT, "1", "(K-1)/(M+K-1) for K stages and M micro-batches", low=0.0),
         Column("peak_rss_mib", FLOAT, "MiB", "peak resident memory of the largest rank over the steps (VmHWM, "
                                              "reset after the model is split; getrusage ru_maxrss where it cannot be)",

@@ -22,6 +22,11 @@ def test_the_bytes_a_bandwidth_optimal_algorithm_sends(name, nbytes, size, expec
     assert bp.sent_bytes(name, nbytes, size) == expected
 
 
+def test_a_middle_stage_idles_after_its_last_backward_too():
+    blocked, own, slowest = np.array([0.5, 0.25]), np.array([3.0, 4.0]), np.array([4.0, 4.0])
+    assert list(bp.pipeline_idle(blocked, own, slowest)) == [1.5, 0.25]
+
+
 def test_repeated_jobs_make_one_row_of_medians():
     rows = [{"layout": "ddp", "step_ms": t, "step_ms_p10": t - 1, "comm_bytes": b, "nodes": 2, "repeats": 1}
             for t, b in ((30.0, 10), (10.0, 30), (20.0, 20))]
@@ -61,6 +66,17 @@ def test_the_peak_memory_starts_afresh_after_the_build():
     lifelong = bp.peak_memory_mib(since_reset=False)
     assert bp.reset_peak_memory()
     assert bp.peak_memory_mib(since_reset=True) < lifelong - 150
+
+
+def test_the_peak_memory_leaves_out_freed_heap_pages():
+    blocks = [np.ones(100 << 7) for _ in range(2048)]     # 200 MiB in 100 KiB blocks: malloc's heap, not mmap
+    pin = np.ones(100 << 7)                               # allocated last: the heap cannot shrink from its top
+    del blocks
+    resident = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines()
+                    if line.startswith("VmRSS:")) / 1024.0
+    assert bp.reset_peak_memory()
+    assert bp.peak_memory_mib(since_reset=True) < resident - 150
+    del pin
 
 
 def _can_make_nodes() -> str | None:
