@@ -9,7 +9,8 @@ raises :class:`Overdue`, which the communicator turns into a TimeoutError naming
 operation and the ranks it waits for.
 
 Departures. Under MPI a rank that leaves the job normally tells every peer at its exit
-(:class:`npddp.util.guard.Departures`). Each clock read looks at those notices (never a poll).
+(:class:`npddp.util.guard.Departures`). A wait looks at those notices at its clock reads once it
+naps (never at a poll, never in a wait shorter than ``SPIN_ROUNDS`` clock reads).
 A wait ends with ConnectionError naming a rank that left only when that rank is one the wait
 needs (:meth:`Deadline.needs`: a member of the communicator of a collective, the peer of a send
 or receive; world ranks) and the wait is still not complete ``GRACE_S`` after this wait first
@@ -67,11 +68,11 @@ class Deadline:
             self.expires = now + timeout
             self.noticed = 0.0   # when this wait first saw that a rank it needs had left
             return False
-        if self.rounds > SPIN_ROUNDS:
+        if self.rounds > SPIN_ROUNDS:   # a long wait: nap, and look whether a rank it needs has left
             time.sleep(NAP_S)
-        job = departures()
-        if job is not None and job.gone():
-            self._check_departed(job.left, now)
+            job = departures()
+            if job is not None and job.gone():
+                self._check_departed(job.left, now)
         return now > self.expires
 
     def _check_departed(self, left: dict[int, float], now: float) -> None:
