@@ -39,8 +39,16 @@ _CHECK_TAG = 1
 _CHECK_TIMEOUT_S = 120.0
 
 
+#: Tests that watch the whole machine (its processes, /dev/shm, /tmp, network namespaces) or time how fast a job ends:
+#: marked ``alone``, they run in a pytest run of their own, never beside another test (tests/run_all.sh: serial-alone).
+ALONE = ("tests/reliability/", "tests/cluster/", "tests/process/test_cleanup.py", "tests/test_run_all.py",
+         "tests/test_session_cleanup.py")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "needs_mpi: calls mpi4py itself, so it runs under mpirun only")
+    config.addinivalue_line("markers", "alone: watches the whole machine or times a job's end: never run beside "
+                                       "another test (not under pytest-xdist's -n); set for the paths in ALONE")
 
 
 #: Hydra's topology file (MPICH, Intel MPI): its proxy makes it in /tmp (whatever TMPDIR says) and holds it open
@@ -84,8 +92,15 @@ def pytest_sessionfinish(session):
                 os.unlink(path)
 
 
+@pytest.hookimpl(tryfirst=True)   # before -m selects by marker
 def pytest_collection_modifyitems(config, items):
-    """Under npddp.run keep only the distributed tests this world can run."""
+    """Mark the tests under ALONE ``alone``; under npddp.run keep only the distributed tests this world can run."""
+    root = Path(__file__).resolve().parent.parent
+    for item in items:
+        path = item.path.resolve()
+        where = path.relative_to(root).as_posix() if path.is_relative_to(root) else ""
+        if where.startswith(ALONE):
+            item.add_marker("alone")
     if not TCP_MODE:
         return
     size = int(os.environ["WORLD_SIZE"])

