@@ -5,9 +5,10 @@ MPI's own all-reduce (:data:`~npddp.comm.registry.LIBRARY`, a candidate over the
 rule. Its default selection runs schedules npddp has too (MPICH: recursive doubling for short vectors,
 reduce-scatter then all-gather, i.e. Rabenseifner's, for long ones), moving the same bytes in the same steps,
 so it costs the cheaper of those two at the same constants: a tie, which the hand-written algorithm keeps
-(the tuner measures the difference). Where every rank shares one node the other candidate is ``shm``, whose
-time for short vectors is mostly Python around a node barrier, against MPI's C path: there MPI's own
-takes every size up to :data:`LIBRARY_NODE_BYTES`, measured on this machine (docs/performance.md)."""
+(the tuner measures the difference). Where every rank shares one node the other candidate is ``shm``; ``auto``'s
+MPI path first checks its arguments with shm's size word and node barrier, then pays MPI's call on top, so
+there ``shm`` keeps every size (:data:`LIBRARY_NODE_BYTES`, measured on this machine: docs/performance.md) and
+only the tuner can hand MPI's own a size."""
 
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ CANDIDATES = ("rd", "rabenseifner", "ring", "tree")
 PIPELINED = ("ring",)
 #: The schedules MPI's default selection chooses between (its price: the cheaper one).
 LIBRARY_SCHEDULES = ("rd", "rabenseifner")
-#: On one node, MPI's own all-reduce goes first up to this many bytes, ``shm`` beyond (measured at N = 2 on
-#: ordinary arrays, docs/performance.md).
-LIBRARY_NODE_BYTES = 4096
+#: On one node, MPI's own all-reduce goes first up to this many bytes, ``shm`` beyond: 0, as measured at N = 2
+#: on ordinary arrays on a quiet machine (auto's MPI path 9.1-14.2 us at 1 KiB, shm 7.2-10.6; docs/performance.md).
+LIBRARY_NODE_BYTES = 0
 
 
 def candidates() -> tuple:
@@ -69,7 +70,8 @@ def library_time(nbytes: float, size: int, price) -> float:
 def node_table(size: int, library: bool = False) -> list:
     """``[[max_bytes, algorithm], ...]`` when every rank shares one node: ``shm``, after MPI's own all-reduce up to
     :data:`LIBRARY_NODE_BYTES` where ``library`` (the transport is MPI)."""
-    return [[LIBRARY_NODE_BYTES, LIBRARY], [None, "shm"]] if library and size > 1 else [[None, "shm"]]
+    ahead = library and size > 1 and LIBRARY_NODE_BYTES > 0
+    return [[LIBRARY_NODE_BYTES, LIBRARY], [None, "shm"]] if ahead else [[None, "shm"]]
 
 
 def _cheapest(names, price) -> list:
