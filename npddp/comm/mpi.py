@@ -42,7 +42,7 @@ from npddp.comm.engine.work import DoneWork
 from npddp.comm.transports.mpi import free_comm, mpi_world
 from npddp.util.guard import departures
 
-_MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
+MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
 
 
 class MPIWork:
@@ -237,7 +237,7 @@ class MPICommunicator(Backend):
     def allreduce(self, buf, op="sum", out=None):
         """MPI_Allreduce, with MPI_IN_PLACE when ``out`` is None (or ``buf`` itself)."""
         c.check_op(op)
-        mpi_op, comm = _MPI_OPS.get(op, MPI.SUM), self.comm
+        mpi_op, comm = MPI_OPS.get(op, MPI.SUM), self.comm
         if out is None or out is buf:
             c.check_buffer(buf)
             scale = c.average_scale(op, buf, self._size)
@@ -271,7 +271,7 @@ class MPICommunicator(Backend):
         scale = c.average_scale(op, buf, self._size)
         self._check_usable()
         self._calls += 1
-        comm, mpi_op = self.comm, _MPI_OPS.get(op, MPI.SUM)
+        comm, mpi_op = self.comm, MPI_OPS.get(op, MPI.SUM)
         if self._checking:
             return self._checked("iallreduce", lambda: comm.Iallreduce(MPI.IN_PLACE, buf, op=mpi_op), buf, scale,
                                  buf, op)
@@ -289,7 +289,7 @@ class MPICommunicator(Backend):
         if self._size == 1:
             np.copyto(out, flat)
         elif flat.size:
-            comm, mpi_op = self.comm, _MPI_OPS.get(op, MPI.SUM)
+            comm, mpi_op = self.comm, MPI_OPS.get(op, MPI.SUM)
             self._run("reduce_scatter", lambda: comm.Reduce_scatter(flat, out, recvcounts=counts, op=mpi_op),
                       lambda: comm.Ireduce_scatter(flat, out, recvcounts=counts, op=mpi_op), sig=(buf, op))
             if scale:
@@ -397,7 +397,7 @@ class MPICommunicator(Backend):
             np.copyto(out, flat)
             return self._checked("ireduce_scatter", _no_request, out, 0.0, buf, op) if self._checking else DoneWork(out)
         counts = np.diff(c.block_bounds(flat.size, self._size)).tolist()
-        comm, mpi_op = self.comm, _MPI_OPS["sum" if scale else op]
+        comm, mpi_op = self.comm, MPI_OPS["sum" if scale else op]
         start = lambda: comm.Ireduce_scatter(flat, out, recvcounts=counts, op=mpi_op)  # noqa: E731
         if self._checking:
             return self._checked("ireduce_scatter", start, out, scale, buf, op)

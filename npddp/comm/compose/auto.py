@@ -15,7 +15,8 @@ more than one, hier's composition joins them (:func:`~npddp.comm.compose.costmod
 best algorithm between nodes). ``NPDDP_AUTO_SHM=0`` keeps both shared-memory paths out.
 
 Over the MPI transport, MPI's own all-reduce (:data:`~npddp.comm.registry.LIBRARY`, ``mpi``) is a candidate
-too (:mod:`npddp.comm.compose.library`; on one node the model runs it for short vectors, ahead of ``shm``).
+too (:mod:`npddp.comm.compose.library`; the model prices it as a tie it does not take, and on one node keeps ``shm``,
+so only the tuner hands it a size).
 
 The tuning file's format: :mod:`npddp.comm.compose.tuning`; the model: :mod:`npddp.comm.compose.costmodel`.
 """

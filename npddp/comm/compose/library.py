@@ -33,21 +33,19 @@ import weakref
 from collections import deque
 
 import numpy as np
-from mpi4py import MPI
 
 from npddp.comm import checks as c
 from npddp.comm.engine.deadline import Overdue, wait_until
 from npddp.comm.engine.work import P2PWork
-from npddp.comm.mpi import _MPI_OPS
 from npddp.comm.transports.mpi import free_comm
 
-#: The ufunc a reduction runs -> MPI's op (backend ``mpi``'s table).
-MPI_OPS = {c.OPS[name]: op for name, op in _MPI_OPS.items()}
 _EMPTY = np.empty(0, dtype=np.uint8)
 
 
 def library_candidate(ctx):
     """MPI's ``Allreduce`` over ``ctx``'s transport (collective), or None where it holds no mpi4py communicator."""
+    from mpi4py import MPI   # only here: a job over TCP never loads MPI
+
     comm = getattr(ctx.transport, "comm", None)
     return LibraryAllreduce(ctx, comm) if isinstance(comm, MPI.Intracomm) else None
 
@@ -56,7 +54,13 @@ class LibraryAllreduce:
     """MPI's ``Allreduce`` on a duplicate of the transport's communicator, run as an all-reduce algorithm."""
 
     def __init__(self, ctx, comm):
+        from mpi4py import MPI
+
+        from npddp.comm.mpi import MPI_OPS
+
         self.ctx = ctx
+        self.in_place = MPI.IN_PLACE
+        self.ops = {c.OPS[name]: op for name, op in MPI_OPS.items()}   # the ufunc a reduction runs -> MPI's op
         self.comm = comm.Dup()
         self.in_flight = [0]   # MPI requests started and not complete: while any is, the duplicate is never freed
         weakref.finalize(self, free_comm, self.comm, self.in_flight)
@@ -73,7 +77,7 @@ class LibraryAllreduce:
             node.check_sizes(call, word, value)
         else:
             call.owner._signed_empty(call)
-        send, op = MPI.IN_PLACE if src is dst else src, MPI_OPS[ufunc]
+        send, op = self.in_place if src is dst else src, self.ops[ufunc]
         if math.isinf(call.owner.timeout):
             self.comm.Allreduce(send, dst, op=op)
             return
@@ -107,7 +111,8 @@ class LibraryWork(P2PWork):
 
     def __init__(self, library: LibraryAllreduce, call, src, dst, ufunc, result):
         super().__init__(call, result)
-        self._library, self._args = library, (MPI.IN_PLACE if src is dst else src, dst, MPI_OPS[ufunc], src)
+        self._library, self._args = library, (library.in_place if src is dst else src, dst, library.ops[ufunc],
+                                                src)
         self._request = None
         node = self._node = library.ctx.node
         if node is not None:   # one node barrier, reached once every earlier call on the node is done
