@@ -129,3 +129,12 @@ class CountingTransport:
 def counting():
     """``counting(group)``: the group behind a wrapper that counts message calls (and, over MPI, allows no other)."""
     return lambda raw: CountingTransport(raw) if TCP_MODE else P2POnly(raw)
+
+
+def new_held(world, before: int) -> int:
+    """Bytes TCP's early-frame buffers grew by since ``before`` (0 without TCP, or when they shrank).
+
+    They shrink when a buffer kept before is being read into at the moment of measuring; that buffer
+    was allocated before tracing began, so it frees no traced memory and must not lower the allowance.
+    """
+    return max(0, world.held_bytes() - before) if world is not None else 0

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from npddp.comm import DTYPES, OPS, create
+from tests.comm.conftest import new_held
 
 
 def sizes(k: int) -> list[int]:
@@ -95,6 +96,8 @@ def test_steady_state_allocates_nothing(backend, group, progress, assert_all_ran
     for _ in range(2):  # warm-up: plans, scratch pool
         comm.ireduce_scatter(x, out=block).wait()
         comm.iallgather(x, out=stacked).wait()
+    world = getattr(group, "world", None)  # TCP keeps buffers for frames that come before their receive
+    held = world.held_bytes() if world is not None else 0
     tracemalloc.start()
     try:
         for _ in range(3):
@@ -103,7 +106,9 @@ def test_steady_state_allocates_nothing(backend, group, progress, assert_all_ran
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert_all_ranks(peak < x.nbytes // 8 and np.all(block == comm.size) and np.all(stacked == 1),
+    # TCP: early frames of a peer that ran ahead, and one frame that may be mid-read (test_comm_p2p_only's rule)
+    early = new_held(world, held) + (x.nbytes if world is not None else 0)
+    assert_all_ranks(peak < x.nbytes // 8 + early and np.all(block == comm.size) and np.all(stacked == 1),
                      f"{backend}: peak {peak} bytes traced for {x.nbytes}-byte calls", group)
 
 

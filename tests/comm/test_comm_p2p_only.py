@@ -11,7 +11,7 @@ from npddp.comm.transports.base import is_transport
 from npddp.comm.transports.mpi import MPITransport
 
 from tests.conftest import as_group
-from tests.comm.conftest import P2P_BACKENDS, P2POnly
+from tests.comm.conftest import P2P_BACKENDS, P2POnly, new_held
 
 p2p_backends = pytest.mark.parametrize("backend", P2P_BACKENDS)
 
@@ -104,7 +104,7 @@ def test_steady_state_allocates_nothing(backend, group, assert_all_ranks):
         for _ in range(10):
             one_at_a_time()
         single = tracemalloc.get_traced_memory()
-        held_single = _new_held(world, held)  # early frames of a late rank
+        held_single = new_held(world, held)  # early frames of a late rank
         for _ in range(10):
             two_outstanding()
         double = tracemalloc.get_traced_memory()
@@ -113,7 +113,7 @@ def test_steady_state_allocates_nothing(backend, group, assert_all_ranks):
     grown = comm.scratch.nbytes - warm[1]  # a second handle may need a second scratch buffer, never a third
     grown += staged() - warm_staged        # ... and staging buffers for first messages, at most twice as many (+1)
     bounded_staging = staged() <= 2 * warm_staged + HEAD_BYTES + SMALL_BYTES
-    grown += _new_held(world, held)        # ... and TCP a bounded set of early buffers
+    grown += new_held(world, held)        # ... and TCP a bounded set of early buffers
     bounded = comm.scratch.nbuffers <= 2 * pool[0] and comm.scratch.nbytes <= 2 * pool[1]
     # TCP: a frame a late peer sent early may be mid-read, in one buffer that neither the pool nor the early-frame
     # store holds at the moment of measuring; one such buffer (a whole vector: a rank folded out of rd or
@@ -132,15 +132,6 @@ def test_steady_state_allocates_nothing(backend, group, assert_all_ranks):
         # some ranks need none (naive: all but rank 0; rd, rabenseifner: ranks folded out), but someone does
         used = as_group(group).allgather(np.array([comm.scratch.nbytes > 0], dtype=np.int8))
         assert_all_ranks(bool(used.any()), "no rank used the scratch pool", group)
-
-
-def _new_held(world, before: int) -> int:
-    """Bytes TCP's early-frame buffers grew by since ``before`` (0 without TCP, or when they shrank).
-
-    They shrink when a buffer kept before is being read into at the moment of measuring; that buffer
-    was allocated before tracing began, so it frees no traced memory and must not lower the allowance.
-    """
-    return max(0, world.held_bytes() - before) if world is not None else 0
 
 
 class CollectiveMessages:
