@@ -20,8 +20,9 @@ from tests.conftest import RUN_BACKENDS, TCP_MODE, world_raw
 P2P_BACKENDS = tuple(b for b in BACKENDS if b != "mpi")
 
 #: The only methods of an mpi4py communicator a point-to-point backend may call (``Split``: hier's
-#: one setup call, making its group across nodes; never on the data path).
-P2P_METHODS = frozenset({"Get_rank", "Get_size", "Send", "Recv", "Sendrecv", "Isend", "Irecv", "Split"})
+#: one setup call, making its group across nodes; never on the data path; ``Iprobe``: a checked call
+#: that waits long looks at what its peers sent).
+P2P_METHODS = frozenset({"Get_rank", "Get_size", "Send", "Recv", "Sendrecv", "Isend", "Irecv", "Iprobe", "Split"})
 
 _REDUCE = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}
 

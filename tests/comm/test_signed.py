@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from npddp.comm import CollectiveMismatchError
+from npddp.comm import checks as c
 from npddp.comm import signature as sg
 from npddp.comm.communicators.p2p import P2PCommunicator
 from npddp.comm.engine import signed
@@ -175,3 +176,119 @@ def test_a_first_message_too_large_for_the_staging_buffer_is_a_mismatch():
     transport.give(b"\0" * (signed.HEAD_BYTES + signed.SMALL_BYTES + 8))
     with pytest.raises(CollectiveMismatchError, match="another size"):
         comm.allreduce(x)
+
+
+# ----------------------------------------------------------------------------- signatures' indices in the tags
+
+class Indexed(Scripted):
+    """A scripted peer whose transport carries large tags and shows what arrived unreceived (``stray``)."""
+
+    def __init__(self, tag_bound=(1 << 29) - 1):
+        super().__init__()
+        self.tag_bound = tag_bound
+        self.stray: list[int] = []   # tags of rank 1's messages that no receive has taken
+        self.stalled = False         # True: receives of collectives never complete
+
+    def irecv(self, buf, source, tag):
+        if self.stalled and tag != signed.CONTROL_TAG:
+            return Pending()
+        return super().irecv(buf, source, tag)
+
+    def unmatched_tags(self, source):
+        return list(self.stray)
+
+
+def indexed(tag_bound=(1 << 29) - 1):
+    transport = Indexed(tag_bound)
+    comm = P2PCommunicator(transport, RecursiveDoubling, "rd", timeout=2)
+    comm.check_args = True
+    return comm, transport
+
+
+def test_a_shape_signed_in_full_once_then_goes_plain_under_its_index_in_the_tag():
+    comm, transport = indexed()
+    x, y = np.arange(40, dtype=np.float32), np.arange(40, dtype=np.float64)
+    for k in range(3):
+        for a in (x, y):   # two shapes, interleaved: index 1 and index 2
+            transport.give(signed_message(a) if k == 0 else a.tobytes())
+            assert np.array_equal(comm.allreduce(a, out=np.empty_like(a)), 2 * a)
+    tags = [tag for tag, _ in transport.sent]
+    lengths = [len(m) for _, m in transport.sent]
+    assert [t >> signed.INDEX_SHIFT for t in tags] == [0, 0, 1, 2, 1, 2]
+    assert [t & signed.CALL_MASK for t in tags] == [c.USER_TAG_LIMIT + k for k in range(6)]
+    assert lengths == [signed.HEAD_BYTES + x.nbytes, signed.HEAD_BYTES + y.nbytes] + [x.nbytes, y.nbytes] * 2
+    assert comm.signer.signatures[1:] == [sg.words("allreduce", -1, x, "sum"), sg.words("allreduce", -1, y, "sum")]
+
+
+@pytest.mark.parametrize("bound, indices", [(32767, 0), ((1 << 17) - 1, 3), ((1 << 29) - 1, 5)])
+def test_indices_stop_where_the_transports_tags_end_and_later_shapes_are_signed_in_full(bound, indices):
+    """MPI's least tag bound (32767) holds no index, 2**17 - 1 holds 3: the 4th and 5th shapes have none."""
+    comm, transport = indexed(bound)
+    shapes = [np.ones(n, dtype=np.float32) for n in range(1, 6)]
+    for a in shapes:
+        transport.give(signed_message(a))
+        comm.allreduce(a)
+    assert comm.signer.limit == min(((bound + 1) >> signed.INDEX_SHIFT) - 1, signed.MAX_INDICES)
+    for _ in range(2):
+        for k, a in enumerate(shapes):
+            transport.give(a.tobytes() if k < indices else signed_message(a))
+            comm.allreduce(a)
+    later = transport.sent[len(shapes):]
+    assert [len(m) - a.nbytes for (_, m), a in zip(later, shapes * 2)] == \
+        ([0] * indices + [signed.HEAD_BYTES] * (len(shapes) - indices)) * 2
+    assert [tag >> signed.INDEX_SHIFT for tag, _ in later] == ([*range(1, indices + 1)] + [0] * (5 - indices)) * 2
+
+
+def test_a_transport_that_cannot_show_unreceived_messages_is_signed_in_full_at_every_call():
+    transport = Indexed()
+    transport.unmatched_tags = None
+    comm = P2PCommunicator(transport, RecursiveDoubling, "rd")
+    comm.check_args = True
+    x = np.arange(40, dtype=np.float32)
+    for _ in range(3):
+        transport.give(signed_message(x))
+        comm.allreduce(x)
+    assert comm.signer.limit == 0 and all(len(m) == signed.HEAD_BYTES + x.nbytes for _, m in transport.sent)
+
+
+@pytest.mark.parametrize("field, other", [
+    ("dtype", lambda x: x.view(np.int32)), ("count", lambda x: x[:-3]), ("op", lambda x: x),
+])
+def test_a_stalled_call_that_finds_its_peers_message_under_another_index_raises_naming_the_field(field, other):
+    comm, transport = indexed()
+    x = np.arange(40, dtype=np.float32)
+    y, op = other(x), "max" if field == "op" else "sum"
+    for k in range(2):   # both shapes known: indices 1 (x) and 2 (y)
+        transport.give(signed_message(x) if k == 0 else x.tobytes())
+        comm.allreduce(x.copy())
+        transport.give(signed_message(y, op=op) if k == 0 else y.tobytes())
+        comm.allreduce(y.copy(), op)
+    transport.stalled = True
+    transport.stray = [c.USER_TAG_LIMIT + 4 | 2 << signed.INDEX_SHIFT]   # rank 1's message of call #5, y's index
+    with pytest.raises(CollectiveMismatchError) as caught:
+        comm.allreduce(x.copy())
+    text = str(caught.value)
+    assert "collective #5 mismatch" in text and "rank 1 called" in text, text
+    assert text.split("differing fields: ")[1].startswith(field + ";"), text
+    aborts = [tag for tag, _ in transport.sent if tag == signed.CONTROL_TAG]
+    assert len(aborts) == 1
+
+
+_CALL3 = c.USER_TAG_LIMIT + 2   # the third collective's tag, without an index
+
+
+@pytest.mark.parametrize("stray", [_CALL3 + 1 | 2 << signed.INDEX_SHIFT,   # the next call, under y's index
+                                   _CALL3 | 9 << signed.INDEX_SHIFT,       # this call, an index never handed out
+                                   _CALL3 | 1 << signed.INDEX_SHIFT,       # this call, its own index
+                                   5],                                     # a user's tag
+                         ids=["next-call", "unknown-index", "own-index", "user-tag"])
+def test_what_is_not_this_calls_message_under_a_known_other_index_is_no_mismatch(stray):
+    comm, transport = indexed()
+    x, y = np.arange(40, dtype=np.float32), np.arange(40, dtype=np.float64)
+    for a in (x, y):   # indices 1 and 2
+        transport.give(signed_message(a))
+        comm.allreduce(a.copy())
+    transport.stalled, transport.stray = True, [stray]
+    comm.timeout = 0.3
+    with pytest.raises(TimeoutError):
+        comm.allreduce(x.copy())   # call #3 under x's index

@@ -95,7 +95,7 @@ class P2PCommunicator(Backend):
             raise RuntimeError("check_args cannot change while non-blocking calls are in flight; wait for them first")
         if on and self.watch is None and self._size > 1:
             self.watch = AbortWatch(self.transport)
-        self.signer = Signer() if on else None
+        self.signer = Signer(self.transport) if on else None
         if not on:
             self._stranded.append(self.watch)   # its receives stay posted: a peer may still send to them
             self.watch = None
@@ -118,8 +118,13 @@ class P2PCommunicator(Backend):
         if user_tag is not None:
             return Call(self, operation, None, user_tag)
         tag = self._tags.next()
-        if self.signer is not None:
-            return self.signer.open(self, operation, self._tags.count, tag, buf, op, root)
+        signer = self.signer
+        if signer is not None:   # a shape signed in full before goes plain under its index (Signer.open, inlined)
+            shape = signer.shapes.get((operation, -1, -1, op, root) if buf is None else
+                                      (operation, buf.dtype.num, buf.size, op, root))
+            if shape is not None and shape.bits:
+                return Call(self, operation, self._tags.count, tag | shape.bits, shape.sig)
+            return signer.open(self, operation, self._tags.count, tag, buf, op, root)
         return Call(self, operation, self._tags.count, tag)
 
     def mismatch(self, number: int, peer: int, mine, theirs) -> sg.CollectiveMismatchError:
@@ -138,6 +143,18 @@ class P2PCommunicator(Backend):
             self.watch.tell_all(self.watch.found, min(self._timeout, 5.0))
             self._abandon_all(text, [], None)
             raise sg.CollectiveMismatchError(f"[rank {self._rank}] {text}; this communicator is now closed")
+
+    def stray_message(self, call) -> None:
+        """CollectiveMismatchError (and close) if a peer's message for ``call``, which has waited long, came under
+        another signature's index (:meth:`~npddp.comm.engine.signed.Signer.stray`)."""
+        signer = self.signer
+        if signer is None or not signer.limit or self._failure is not None:
+            return
+        found = signer.stray(call, self.transport)
+        if found is not None:
+            peer, theirs = found
+            mine = (call.signature[0], call.number, *call.signature[2:])
+            raise self.mismatch(call.number, peer, mine, (theirs[0], call.number, *theirs[2:]))
 
     def _signed_empty(self, call) -> None:
         """A signed collective with nothing to move on this rank still trades signatures with every peer, so a rank

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from npddp.comm import checks as c
-from npddp.comm.engine.deadline import Deadline, Overdue, timeout_text, wait_until, world_members
+from npddp.comm.engine.deadline import SPIN_ROUNDS, Deadline, Overdue, timeout_text, wait_until, world_members
 
 #: Bytes of one chunk of the pipelined algorithms (ring steps, tree, chain broadcast), unless a communicator sets its own.
 CHUNK_BYTES = 1 << 20
@@ -66,13 +66,13 @@ class Call(Deadline):
 
     __slots__ = ("owner", "transport", "operation", "number", "tag", "scale", "signature")
 
-    def __init__(self, owner, operation: str, number: int | None, tag: int):
+    def __init__(self, owner, operation: str, number: int | None, tag: int, signature: tuple | None = None):
         self.owner, self.transport = owner, owner.transport
         self.operation, self.number, self.tag = operation, number, tag
         self.expires = 0.0  # set at the first clock read
         self.rounds = 0     # clock reads so far
         self.scale = 0.0    # op avg: the factor (1/N) still to apply to the result; 0.0: none
-        self.signature = None  # with the argument check on: what every rank must pass alike (signature.WORDS ints)
+        self.signature = signature  # with the argument check on: what every rank must pass alike (signature.WORDS)
 
     def take_scale(self) -> float:
         """The average's factor (0.0: none), which the caller now applies itself, fused into its reduction."""
@@ -86,10 +86,14 @@ class Call(Deadline):
             np.multiply(result, scale, out=result)
 
     def overdue(self) -> bool:
-        """Read the clock (the first read starts the deadline; a heard abort raises); True past the deadline."""
-        if self.owner.watch is not None:
-            self.owner.heard_abort()
-        return self.past(self.owner.timeout)
+        """Read the clock (the first read starts the deadline; a heard abort raises, and once the wait naps, a
+        peer's message for this call under another shape's tag); True past the deadline."""
+        owner = self.owner
+        if owner.watch is not None:
+            owner.heard_abort()
+            if self.rounds >= SPIN_ROUNDS and self.signature is not None:
+                owner.stray_message(self)
+        return self.past(owner.timeout)
 
     def needs(self) -> list[int]:
         """World ranks whose leaving ends this call's waits: a collective's communicator's members (a user's send or

@@ -1,4 +1,7 @@
-"""The default argument check of the hand-written backends: the signature rides in each call's first messages.
+"""The default argument check of the hand-written backends: a signature in a call's first messages, then its index.
+
+The first call with a signature is signed in full (below); later calls with it carry only the
+signature's index in their tag (:class:`Signer`), so matching calls cost a dictionary lookup.
 
 When a signed call opens, its messages go through a :class:`SignedCall`. Its first message to
 each peer carries the call's signature (:mod:`npddp.comm.signature`, :data:`HEAD_BYTES` bytes) at
@@ -58,6 +61,13 @@ _unpack_from, _agree, _frombuffer, _BYTE = sg.HEAD.unpack_from, sg.agree, np.fro
 _STAGE_BYTES = HEAD_BYTES + SMALL_BYTES
 #: Shapes a :class:`Signer` keeps packed (the oldest is dropped past this many).
 SHAPE_CACHE_SIZE = 256
+#: A collective's tag without its signature's index: the user tags and the span of collective tags below 2**15.
+INDEX_SHIFT = (c.USER_TAG_LIMIT + c.COLLECTIVE_TAG_SPAN - 1).bit_length()
+CALL_MASK = (1 << INDEX_SHIFT) - 1
+#: Signature indices a communicator hands out at most (fewer where the transport's tags end sooner).
+MAX_INDICES = (1 << 14) - 1
+#: The tag bound assumed of a transport that names none: the least MPI guarantees.
+MIN_TAG_BOUND = 32767
 
 
 class Staging:
@@ -81,13 +91,16 @@ class Staging:
 
 
 class Shape:
-    """What every call of one shape signs: its signature (number -1) and that signature packed for the wire."""
+    """What every call of one shape signs: its signature (number -1), that signature packed for the wire, and its
+    index's tag bits (0 until a call of the shape has been signed in full, and when it has no index)."""
 
-    __slots__ = ("sig", "head", "alone")
+    __slots__ = ("sig", "head", "alone", "index", "bits")
 
-    def __init__(self, sig: tuple):
+    def __init__(self, sig: tuple, index: int, signed_before: bool):
         self.sig, self.head = sig, sg.HEAD.pack(*sig)
         self.alone = np.frombuffer(self.head, dtype=np.uint8)   # the signature as a message of its own (read-only)
+        self.index = index
+        self.bits = index << INDEX_SHIFT if signed_before else 0
 
 
 class SignedSend:
@@ -253,23 +266,45 @@ _SIGNED = (SignedSend, SignedRecv)
 
 
 class Signer:
-    """What a communicator's signed calls share: the staging pool and the packed signature of each call shape."""
+    """What a communicator's signed calls share: the staging pool, the packed signature of each call shape, and the
+    index of each signature in the tags.
 
-    __slots__ = ("staging", "shapes")
+    Indices. The first call with a signature is signed in full; the signature then gets the next
+    free index (1, 2, ...), and every later call with it goes out plain, its index in its tag's high
+    bits (:data:`INDEX_SHIFT`), so a rank that passed other arguments posts and sends under another
+    tag and nothing matches. Every rank numbers the signatures in the order of their first calls,
+    and each first call was checked in full, so equal indices mean equal signatures on every rank.
+    A call whose messages stall looks for a peer's message of the same call under another index
+    (:meth:`stray`) and names that index's signature. Indices stop at what the transport's tags hold
+    (``tag_bound``; none below 2**16, MPI's least being 32767): later new signatures are signed in
+    full at every call.
+    """
 
-    def __init__(self):
+    __slots__ = ("staging", "shapes", "indices", "signatures", "limit")
+
+    def __init__(self, transport):
         self.staging = Staging()
         # (operation, dtype number (hashed faster than the dtype), count, op, root) -> Shape; None: not signed
         self.shapes: dict[tuple, Shape | None] = {}
+        self.indices: dict[tuple, int] = {}     # signature -> its index
+        self.signatures: list = [None]          # index -> signature
+        bound = getattr(transport, "tag_bound", MIN_TAG_BOUND)
+        if getattr(transport, "unmatched_tags", None) is None:
+            bound = MIN_TAG_BOUND   # a stalled call could not see what its peers sent
+        self.limit = min(MAX_INDICES, ((bound + 1) >> INDEX_SHIFT) - 1)
 
     def open(self, owner, operation: str, number: int, tag: int, buf=None, op=None, root=None) -> Call:
-        """The call about to run: signed if it is a collective, else a plain :class:`Call`."""
+        """The call about to run: signed in full, or plain under its signature's index, if it is a collective;
+        else a plain :class:`Call`."""
         key = (operation, -1, -1, op, root) if buf is None else (operation, buf.dtype.num, buf.size, op, root)
         shape = self.shapes.get(key, self)
         if shape is self:
             shape = self._shape(key, operation, buf, op, root)
         if shape is None:
             return Call(owner, operation, number, tag)
+        if shape.bits:
+            return Call(owner, operation, number, tag | shape.bits, shape.sig)
+        shape.bits = shape.index << INDEX_SHIFT   # signed in full this once: the next calls carry the index
         return SignedCall(owner, operation, number, tag, shape, self.staging)
 
     def _shape(self, key: tuple, operation: str, buf, op, root) -> Shape | None:
@@ -277,8 +312,30 @@ class Signer:
         shapes = self.shapes
         if len(shapes) >= SHAPE_CACHE_SIZE:
             del shapes[next(iter(shapes))]
-        shape = shapes[key] = None if sg.kind_code(operation) < 0 else Shape(sg.words(operation, -1, buf, op, root))
+        if sg.kind_code(operation) < 0:
+            shape = None
+        else:
+            sig = sg.words(operation, -1, buf, op, root)
+            index = self.indices.get(sig, 0)
+            known = index > 0
+            if not known and len(self.signatures) <= self.limit:
+                index = self.indices[sig] = len(self.signatures)
+                self.signatures.append(sig)
+            shape = Shape(sig, index, known)
+        shapes[key] = shape
         return shape
+
+    def stray(self, call, transport) -> tuple | None:
+        """``(peer, its signature)`` of a peer's message that arrived for ``call`` under another index, or None."""
+        mine, signatures = call.tag, self.signatures
+        for peer in range(transport.size):
+            if peer == transport.rank:
+                continue
+            for tag in transport.unmatched_tags(peer):
+                index = tag >> INDEX_SHIFT
+                if tag & CALL_MASK == mine & CALL_MASK and tag != mine and 0 < index < len(signatures):
+                    return peer, signatures[index]
+        return None
 
 
 class AbortWatch:

@@ -67,6 +67,10 @@ class Transport(Protocol):
     def split(self, colors) -> "Transport":
         """The transport among the ranks whose color matches this rank's (collective: every rank, same list)."""
 
+    # Optional, read with getattr: ``tag_bound``, the largest tag it carries (32767, MPI's least, when absent);
+    # ``unmatched_tags(source)``, the tags of messages from ``source`` that arrived before their receive (a stalled
+    # call's argument check looks there: npddp.comm.engine.signed). Without them every collective is signed in full.
+
 
 def is_transport(obj) -> bool:
     """True for a Transport; False for an mpi4py communicator (whose lower-case isend/irecv pickle)."""

@@ -95,6 +95,11 @@ class MPITransport:
         self.comm = mpi_comm
         self.rank = mpi_comm.Get_rank()
         self.size = mpi_comm.Get_size()
+        from mpi4py import MPI
+        #: The largest tag the library takes (``MPI_TAG_UB``: at least 32767; 2**29 - 1 or more in MPICH, Open MPI
+        #: and Intel MPI), which bounds the shape indices the argument check folds into tags.
+        self.tag_bound = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+        self._status, self._any_tag = MPI.Status(), MPI.ANY_TAG
 
     def isend(self, buf: np.ndarray, dest: int, tag: int) -> MPIRequest:
         """MPI_Isend of ``buf``."""
@@ -103,6 +108,11 @@ class MPITransport:
     def irecv(self, buf: np.ndarray, source: int, tag: int) -> MPIRequest:
         """MPI_Irecv into ``buf``."""
         return MPIRequest(self.comm.Irecv(buf, source, tag), True, self._abandoned)
+
+    def unmatched_tags(self, source: int) -> tuple:
+        """The tag of the first message from ``source`` that has arrived and no receive has taken (MPI_Iprobe)."""
+        status = self._status
+        return (status.Get_tag(),) if self.comm.Iprobe(source, self._any_tag, status) else ()
 
     def split(self, colors) -> "MPITransport":
         """The transport among the ranks whose color matches this rank's (collective: every rank, same list)."""

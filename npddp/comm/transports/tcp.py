@@ -116,6 +116,8 @@ class TCPTransport:
     """Point-to-point messages among a group of a :class:`TCPWorld`'s ranks, in a context of its own."""
 
     name = "tcp"
+    #: The largest tag a frame carries (its header's 32-bit field).
+    tag_bound = (1 << 32) - 1
 
     def __init__(self, world: TCPWorld, context: int, ranks: list[int]):
         self.world, self.context, self.ranks = world, context, ranks
@@ -130,6 +132,15 @@ class TCPTransport:
     def irecv(self, buf: np.ndarray, source: int, tag: int) -> TCPRequest:
         """Post a receive of the next frame from ``source`` with ``tag`` into ``buf``."""
         return self._peers[source].irecv(as_bytes(buf), (self.context, tag))
+
+    def unmatched_tags(self, source: int) -> list:
+        """Tags of frames from ``source`` in this context that were read (or announced) before their receive."""
+        peer, context = self._peers[source], self.context
+        tags = [tag for ctx, tag in peer.early if ctx == context]
+        pending = getattr(peer, "pending", None)   # a parsed header whose frame waits in the socket
+        if pending is not None and pending[0][0] == context:
+            tags.append(pending[0][1])
+        return tags
 
     def split(self, colors) -> TCPTransport:
         """The transport among the ranks whose color matches this rank's (call on every rank, same list)."""
