@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from benchmarks import mpi_algorithms as ma
 from benchmarks import results
 from benchmarks._costmodel import fit_alpha_beta, modelled
+from npddp.cluster.shaping import parse_rate
 
 PROG = "mpi_study.py"
 NPDDP = ("ring", "rd", "rabenseifner", "tree", "naive", "auto")
@@ -65,10 +66,11 @@ class Setting:
 
     @property
     def title(self) -> str:
-        """The setting in words."""
+        """The setting in words: ``one node, N = 2``, ``4 nodes x 1 rank, 10 Gbit/s links``."""
         if self.nodes == 1:
             return f"one node, N = {self.ranks}"
-        return f"{self.nodes} nodes x {self.ranks} rank{'s' if self.ranks > 1 else ''}, {self.rate}/s links"
+        gbits = parse_rate(self.rate) / 1e9
+        return f"{self.nodes} nodes x {self.ranks} rank{'s' if self.ranks > 1 else ''}, {gbits:g} Gbit/s links"
 
 
 #: The study's settings; across nodes the sizes step by 8 (1 KiB to 32 MiB) to keep every job short.

@@ -154,3 +154,9 @@ def test_rounds_run_abba_and_pool_each_algorithms_iterations(tmp_path, monkeypat
     ("", "MPICH", "MPICH")])
 def test_each_table_is_headed_by_the_library_and_its_version(version, family, name):
     assert ms.short_name({"mpi_library": version}, family) == name
+
+
+def test_each_settings_title_writes_its_link_rate_in_gbit_per_second():
+    titles = [s.title for s in ms.SETTINGS]
+    assert titles == ["one node, N = 2", "2 nodes x 1 rank, 1 Gbit/s links", "4 nodes x 1 rank, 10 Gbit/s links",
+                      "2 nodes x 2 ranks, 10 Gbit/s links"]
