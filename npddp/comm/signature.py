@@ -99,12 +99,22 @@ def message(number: int, rank: int, mine, peer: int, theirs, found_by: int | Non
 
 
 #: :func:`pack`: the low bits hold kind, dtype and op; the byte count sits above them.
-_PACK_BITS = 10
+PACK_BITS = 10
 
 
 def pack(sig, nbytes: int) -> int:
     """One int64 word for the shared-memory path: ``nbytes``, kind, dtype and op (that path has no root)."""
-    return (nbytes << _PACK_BITS) | (int(sig[0]) & 15) << 6 | (int(sig[2]) & 7) << 3 | (int(sig[4]) & 7)
+    return (nbytes << PACK_BITS) | (int(sig[0]) & 15) << 6 | (int(sig[2]) & 7) << 3 | (int(sig[4]) & 7)
+
+
+class Signature(tuple):
+    """A signature (``WORDS`` ints, equal to the plain tuple) that keeps its :func:`pack`-ed bits for a size of 0
+    (``low``), so the shared-memory path folds it into a size with one shift and one or."""
+
+    def __new__(cls, words: tuple):
+        sig = super().__new__(cls, words)
+        sig.low = pack(words, 0)
+        return sig
 
 
 def unpack(word: int) -> tuple[int, list[int]]:
@@ -113,4 +123,4 @@ def unpack(word: int) -> tuple[int, list[int]]:
     sig[0], sig[2], sig[4] = (word >> 6) & 15, (word >> 3) & 7, word & 7
     if sig[4] == 7:
         sig[4] = _NONE
-    return word >> _PACK_BITS, sig
+    return word >> PACK_BITS, sig

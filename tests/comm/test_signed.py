@@ -292,3 +292,18 @@ def test_what_is_not_this_calls_message_under_a_known_other_index_is_no_mismatch
     comm.timeout = 0.3
     with pytest.raises(TimeoutError):
         comm.allreduce(x.copy())   # call #3 under x's index
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32", "int64"])
+@pytest.mark.parametrize("op", ["sum", "prod", "max", "min", None])
+def test_a_shapes_signature_folds_into_the_shared_memory_size_word_as_pack_does(dtype, op):
+    """The node path publishes ``nbytes << PACK_BITS | signature.low``, the packed bits kept with the shape."""
+    from npddp.comm.node.allreduce import NodeGroup
+
+    comm, transport = checked()
+    for n in (0, 1, 1000, 1 << 20):
+        buf = np.zeros(n, dtype=dtype)
+        call = comm.signer.open(comm, "allreduce" if op else "broadcast", 1, c.USER_TAG_LIMIT, buf, op)
+        assert isinstance(call.signature, sg.Signature) and call.signature == sg.words(call.operation, -1, buf, op)
+        assert NodeGroup.size_value(call, buf.nbytes) == sg.pack(call.signature, buf.nbytes)
+        assert sg.unpack(NodeGroup.size_value(call, buf.nbytes))[0] == buf.nbytes

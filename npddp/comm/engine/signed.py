@@ -315,7 +315,7 @@ class Signer:
         if sg.kind_code(operation) < 0:
             shape = None
         else:
-            sig = sg.words(operation, -1, buf, op, root)
+            sig = sg.Signature(sg.words(operation, -1, buf, op, root))
             index = self.indices.get(sig, 0)
             known = index > 0
             if not known and len(self.signatures) <= self.limit:

@@ -138,7 +138,7 @@ class NodeGroup:
     @staticmethod
     def size_value(call, nbytes: int) -> int:
         """What a call publishes: its byte count, with kind, dtype and op folded in when the call is signed."""
-        return nbytes if call.signature is None else sg.pack(call.signature, nbytes)
+        return nbytes if call.signature is None else nbytes << sg.PACK_BITS | call.signature.low
 
     def check_sizes(self, call, word: int, value: int) -> None:
         """After the first barrier: CollectiveMismatchError (a ValueError) on every rank when the node's ranks
