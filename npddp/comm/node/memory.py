@@ -9,17 +9,26 @@ The node's first rank creates it, sends its name to the others over the transpor
 it as soon as every one of them has mapped it: from then on the memory has no name, so nothing
 is left in ``/dev/shm`` when the job ends, whether it finishes or is killed.
 
-Node barriers. Each rank owns one 64-byte line of a control segment: a sequence number and a few
-words describing where its data lies this call. A rank writes its words, then its sequence number;
+Node barriers. Each rank owns one 128-byte line of a control segment: a sequence number, a few
+words describing where its data lies this call, the CPU it last waited on, and its process id. A rank writes its words, then its sequence number;
 a peer reads the sequence number, then the words. On x86-64 (total store order) plain aligned
 8-byte stores and loads give exactly that order; on other architectures a lock round trip (a
 full barrier) is placed between them. Waiting polls the peers' sequence numbers, yielding the
 CPU between polls, and every so often checks the deadline and that every peer process is alive,
 so a killed peer ends the wait at once.
+
+Two ranks on one CPU. Ranks that wait by yielding never sleep, so the kernel, which spreads tasks
+over idle CPUs mostly when they wake, can leave two of them taking turns on one CPU for tens of
+milliseconds while another idles (at N = 2, 1 MiB: 175-185 us a call against 75-79 on two CPUs;
+a short sleep did not help, the sleeper woke on the same CPU). So when the node's ranks fit the
+CPUs they may use, a wait that does not end at once notes the CPU it runs on, and when a rank it
+waits for last noted the same one, it moves itself to a CPU no rank of the node noted: its
+affinity narrowed to that CPU (the kernel migrates it at once), then restored.
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import platform
@@ -35,13 +44,35 @@ from npddp.comm.node.names import SHM_DIR, job_id, segment_name
 from npddp.util import variables
 
 #: Words (int64) in each rank's control line: sequence number, then what the algorithm publishes.
-LINE = 8
-SEQ, PID = 0, LINE - 1
+LINE = 16
+SEQ, CPU, PID = 0, LINE - 2, LINE - 1
 SIZE_WORDS = (5, 6)  # words of a rank's line: the byte count of its all-reduce (alternating calls)
 _NAME_BYTES = 128
 _TSO = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 _FENCE = threading.Lock()
 _LIVENESS_EVERY = 16  # clock reads between two checks that the peers are alive
+#: The most shared waits let pass between two moves off a CPU while moves do not last (see NodeSync.leave_shared_cpu).
+_MOST_SKIPPED = 1024
+
+
+def _bind_getcpu():
+    """The C library's ``sched_getcpu`` (the CPU this thread runs on), or None where there is none."""
+    try:
+        getcpu = ctypes.CDLL(None).sched_getcpu
+    except (OSError, AttributeError):
+        return None
+    getcpu.argtypes, getcpu.restype = [], ctypes.c_int
+    return getcpu
+
+
+_GETCPU = _bind_getcpu()
+
+
+def usable_cpus() -> int:
+    """How many CPUs this thread may run on (0 where the platform cannot say or set it)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return 0
+    return len(os.sched_getaffinity(0))
 
 
 def fence() -> None:
@@ -140,8 +171,12 @@ class NodeSync:
         self.words = memoryview(ctrl).cast("B").cast("q")        # the same, as fast scalar slots
         self.me, self.n, self.ranks = me, len(peers_rank), peers_rank
         self.words[me * LINE + PID] = os.getpid()
+        self.words[me * LINE + CPU] = -1
         self.others = [i for i in range(self.n) if i != me]
         self._polls = 0
+        #: Whether a wait moves off a CPU shared with a rank it waits for (the node's ranks fit its CPUs).
+        self.spread = _GETCPU is not None and self.n <= usable_cpus()
+        self._backoff = self._skip = self._apart = 0   # see leave_shared_cpu
 
     def publish(self, *values: int) -> None:
         """Write this rank's words 1.. (before it arrives)."""
@@ -178,12 +213,47 @@ class NodeSync:
 
     def wait(self, seq: int, call) -> None:
         """Block until every rank has reached barrier ``seq``; Overdue past ``call``'s deadline."""
+        if self.arrived(seq):
+            return
+        if self.spread:
+            self.leave_shared_cpu(seq)
         rounds = iter(range(1, 1 << 62))
 
         def every() -> None:  # one liveness check every _LIVENESS_EVERY clock reads
             if not next(rounds) % _LIVENESS_EVERY:
                 self.check_alive()
         wait_until(partial(self.arrived, seq), call.overdue, every)
+
+    def leave_shared_cpu(self, seq: int) -> bool:
+        """Note this rank's CPU; if a rank that has not reached ``seq`` last noted the same, move to a CPU no
+        rank of the node noted, when there is one (True if this rank moved).
+
+        Where the other CPUs are busy the kernel may put the rank back, so each move doubles the
+        shared waits let pass before the next (up to ``_MOST_SKIPPED``); as many waits in a row
+        apart start over."""
+        w, cpu = self.words, _GETCPU()
+        w[self.me * LINE + CPU] = cpu
+        for i in self.others:
+            if w[i * LINE + SEQ] < seq and w[i * LINE + CPU] == cpu:
+                break
+        else:
+            self._apart += 1
+            if self._apart >= _MOST_SKIPPED:
+                self._backoff = self._skip = 0
+            return False
+        self._apart = 0
+        if self._skip:
+            self._skip -= 1
+            return False
+        self._backoff = self._skip = min(2 * self._backoff or 1, _MOST_SKIPPED)
+        allowed = os.sched_getaffinity(0)
+        free = sorted(allowed.difference(w[i * LINE + CPU] for i in range(self.n)))
+        if not free:
+            return False
+        os.sched_setaffinity(0, free[:1])   # the kernel moves this thread there before the call returns
+        os.sched_setaffinity(0, allowed)    # and leaves it there while that CPU has nothing else to run
+        w[self.me * LINE + CPU] = free[0]
+        return True
 
     def late(self, seq: int) -> list[int]:
         """Ranks (of the communicator) that have not reached barrier ``seq``."""
