@@ -11,6 +11,8 @@ job (allreduce.py measures every backend at a size before the next size), then o
 algorithm the library lets a user force; all of that twice (``--rounds 2``), the second time in
 reverse order, each algorithm's iterations pooled over both, so a drifting load weighs alike. The dump of each is ``<mpi>_<setting>.h5`` (and
 ``.csv``) in ``--out``; a setting's runs across nodes hold ``--lock`` (``flock``) one job at a time.
+Across nodes the series steps by 8 from 1 KiB (to 32 MiB) and a second run of its own times 64 MiB
+(``<mpi>_<setting>_tail.h5``; ``--tail-only`` runs just that), which the report merges in.
 
 ``--report DIR`` reads every dump there and prints, per setting, the table of in-place median
 times (an algorithm per row, a size per column, the fastest at each size in bold), who wins per size (the best of
@@ -41,6 +43,7 @@ from benchmarks._costmodel import fit_alpha_beta, modelled
 from npddp.cluster.shaping import parse_rate
 
 PROG = "mpi_study.py"
+TAIL_SUFFIX = "_tail"
 NPDDP = ("ring", "rd", "rabenseifner", "tree", "naive", "auto")
 
 
@@ -53,6 +56,7 @@ class Setting:
     ranks: int
     rate: str
     sizes: tuple
+    tail: tuple = ()   # sizes of a second run beyond the series (merged into the setting's rows by the report)
 
     @property
     def backends(self) -> tuple:
@@ -73,12 +77,14 @@ class Setting:
         return f"{self.nodes} nodes x {self.ranks} rank{'s' if self.ranks > 1 else ''}, {gbits:g} Gbit/s links"
 
 
-#: The study's settings; across nodes the sizes step by 8 (1 KiB to 32 MiB) to keep every job short.
+#: The study's settings; across nodes the sizes step by 8 (1 KiB to 32 MiB) to keep every job short, and 64 MiB
+#: comes from a run of its own (``tail``: ``<mpi>_<setting>_tail.h5``).
+_TAIL = ("-b", "64M", "-e", "64M")
 SETTINGS = (
     Setting("1x2", 1, 2, "", ("-b", "1K", "-e", "64M", "-f", "4")),
-    Setting("2x1@1gbit", 2, 1, "1gbit", ("-b", "1K", "-e", "64M", "-f", "8")),
-    Setting("4x1@10gbit", 4, 1, "10gbit", ("-b", "1K", "-e", "64M", "-f", "8")),
-    Setting("2x2@10gbit", 2, 2, "10gbit", ("-b", "1K", "-e", "64M", "-f", "8")),
+    Setting("2x1@1gbit", 2, 1, "1gbit", ("-b", "1K", "-e", "64M", "-f", "8"), _TAIL),
+    Setting("4x1@10gbit", 4, 1, "10gbit", ("-b", "1K", "-e", "64M", "-f", "8"), _TAIL),
+    Setting("2x2@10gbit", 2, 2, "10gbit", ("-b", "1K", "-e", "64M", "-f", "8"), _TAIL),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
 
@@ -88,9 +94,9 @@ def family_slug(family: str) -> str:
     return family.lower().replace(" ", "")
 
 
-def command(setting: Setting, out: Path, family: str, args) -> list:
-    """The mpi_algorithms.py command of one setting."""
-    stem = out / f"{family_slug(family)}_{setting.slug}"
+def command(setting: Setting, out: Path, family: str, args, tail: bool = False) -> list:
+    """The mpi_algorithms.py command of one setting (``tail``: of its run beyond the series)."""
+    stem = out / f"{family_slug(family)}_{setting.slug}{TAIL_SUFFIX if tail else ''}"
     cmd = [sys.executable, str(Path(ma.__file__)), "--backends", ",".join(setting.backends),
            "--timeout", str(args.timeout), "--out", f"{stem}.h5", "--csv", f"{stem}.csv"]
     if setting.nodes == 1:
@@ -99,8 +105,8 @@ def command(setting: Setting, out: Path, family: str, args) -> list:
         cmd += ["--cluster", f"{setting.nodes}x{setting.ranks}@{setting.rate}"]
         cmd += ["--lock", args.lock] if args.lock else []
     cmd += ["--algorithms", args.algorithms] if args.algorithms else []
-    sizes = list(setting.sizes)
-    if args.maxbytes:
+    sizes = list(setting.tail if tail else setting.sizes)
+    if args.maxbytes and not tail:
         sizes[sizes.index("-e") + 1] = args.maxbytes
     return cmd + ["--rounds", str(args.rounds), *sizes, "--iters", str(args.iters), "--budget", str(args.budget)]
 
@@ -115,22 +121,32 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     worst = 0
     for name in args.settings:
-        cmd = command(BY_NAME[name], out, lib.family, args)
-        print("+", " ".join(cmd), flush=True)
-        worst = max(worst, subprocess.call(cmd))
+        setting = BY_NAME[name]
+        parts = ([] if args.tail_only else [False]) + ([True] if setting.tail and not args.maxbytes else [])
+        for tail in parts:
+            cmd = command(setting, out, lib.family, args, tail)
+            print("+", " ".join(cmd), flush=True)
+            worst = max(worst, subprocess.call(cmd))
     return worst
 
 
 # ----------------------------------------------------------------------------- the report
 
 def load(directory: Path) -> dict:
-    """{setting name: {MPI family: (rows, attributes)}} of every study dump in ``directory``."""
+    """{setting name: {MPI family: (rows, attributes)}} of every study dump in ``directory``; a setting's tail run
+    (``<mpi>_<setting>_tail.h5``) adds its rows, and its jobs to the record of runs."""
     found = {}
     for setting in SETTINGS:
         for lib in ma.LIBRARIES:
             path = directory / f"{family_slug(lib.family)}_{setting.slug}.h5"
             if path.exists():
                 rows, _, meta = ma.dump_rows(path)
+                tail = path.with_name(f"{path.stem}{TAIL_SUFFIX}.h5")
+                if tail.exists():
+                    more, _, more_meta = ma.dump_rows(tail)
+                    rows = rows + more
+                    meta = {**meta, "mpi_algorithms": json.dumps(
+                        json.loads(meta.get("mpi_algorithms", "[]")) + json.loads(more_meta.get("mpi_algorithms", "[]")))}
                 found.setdefault(setting.name, {})[lib.family] = (rows, meta)
     return found
 
@@ -248,8 +264,10 @@ def loads(meta: dict) -> tuple[float, float]:
 def unmoved(meta: dict) -> list[str]:
     """The forced algorithms whose times never left mpi:default's p10-p90 range, and runs that did not end ok."""
     record = json.loads(meta.get("mpi_algorithms", "[]"))
-    return ([r["backend"].removeprefix(ma.PREFIX) for r in record
-             if r.get("honoured") is False and r["backend"] != ma.PREFIX + ma.DEFAULT],
+    honoured = {}   # backend -> True once any of its runs moved (a tail run's record joins the series')
+    for r in record:
+        honoured[r["backend"]] = honoured.get(r["backend"], False) or r.get("honoured") is not False
+    return ([b.removeprefix(ma.PREFIX) for b, moved in honoured.items() if not moved and b != ma.PREFIX + ma.DEFAULT],
             [f"{r['backend'].removeprefix(ma.PREFIX)} ({r['status']})" for r in record if r["status"] != "ok"])
 
 
@@ -299,7 +317,9 @@ def main(argv=None) -> int:
                    help="seconds per size, backend, place and round (default 0.2)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds each job may take (default 600)")
     p.add_argument("--algorithms", default="", help="only these forced algorithms (mpi_algorithms.py --algorithms)")
-    p.add_argument("--maxbytes", default="", help="largest size instead of the setting's (a quick look)")
+    p.add_argument("--maxbytes", default="", help="largest size instead of the setting's (a quick look; no tail run)")
+    p.add_argument("--tail-only", action="store_true",
+                   help="run only the settings' tail sizes (64 MiB across nodes) into <mpi>_<setting>_tail.h5")
     p.add_argument("--report", default="", metavar="DIR", help="print the tables of the dumps in DIR instead")
     p.add_argument("--plots", default="", metavar="DIR", help="with --report: draw one PNG per setting into DIR")
     args = p.parse_args(argv)

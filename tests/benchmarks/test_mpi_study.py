@@ -4,6 +4,7 @@ and its report prints the tables, winners and fits of each setting and draws one
 import argparse
 import importlib.util
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -160,3 +161,37 @@ def test_each_settings_title_writes_its_link_rate_in_gbit_per_second():
     titles = [s.title for s in ms.SETTINGS]
     assert titles == ["one node, N = 2", "2 nodes x 1 rank, 1 Gbit/s links", "4 nodes x 1 rank, 10 Gbit/s links",
                       "2 nodes x 2 ranks, 10 Gbit/s links"]
+
+
+def test_a_settings_tail_run_is_a_second_command_and_the_report_merges_its_rows(tmp_path, monkeypatch):
+    """Across nodes 64 MiB is a run of its own: ``--tail-only`` runs just it; the report reads both dumps as one."""
+    calls = []
+    monkeypatch.setattr(ma, "library_version", lambda: "MPICH Version: 5.0.2\n")
+    monkeypatch.setattr(ms.subprocess, "call", lambda cmd: calls.append(cmd) or 0)
+    assert ms.main(["--out", str(tmp_path), "--settings", "1x2,2x1@1gbit"]) == 0
+    outs = [Path(c[c.index("--out") + 1]).name for c in calls]
+    assert outs == ["mpich_1x2.h5", "mpich_2x1_1gbit.h5", "mpich_2x1_1gbit_tail.h5"]
+    tail = calls[-1]
+    assert tail[tail.index("-b") + 1] == tail[tail.index("-e") + 1] == "64M" and "-f" not in tail
+    calls.clear()
+    assert ms.main(["--out", str(tmp_path), "--settings", "1x2,2x1@1gbit", "--tail-only"]) == 0
+    assert [Path(c[c.index("--out") + 1]).name for c in calls] == ["mpich_2x1_1gbit_tail.h5"]
+
+    def dump(path, sizes, backends, honoured):
+        rows = [{"collective": "allreduce", "backend": b, "transport": "mpi", "algorithm": b, "place": "inplace",
+                 "buffers": "shared", "world_size": 2, "dtype": "float32", "op": "sum", "bytes": n, "count": n // 4,
+                 "iters": 3, "time_min_s": 1e-3, "time_p10_s": 1e-3, "time_median_s": 1e-3, "time_p90_s": 1e-3,
+                 "time_max_s": 1e-3, "algbw_GBps": 1.0, "busbw_GBps": 1.0, "wrong": 0} for n in sizes for b in backends]
+        record = [{"backend": b, "status": "ok", "honoured": honoured.get(b), "load_average": [1.0, 2.0]}
+                  for b in backends]
+        results.write_dump(path, "allreduce_sweep", rows, world_size=2,
+                           attrs={"collective": "allreduce", "dtype": "float32", "op": "sum",
+                                  "mpi_library": "MPICH Version: 5.0.2",
+                                  "mpi_algorithms": json.dumps(record)})
+
+    backends = ["mpi:default", "mpi:ring", "mpi:tree", "ring"]
+    dump(tmp_path / "mpich_2x1_1gbit.h5", [1024, 8192], backends, {"mpi:ring": False, "mpi:tree": False})
+    dump(tmp_path / "mpich_2x1_1gbit_tail.h5", [64 << 20], backends, {"mpi:ring": True, "mpi:tree": False})
+    rows, meta = ms.load(tmp_path)["2x1@1gbit"]["MPICH"]
+    assert sorted({r["bytes"] for r in rows}) == [1024, 8192, 64 << 20]
+    assert ms.unmoved(meta)[0] == ["tree"]   # ring moved in its tail run
