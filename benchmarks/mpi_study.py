@@ -262,13 +262,14 @@ def loads(meta: dict) -> tuple[float, float]:
 
 
 def unmoved(meta: dict) -> list[str]:
-    """The forced algorithms whose times never left mpi:default's p10-p90 range, and runs that did not end ok."""
+    """The forced algorithms whose times never left mpi:default's p10-p90 range, and each status not ok (once)."""
     record = json.loads(meta.get("mpi_algorithms", "[]"))
     honoured = {}   # backend -> True once any of its runs moved (a tail run's record joins the series')
     for r in record:
         honoured[r["backend"]] = honoured.get(r["backend"], False) or r.get("honoured") is not False
     return ([b.removeprefix(ma.PREFIX) for b, moved in honoured.items() if not moved and b != ma.PREFIX + ma.DEFAULT],
-            [f"{r['backend'].removeprefix(ma.PREFIX)} ({r['status']})" for r in record if r["status"] != "ok"])
+            list(dict.fromkeys(f"{r['backend'].removeprefix(ma.PREFIX)} ({r['status']})"
+                               for r in record if r["status"] != "ok")))   # a tail run repeats a skip: name it once
 
 
 def report(directory: Path, plots: str) -> int:

@@ -195,3 +195,11 @@ def test_a_settings_tail_run_is_a_second_command_and_the_report_merges_its_rows(
     rows, meta = ms.load(tmp_path)["2x1@1gbit"]["MPICH"]
     assert sorted({r["bytes"] for r in rows}) == [1024, 8192, 64 << 20]
     assert ms.unmoved(meta)[0] == ["tree"]   # ring moved in its tail run
+
+
+def test_a_skip_repeated_by_the_tail_run_is_named_once():
+    """A backend skipped in the series and again in its tail run shows once among the runs not ok."""
+    skipped = {"backend": "mpi:xhc", "status": "skipped: not in this build", "honoured": None}
+    timeout = {"backend": "mpi:ring", "status": "timeout", "honoured": None}
+    meta = {"mpi_algorithms": json.dumps([skipped, timeout, skipped])}
+    assert ms.unmoved(meta)[1] == ["xhc (skipped: not in this build)", "ring (timeout)"]
