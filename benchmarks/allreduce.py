@@ -15,7 +15,9 @@ warm-up iterations, then timed iterations, each started by a barrier and timed o
 rank; an iteration's time is the maximum over ranks (one all-reduce of the timings after
 each size). The first warm-up iteration sizes the run: timed iterations are ``--iters`` cut
 to fit ``--budget`` seconds (but at least 3, or ``--iters`` if fewer), extra warm-ups are
-cut to a quarter of it. ``--calls K`` makes each timed iteration K collectives back to
+cut to a quarter of it. Each size starts with one untimed run of its first group, whose
+results are dropped: timed first at a size, a group was 5-19% slower out of place at N = 2
+(docs/performance.md), whichever backend it was. ``--calls K`` makes each timed iteration K collectives back to
 back, timed together and divided by K: for small messages, whose time a barrier's skew
 across ranks can exceed, the sum of many calls says what a loop of them costs. Timed
 iterations reuse their buffers back to back (values may grow, even past the dtype's range, silently;
@@ -275,6 +277,13 @@ def row(cfg: SweepConfig, g: Group, algorithm: str, n: int, count: int, times: n
             "wrong": int(wrong)}
 
 
+def _measure_group(cfg: SweepConfig, comms: dict, g: Group, count: int, harness) -> tuple[np.ndarray, int]:
+    """:func:`measure` group ``g`` at ``count`` elements on fresh buffers: (per-iteration seconds, #wrong here)."""
+    run, check = kernel(comms[g.backend, g.transport, g.check], cfg.collective, g.place, count,
+                        cfg.dtype, cfg.op, g.buffers == "shared")
+    return measure(run, check, harness, cfg.iters, cfg.warmup, cfg.budget_s, cfg.calls)
+
+
 def run_sweep(cfg: SweepConfig, harness, on_size=None) -> tuple[list[dict], np.ndarray]:
     """Measure every size x group on the MPI communicator ``harness``.
 
@@ -295,12 +304,10 @@ def run_sweep(cfg: SweepConfig, harness, on_size=None) -> tuple[list[dict], np.n
         for count in sizes(cfg, n):
             times = np.full((len(todo), cfg.iters), np.nan)  # (groups, iters)
             wrong = np.zeros(len(todo), dtype=np.int64)       # (groups,)
+            _measure_group(cfg, comms, todo[0], int(count), harness)  # untimed: no group pays for being first
             for i, g in enumerate(todo):
-                run, check = kernel(comms[g.backend, g.transport, g.check], cfg.collective, g.place, int(count),
-                                    cfg.dtype, cfg.op, g.buffers == "shared")
-                t, wrong[i] = measure(run, check, harness, cfg.iters, cfg.warmup, cfg.budget_s, cfg.calls)
+                t, wrong[i] = _measure_group(cfg, comms, g, int(count), harness)
                 times[i, :t.size] = t
-                del run, check
             harness.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)  # NaN padding is the same on every rank
             harness.Allreduce(MPI.IN_PLACE, wrong, op=MPI.SUM)
             nbytes = int(count) * np.dtype(cfg.dtype).itemsize

@@ -374,3 +374,15 @@ def test_bad_buffers_option_is_refused(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         ar.parse_config(TINY + argv)
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_each_size_starts_with_an_untimed_run_of_its_first_group(monkeypatch):
+    built = []   # (count, place) of every group's buffers, in order
+    real = ar.kernel
+    monkeypatch.setattr(ar, "kernel", lambda comm, collective, place, count, *a: built.append((count, place))
+                        or real(comm, collective, place, count, *a))
+    cfg = ar.parse_config(TINY + ["--backends", "ring,rd"])
+    rows, _ = ar.run_sweep(cfg, MPI.COMM_SELF)
+    counts = ar.sizes(cfg, 1).tolist()
+    assert built == [(n, p) for n in counts for p in ("outofplace", "outofplace", "inplace", "outofplace", "inplace")]
+    assert len(rows) == 4 * len(counts), "the untimed run gives no row"
