@@ -9,8 +9,8 @@ One command per MPI (run it in each MPI's environment): for every setting of :da
 ``benchmarks/mpi_algorithms.py`` run: ``mpi:default`` and npddp's algorithms interleaved in one
 job (allreduce.py measures every backend at a size before the next size), then one job per
 algorithm the library lets a user force; all of that twice (``--rounds 2``), the second time in
-reverse order, each algorithm's iterations pooled over both, so a drifting load weighs alike. The dump of each is ``<mpi>_<setting>.h5`` (and
-``.csv``) in ``--out``; a setting's runs across nodes hold ``--lock`` (``flock``) one job at a time.
+reverse order, each algorithm's iterations pooled over both, so a drifting load weighs alike. The
+dump of each is ``<mpi>_<setting>.h5`` (and ``.csv``) in ``--out``; a setting's runs across nodes hold ``--lock`` (``flock``) one job at a time.
 Across nodes the series steps by 8 from 1 KiB (to 32 MiB) and a second run of its own times 64 MiB
 (``<mpi>_<setting>_tail.h5``; ``--tail-only`` runs just that), which the report merges in.
 
@@ -145,8 +145,8 @@ def load(directory: Path) -> dict:
                 if tail.exists():
                     more, _, more_meta = ma.dump_rows(tail)
                     rows = rows + more
-                    meta = {**meta, "mpi_algorithms": json.dumps(
-                        json.loads(meta.get("mpi_algorithms", "[]")) + json.loads(more_meta.get("mpi_algorithms", "[]")))}
+                    jobs = [json.loads(m.get("mpi_algorithms", "[]")) for m in (meta, more_meta)]
+                    meta = {**meta, "mpi_algorithms": json.dumps(jobs[0] + jobs[1])}
                 found.setdefault(setting.name, {})[lib.family] = (rows, meta)
     return found
 
@@ -261,7 +261,7 @@ def loads(meta: dict) -> tuple[float, float]:
     return (min(values), max(values)) if values else (float("nan"), float("nan"))
 
 
-def unmoved(meta: dict) -> list[str]:
+def unmoved(meta: dict) -> tuple[list[str], list[str]]:
     """The forced algorithms whose times never left mpi:default's p10-p90 range, and each status not ok (once)."""
     record = json.loads(meta.get("mpi_algorithms", "[]"))
     honoured = {}   # backend -> True once any of its runs moved (a tail run's record joins the series')

@@ -5,8 +5,8 @@ and root (:func:`words` gives them as a tuple, :data:`HEAD` packs them into a me
 hand-written backends send it at the head of the first message of a call to each peer the
 first time (:mod:`npddp.comm.engine.signed`; the number word -1 there, since the message's tag
 already says which call it belongs to) and its index in the tag after that, the shared-memory
-path folds it into one word of its control line (:func:`pack`), and the ``mpi`` backend agrees on it with one small all-reduce before the data
-(:mod:`npddp.comm.mpi`). A rank that finds a peer's signature differs from its own raises
+path folds it into one word of its control line (:func:`pack`), and the ``mpi`` backend agrees
+on it with one small all-reduce before the data (:mod:`npddp.comm.mpi`). A rank that finds a peer's signature differs from its own raises
 :class:`CollectiveMismatchError`, naming both ranks and the fields.
 
 The blocking and non-blocking forms of a collective (``allreduce`` and ``iallreduce``, ...) have

@@ -303,7 +303,7 @@ def test_a_shapes_signature_folds_into_the_shared_memory_size_word_as_pack_does(
     comm, transport = checked()
     for n in (0, 1, 1000, 1 << 20):
         buf = np.zeros(n, dtype=dtype)
-        call = comm.signer.open(comm, "allreduce" if op else "broadcast", 1, c.USER_TAG_LIMIT, buf, op)
+        call = comm._begin("allreduce" if op else "broadcast", None, buf, op)
         assert isinstance(call.signature, sg.Signature) and call.signature == sg.words(call.operation, -1, buf, op)
         assert NodeGroup.size_value(call, buf.nbytes) == sg.pack(call.signature, buf.nbytes)
         assert sg.unpack(NodeGroup.size_value(call, buf.nbytes))[0] == buf.nbytes

@@ -119,12 +119,12 @@ class P2PCommunicator(Backend):
             return Call(self, operation, None, user_tag)
         tag = self._tags.next()
         signer = self.signer
-        if signer is not None:   # a shape signed in full before goes plain under its index (Signer.open, inlined)
-            shape = signer.shapes.get((operation, -1, -1, op, root) if buf is None else
-                                      (operation, buf.dtype.num, buf.size, op, root))
-            if shape is not None and shape.bits:
+        if signer is not None:   # the shape's key (dtype number: hashed faster than the dtype), looked up here once
+            key = (operation, -1, -1, op, root) if buf is None else (operation, buf.dtype.num, buf.size, op, root)
+            shape = signer.shapes.get(key)
+            if shape is not None and shape.bits:   # signed in full before: plain under its index (Signer.open's path)
                 return Call(self, operation, self._tags.count, tag | shape.bits, shape.sig)
-            return signer.open(self, operation, self._tags.count, tag, buf, op, root)
+            return signer.open(self, operation, self._tags.count, tag, key, buf, op, root)
         return Call(self, operation, self._tags.count, tag)
 
     def mismatch(self, number: int, peer: int, mine, theirs) -> sg.CollectiveMismatchError:

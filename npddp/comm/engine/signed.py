@@ -284,7 +284,7 @@ class Signer:
 
     def __init__(self, transport):
         self.staging = Staging()
-        # (operation, dtype number (hashed faster than the dtype), count, op, root) -> Shape; None: not signed
+        # (operation, dtype number, count, op, root) -> Shape; None: not signed
         self.shapes: dict[tuple, Shape | None] = {}
         self.indices: dict[tuple, int] = {}     # signature -> its index
         self.signatures: list = [None]          # index -> signature
@@ -293,10 +293,9 @@ class Signer:
             bound = MIN_TAG_BOUND   # a stalled call could not see what its peers sent
         self.limit = min(MAX_INDICES, ((bound + 1) >> INDEX_SHIFT) - 1)
 
-    def open(self, owner, operation: str, number: int, tag: int, buf=None, op=None, root=None) -> Call:
-        """The call about to run: signed in full, or plain under its signature's index, if it is a collective;
-        else a plain :class:`Call`."""
-        key = (operation, -1, -1, op, root) if buf is None else (operation, buf.dtype.num, buf.size, op, root)
+    def open(self, owner, operation: str, number: int, tag: int, key: tuple, buf=None, op=None, root=None) -> Call:
+        """The call about to run (``key``: its shape's, built by the communicator): signed in full, or plain under its
+        signature's index, if it is a collective; else a plain :class:`Call`."""
         shape = self.shapes.get(key, self)
         if shape is self:
             shape = self._shape(key, operation, buf, op, root)

@@ -10,8 +10,8 @@ it as soon as every one of them has mapped it: from then on the memory has no na
 is left in ``/dev/shm`` when the job ends, whether it finishes or is killed.
 
 Node barriers. Each rank owns one 128-byte line of a control segment: a sequence number, a few
-words describing where its data lies this call, the CPU it last waited on, and its process id. A rank writes its words, then its sequence number;
-a peer reads the sequence number, then the words. On x86-64 (total store order) plain aligned
+words describing where its data lies this call, the CPU it last waited on, and its process id.
+A rank writes its words, then its sequence number; a peer reads the sequence number, then the words. On x86-64 (total store order) plain aligned
 8-byte stores and loads give exactly that order; on other architectures a lock round trip (a
 full barrier) is placed between them. Waiting polls the peers' sequence numbers, yielding the
 CPU between polls, and every so often checks the deadline and that every peer process is alive,

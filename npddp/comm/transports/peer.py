@@ -295,6 +295,7 @@ class SelfPeer:
     """Messages a rank sends to itself: matched in memory, the send copied at once."""
 
     busy = False
+    pending = None   # no socket: nothing waits in one
 
     def __init__(self, world, rank: int):
         self.world, self.rank = world, rank

@@ -137,7 +137,7 @@ class TCPTransport:
         """Tags of frames from ``source`` in this context that were read (or announced) before their receive."""
         peer, context = self._peers[source], self.context
         tags = [tag for ctx, tag in peer.early if ctx == context]
-        pending = getattr(peer, "pending", None)   # a parsed header whose frame waits in the socket
+        pending = peer.pending   # a parsed header whose frame waits in the socket
         if pending is not None and pending[0][0] == context:
             tags.append(pending[0][1])
         return tags
