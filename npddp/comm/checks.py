@@ -43,11 +43,14 @@ def check_timeout(value, what: str = "timeout") -> float:
 
 def check_op(op: str):
     """Return the ufunc for reduction ``op`` (``avg``: the sum's); ValueError naming the valid ops otherwise."""
+    if not isinstance(op, str):
+        hint = " (an array where op goes: pass the output as out=)" if isinstance(op, np.ndarray) else ""
+        raise ValueError(f"unsupported op {op!r}{hint}; valid ops: {', '.join(REDUCTIONS)}")
     if op == AVG:
         return np.add
     try:
         return OPS[op]
-    except (KeyError, TypeError):
+    except KeyError:
         raise ValueError(f"unsupported op {op!r}; valid ops: {', '.join(REDUCTIONS)}") from None
 
 

@@ -25,10 +25,11 @@ def test_block_bounds_match_array_split():
 def test_check_op():
     for op, ufunc in OPS.items():
         assert c.check_op(op) is ufunc
-    for bad in ("mean", "SUM", "", None, 3):
+    for bad in ("mean", "SUM", "", None, 3, ["sum"], np.str_("avg"[:0]), np.ones(3, np.float32), np.zeros(1)):
         with pytest.raises(ValueError, match=re.escape(repr(bad))) as err:
             c.check_op(bad)
         assert all(op in str(err.value) for op in OPS)
+        assert ("out=" in str(err.value)) == isinstance(bad, np.ndarray)
 
 
 def test_check_buffer_accepts_supported():

@@ -20,6 +20,7 @@ def bad_calls(comm):
         ("allreduce list", lambda: comm.allreduce([1.0, 2.0]), TypeError, "list"),
         ("allreduce op", lambda: comm.allreduce(x, "mean"), ValueError, "'mean'"),
         ("allreduce op None", lambda: comm.allreduce(x, None), ValueError, "None"),
+        ("allreduce output as op", lambda: comm.allreduce(x, np.zeros(6, np.float32)), ValueError, "out="),
         ("allreduce out shape", lambda: comm.allreduce(x, out=np.zeros(7, np.float32)), ValueError, "(7,)"),
         ("allreduce out dtype", lambda: comm.allreduce(x, out=np.zeros(6, np.float64)), ValueError, "float64"),
         ("allreduce out read-only", lambda: comm.allreduce(x, out=ro), ValueError, "read-only"),
