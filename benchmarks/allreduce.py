@@ -17,7 +17,10 @@ each size). The first warm-up iteration sizes the run: timed iterations are ``--
 to fit ``--budget`` seconds (but at least 3, or ``--iters`` if fewer), extra warm-ups are
 cut to a quarter of it. Each size starts with one untimed run of its first group, whose
 results are dropped: timed first at a size, a group was 5-19% slower out of place at N = 2
-(docs/performance.md), whichever backend it was. ``--calls K`` makes each timed iteration K collectives back to
+(docs/performance.md), whichever backend it was. ``--rounds R`` measures a size's groups R times in
+turn, each time with ``--iters``/R iterations and ``--budget``/R seconds, the first group one
+later each round, and a row pools its rounds: a slow phase of the machine (another job, a
+memory-bound neighbour) then lands on several rows instead of deciding one. ``--calls K`` makes each timed iteration K collectives back to
 back, timed together and divided by K: for small messages, whose time a barrier's skew
 across ranks can exceed, the sum of many calls says what a loop of them costs. Timed
 iterations reuse their buffers back to back (values may grow, even past the dtype's range, silently;
@@ -109,6 +112,7 @@ class SweepConfig:
     buffers: tuple = ("shared",)
     calls: int = 1
     checks: tuple = (True,)
+    rounds: int = 1
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -149,6 +153,10 @@ def build_parser(verbose: bool = True) -> argparse.ArgumentParser:
                         "that starts an iteration and the ranks' skew after it weigh 1/K (default 1)")
     p.add_argument("--budget", type=float, default=1.0,
                    help="seconds of timed iterations per size, backend and place (default 1.0)")
+    p.add_argument("--rounds", type=_positive_int, default=1,
+                   help="measure each size's backends and places R times in turn, starting one later each round, "
+                        "with --iters/R iterations and --budget/R seconds each; a row pools its rounds, so a slow "
+                        "phase of the machine touches several rows (default 1)")
     p.add_argument("--dtype", default="float32", choices=npcomm.DTYPES)
     p.add_argument("--op", default=None, choices=tuple(npcomm.OPS),
                    help="reduction for allreduce and reduce_scatter (default sum)")
@@ -188,6 +196,8 @@ def parse_config(argv, verbose: bool = True) -> SweepConfig:
         parser.error(f"-b/--minbytes {a.minbytes} is larger than -e/--maxbytes {a.maxbytes}")
     if not a.budget > 0:
         parser.error(f"--budget must be > 0 seconds, got {a.budget}")
+    if a.rounds > a.iters:
+        parser.error(f"--rounds {a.rounds} is more than --iters {a.iters}; valid: 1 to {a.iters}")
     if a.op is not None and a.collective not in REDUCING:
         parser.error(f"--op applies to {' and '.join(REDUCING)} only, not {a.collective}")
     op = (a.op or "sum") if a.collective in REDUCING else "none"
@@ -200,7 +210,7 @@ def parse_config(argv, verbose: bool = True) -> SweepConfig:
         parser.error(f"--buffers {a.buffers} applies to allreduce only, not {a.collective}")
     return SweepConfig(backends, a.collective, a.dtype, op, a.minbytes, a.maxbytes, a.factor,
                        a.iters, a.warmup, float(a.budget), a.out, a.csv, transports, buffers, a.calls,
-                       {"on": (True,), "off": (False,), "both": (True, False)}[a.check_args])
+                       {"on": (True,), "off": (False,), "both": (True, False)}[a.check_args], a.rounds)
 
 
 def sizes(cfg: SweepConfig, n: int) -> np.ndarray:
@@ -277,11 +287,33 @@ def row(cfg: SweepConfig, g: Group, algorithm: str, n: int, count: int, times: n
             "wrong": int(wrong)}
 
 
-def _measure_group(cfg: SweepConfig, comms: dict, g: Group, count: int, harness) -> tuple[np.ndarray, int]:
-    """:func:`measure` group ``g`` at ``count`` elements on fresh buffers: (per-iteration seconds, #wrong here)."""
+def _measure_group(cfg: SweepConfig, comms: dict, g: Group, count: int, harness,
+                   rounds: int = 1) -> tuple[np.ndarray, int]:
+    """:func:`measure` group ``g`` at ``count`` elements on fresh buffers for one of ``rounds`` rounds:
+    (per-iteration seconds, #wrong here)."""
     run, check = kernel(comms[g.backend, g.transport, g.check], cfg.collective, g.place, count,
                         cfg.dtype, cfg.op, g.buffers == "shared")
-    return measure(run, check, harness, cfg.iters, cfg.warmup, cfg.budget_s, cfg.calls)
+    return measure(run, check, harness, cfg.iters // rounds, cfg.warmup, cfg.budget_s / rounds, cfg.calls)
+
+
+def measure_size(cfg: SweepConfig, comms: dict, todo: list, count: int, harness) -> tuple[np.ndarray, np.ndarray]:
+    """Every group of ``todo`` at ``count`` elements, ``cfg.rounds`` times in turn: (times (groups, iters), #wrong (groups,)).
+
+    Round k starts at group k (mod the groups); a group's timed iterations are its rounds' in
+    order, NaN past them; its #wrong is the largest of its rounds'.
+    """
+    times = np.full((len(todo), cfg.iters), np.nan)  # (groups, iters)
+    wrong = np.zeros(len(todo), dtype=np.int64)       # (groups,)
+    filled = np.zeros(len(todo), dtype=np.int64)
+    _measure_group(cfg, comms, todo[0], count, harness, cfg.rounds)  # untimed: no group pays for being first
+    for k in range(cfg.rounds):
+        for j in range(len(todo)):
+            i = (k + j) % len(todo)
+            t, w = _measure_group(cfg, comms, todo[i], count, harness, cfg.rounds)
+            times[i, filled[i]:filled[i] + t.size] = t
+            filled[i] += t.size
+            wrong[i] = max(wrong[i], w)
+    return times, wrong
 
 
 def run_sweep(cfg: SweepConfig, harness, on_size=None) -> tuple[list[dict], np.ndarray]:
@@ -302,12 +334,7 @@ def run_sweep(cfg: SweepConfig, harness, on_size=None) -> tuple[list[dict], np.n
                  bc.create_comm(pair[0], sub, pair[1], world, check_args=pair[2])
                  for pair, sub in subcomms.items()}
         for count in sizes(cfg, n):
-            times = np.full((len(todo), cfg.iters), np.nan)  # (groups, iters)
-            wrong = np.zeros(len(todo), dtype=np.int64)       # (groups,)
-            _measure_group(cfg, comms, todo[0], int(count), harness)  # untimed: no group pays for being first
-            for i, g in enumerate(todo):
-                t, wrong[i] = _measure_group(cfg, comms, g, int(count), harness)
-                times[i, :t.size] = t
+            times, wrong = measure_size(cfg, comms, todo, int(count), harness)
             harness.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)  # NaN padding is the same on every rank
             harness.Allreduce(MPI.IN_PLACE, wrong, op=MPI.SUM)
             nbytes = int(count) * np.dtype(cfg.dtype).itemsize
@@ -349,7 +376,8 @@ def header(cfg: SweepConfig, n: int) -> str:
     return "\n".join([
         f"# npddp {cfg.collective}: {n} ranks, {cfg.dtype}, op {cfg.op}; backends {','.join(cfg.backends)} "
         f"over {','.join(cfg.transports)}",
-        "# time: median over iterations of the max over ranks; algbw = size / time; "
+        "# time: median over iterations of the max over ranks"
+        + (f" ({cfg.rounds} rounds, the groups in turn)" if cfg.rounds > 1 else "") + "; algbw = size / time; "
         f"busbw = algbw x {bc.busbw_factor(cfg.collective, n):g}",
         titles, names.rstrip(), units.rstrip()])
 

@@ -386,3 +386,38 @@ def test_each_size_starts_with_an_untimed_run_of_its_first_group(monkeypatch):
     counts = ar.sizes(cfg, 1).tolist()
     assert built == [(n, p) for n in counts for p in ("outofplace", "outofplace", "inplace", "outofplace", "inplace")]
     assert len(rows) == 4 * len(counts), "the untimed run gives no row"
+
+
+@pytest.mark.parametrize("rounds, iters", [(1, 6), (2, 6), (3, 7), (4, 4)])
+def test_rounds_measure_the_groups_in_turn_and_pool_their_iterations(monkeypatch, rounds, iters):
+    order, asked = [], []   # the group measured, and the (iterations, budget) it was given, call by call
+    real = ar.measure
+
+    def measure(run, check, harness, k, warmup, budget, calls=1):
+        asked.append((k, budget))
+        return real(run, check, harness, k, warmup, budget, calls)
+
+    monkeypatch.setattr(ar, "measure", measure)
+    cfg = ar.parse_config(TINY + ["--backends", "ring,rd", "-b", "64", "-e", "64", "--iters", str(iters),
+                                  "--budget", "30", "--rounds", str(rounds)], verbose=False)
+    comms = {(b, "mpi", True): bc.create_comm(b, MPI.COMM_SELF, "mpi", None) for b in ("ring", "rd")}
+    backend_of = {id(c): key[0] for key, c in comms.items()}
+    monkeypatch.setattr(ar, "kernel", lambda comm, collective, place, count, *a:
+                        order.append((backend_of[id(comm)], place)) or ex.kernel(comm, collective, place, count, *a))
+    todo = ar.groups(cfg)
+    times, wrong = ar.measure_size(cfg, comms, todo, 16, MPI.COMM_SELF)
+    names = [(g.backend, g.place) for g in todo]
+    expected = [names[0]] + [names[(k + j) % len(names)] for k in range(rounds) for j in range(len(names))]
+    assert order == expected, "an untimed first group, then each round one group later"
+    assert asked == [(iters // rounds, 30 / rounds)] * len(expected)
+    assert times.shape == (len(todo), iters) and not wrong.any()
+    assert (np.isfinite(times).sum(axis=1) == rounds * (iters // rounds)).all(), "every round's iterations pooled"
+    assert np.isnan(times[:, rounds * (iters // rounds):]).all()
+
+
+@pytest.mark.parametrize("argv, message", [(["--rounds", "0"], "must be >= 1"),
+                                           (["--iters", "4", "--rounds", "5"], "--rounds 5 is more than --iters 4")])
+def test_bad_rounds_are_refused(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        ar.parse_config(TINY + argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
