@@ -1,11 +1,11 @@
 """The communicator of every hand-written backend: one all-reduce algorithm, over any Transport.
 
-:class:`P2PCommunicator` holds a :class:`~npddp.comm.transports.base.Transport`, the tag sequence,
-the scratch pool and the call bookkeeping, and runs the all-reduce algorithm it was built with
-(``ring``, ``rd``, ``rabenseifner``, ``tree``, or ``auto``'s choice per call). The other
-collectives use the same schedules for every algorithm: a dissemination barrier, a binomial
-tree (small) or pipelined chain (large) broadcast, ring reduce-scatter and all-gather, linear
-gather and scatter. The ``naive`` backend overrides them with its root-based versions.
+:class:`P2PCommunicator` holds a :class:`~npddp.comm.transports.base.Transport` and the scratch pool,
+and runs the all-reduce algorithm it was built with (``ring``, ``rd``, ``rabenseifner``, ``tree``,
+or ``auto``'s choice per call). The other collectives use the same schedules for every
+algorithm: a dissemination barrier, a binomial tree (small) or pipelined chain (large) broadcast,
+ring reduce-scatter and all-gather, linear gather and scatter. The ``naive`` backend overrides
+them with its root-based versions.
 
 An all-reduce algorithm is a class with ``__init__(ctx)`` (a :class:`~npddp.comm.engine.call.Context`:
 rank, size, transport, scratch pool, tunables) and ``start(call, src, dst, ufunc, result) -> Work``
@@ -15,11 +15,9 @@ cost with a static ``cost(nbytes, size, chunk_bytes) -> Cost``. Reduce-scatter a
 run the two halves of the ring's schedule (:mod:`npddp.comm.p2p.ring`), so rank r's block is
 block r for every backend.
 
-Failure. A call still waiting ``timeout`` seconds after its first long wait raises
-TimeoutError naming the operation, its number and the ranks it waits for; a peer whose
-connection breaks raises ConnectionError. Either way every outstanding request is abandoned
-(its buffers kept alive, since the transport may still touch them) and the communicator refuses
-any further call, because its peers now stand at different points of the call sequence.
+Its base, :class:`~npddp.comm.communicators.lifecycle.CallLifecycle`, keeps the tag sequence and
+the calls in flight: it opens every call (signed while ``check_args`` is on) and gives up on them
+all after a timeout, a broken connection or a peer's differing arguments.
 """
 
 from __future__ import annotations
@@ -27,37 +25,25 @@ from __future__ import annotations
 import numpy as np
 
 from npddp.comm import checks as c
-from npddp.comm import signature as sg
-from npddp.comm.base import Backend
 from npddp.comm.communicators import split as sp
+from npddp.comm.communicators.lifecycle import CallLifecycle
 from npddp.comm.communicators.point import PointWork
-from npddp.comm.engine.call import CHUNK_BYTES, Call, Context, TagSequence
+from npddp.comm.engine.call import CHUNK_BYTES, Context
 from npddp.comm.engine.deadline import Overdue
 from npddp.comm.engine.scratch import ScratchPool
-from npddp.comm.engine.signed import AbortWatch, Signer
-from npddp.comm.engine.work import DoneWork, P2PWork
+from npddp.comm.engine.work import DoneWork
 from npddp.comm.p2p.ring import ReduceScatterWork, Ring
 
 
-class P2PCommunicator(Backend):
+class P2PCommunicator(CallLifecycle):
     """Collectives built from a transport's point-to-point messages; all-reduce by ``algorithm``."""
 
     #: Broadcasts of at least this many bytes use a pipelined chain instead of a binomial tree.
     chain_bytes = CHUNK_BYTES
 
     def __init__(self, transport, algorithm, name: str, timeout: float = c.DEFAULT_TIMEOUT):
-        self.transport = transport
-        self.signer: Signer | None = None         # signs every collective's messages while check_args is on
-        self.watch: AbortWatch | None = None      # the peers' aborts, while check_args is on
-        self._rank, self._size = transport.rank, transport.size
-        self.name = name
-        self.timeout = timeout
+        super().__init__(transport, name, timeout)
         self.scratch = ScratchPool()
-        self._tags = TagSequence()
-        self._active: list[P2PWork] = []
-        self._failure: str | None = None   # why this communicator is unusable
-        self._stranded: list = []           # buffers and handles abandoned requests may still touch
-        self._empty = np.empty(0, dtype=np.uint8)
         self.context = Context(transport, self.scratch, chunk_bytes=CHUNK_BYTES, window=2)
         self._ring = Ring(self.context)          # the schedule of reduce-scatter and all-gather
         self._algorithm = algorithm              # the class, for a split's child
@@ -80,153 +66,6 @@ class P2PCommunicator(Backend):
     @window.setter
     def window(self, value: int) -> None:
         self.context.window = int(value)
-
-    @property
-    def check_args(self) -> bool:
-        """Whether every collective checks that all ranks passed the same kind, dtype, count, op and root
-        (:mod:`npddp.comm.engine.signed`); ``create`` turns it on unless ``NPDDP_CHECK_ARGS=0``."""
-        return self.signer is not None
-
-    @check_args.setter
-    def check_args(self, on: bool) -> None:
-        if bool(on) == self.check_args:
-            return
-        if self._active:
-            raise RuntimeError("check_args cannot change while non-blocking calls are in flight; wait for them first")
-        if on and self.watch is None and self._size > 1:
-            self.watch = AbortWatch(self.transport)
-        self.signer = Signer(self.transport) if on else None
-        if not on:
-            self._stranded.append(self.watch)   # its receives stay posted: a peer may still send to them
-            self.watch = None
-        for sub in self._sub_communicators():
-            sub.check_args = on
-
-    def _sub_communicators(self) -> tuple:
-        """Communicators this one runs calls on (hier's across nodes), which check as it does."""
-        return ()
-
-    # --- calls, waits and giving up --------------------------------------------------
-    def _begin(self, operation: str, user_tag: int | None = None, buf=None, op=None, root=None) -> Call:
-        """Open a call (after its arguments were checked): a fresh collective tag, or the user's tag.
-
-        With ``check_args``, a collective is a :class:`~npddp.comm.engine.signed.SignedCall`, whose first
-        message each way between two ranks carries the call's signature (``buf``'s dtype and count,
-        ``op``, ``root``)."""
-        if self._failure is not None:
-            raise self.unusable()
-        if user_tag is not None:
-            return Call(self, operation, None, user_tag)
-        tag = self._tags.next()
-        signer = self.signer
-        if signer is not None:   # the shape's key (dtype number: hashed faster than the dtype), looked up here once
-            key = (operation, -1, -1, op, root) if buf is None else (operation, buf.dtype.num, buf.size, op, root)
-            shape = signer.shapes.get(key)
-            if shape is not None and shape.bits:   # signed in full before: plain under its index (Signer.open's path)
-                return Call(self, operation, self._tags.count, tag | shape.bits, shape.sig)
-            return signer.open(self, operation, self._tags.count, tag, key, buf, op, root)
-        return Call(self, operation, self._tags.count, tag)
-
-    def mismatch(self, number: int, peer: int, mine, theirs) -> sg.CollectiveMismatchError:
-        """After ``peer``'s signature differed from this rank's: tell every rank, close; return the error to raise."""
-        text = sg.message(number, self._rank, mine, peer, theirs)
-        found = np.concatenate(([self._rank, peer], mine, theirs)).astype(np.int64)
-        self.watch.tell_all(found, min(self._timeout, 5.0))
-        self._abandon_all(text, [], found)
-        return sg.CollectiveMismatchError(f"[rank {self._rank}] {text}; this communicator is now closed")
-
-    def heard_abort(self) -> None:
-        """CollectiveMismatchError (and close) if a peer has told this rank of a mismatch; the abort is passed on
-        to every rank, so a rank waiting on this one hears it even if the first copy to it was lost."""
-        text = self.watch.heard()
-        if text is not None and self._failure is None:
-            self.watch.tell_all(self.watch.found, min(self._timeout, 5.0))
-            self._abandon_all(text, [], None)
-            raise sg.CollectiveMismatchError(f"[rank {self._rank}] {text}; this communicator is now closed")
-
-    def stray_message(self, call) -> None:
-        """CollectiveMismatchError (and close) if a peer's message for ``call``, which has waited long, came under
-        another signature's index (:meth:`~npddp.comm.engine.signed.Signer.stray`)."""
-        signer = self.signer
-        if signer is None or not signer.limit or self._failure is not None:
-            return
-        found = signer.stray(call, self.transport)
-        if found is not None:
-            peer, theirs = found
-            mine = (call.signature[0], call.number, *call.signature[2:])
-            raise self.mismatch(call.number, peer, mine, (theirs[0], call.number, *theirs[2:]))
-
-    def _signed_empty(self, call) -> None:
-        """A signed collective with nothing to move on this rank still trades signatures with every peer, so a rank
-        that passed a non-empty buffer meets a mismatch instead of waiting for messages that never come.
-
-        Every receive is tested in turn: the peers that passed a buffer send only where their schedule
-        goes, and the first such message must be checked whichever peer it comes from."""
-        if call.signature is None or self._size == 1:
-            return
-        transport, tag, empty = call.transport, call.tag, self._empty
-        peers = [p for p in range(self._size) if p != self._rank]
-        recvs, sends = [], []
-        try:
-            recvs += [(transport.irecv(empty, p, tag), p) for p in peers]
-            sends += [(transport.isend(empty, p, tag), p) for p in peers]
-            call.wait_all([request for request, _ in recvs + sends])
-        except Overdue:
-            raise self.give_up(call, recvs, sends) from None
-        except ConnectionError as exc:
-            raise self.fail(call, exc, recvs, sends) from None
-        except Exception:   # a mismatch found while waiting
-            self.strand(recvs + sends, None)
-            raise
-
-    def _setup_done(self) -> None:
-        """Number the user's collectives from 1, whatever the constructor exchanged before them."""
-        self._tags.count = 0
-
-    def unusable(self) -> RuntimeError:
-        """The error of any call after a failure."""
-        return RuntimeError(f"this {self.name} communicator is unusable after an earlier failure: {self._failure}")
-
-    def give_up(self, call: Call, recvs: list, sends: list, keep=None) -> TimeoutError:
-        """After ``call`` timed out: abandon every request in flight; return the TimeoutError to raise."""
-        recv_from = [peer for request, peer in recvs if not request.test()]
-        send_to = [peer for request, peer in sends if not request.test()]
-        node = getattr(self, "node", None)  # shared-memory backends: who has not reached the node barrier
-        late = node.late(self._active) if node is not None and not recvs and not sends else ()
-        error = call.timeout_error(recv_from, send_to, late)
-        self._abandon_all(str(error), recvs + sends, keep)
-        return error
-
-    def fail(self, call: Call, exc: Exception, recvs=(), sends=(), keep=None) -> ConnectionError:
-        """After a peer's connection broke during ``call``: abandon everything; return the error to raise."""
-        error = ConnectionError(f"[rank {self._rank}] {call.describe()}: {exc}; this communicator is now unusable")
-        self._abandon_all(str(error), [*recvs, *sends], keep)
-        return error
-
-    def strand(self, requests: list, keep) -> None:
-        """Cancel ``[(request, peer)]`` left behind by an error, and keep them and the buffers ``keep`` alive:
-        the transport may still write into a receive's buffer (MPI, when its message had already matched)."""
-        self._stranded.append((requests, keep))
-        for request, _ in requests:
-            try:
-                request.cancel()
-            except ConnectionError:
-                pass
-
-    def _abandon_all(self, why: str, requests: list, keep) -> None:
-        """Cancel ``[(request, peer)]`` and every outstanding handle's requests; refuse later calls."""
-        self._failure = why
-        self._stranded.append(keep)
-        for work in tuple(self._active):
-            requests += sum(work._requests(), [])
-            work._abandoned = True
-            self._stranded.append(work)
-        self._active.clear()
-        for request, _ in requests:
-            try:
-                request.cancel()
-            except ConnectionError:
-                pass
 
     # --- all-reduce ------------------------------------------------------------------
     def allreduce(self, buf, op="sum", out=None):
