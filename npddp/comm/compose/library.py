@@ -17,7 +17,7 @@ has passed (every rank then raises :class:`~npddp.comm.signature.CollectiveMisma
   all-reduce of mismatched counts corrupts its heap and the barrier costs about a microsecond;
 * otherwise, with ``check_args`` on, the call trades its signature with every peer through the
   signed call's messages, as a hand-written collective with nothing to move does
-  (:meth:`~npddp.comm.communicators.p2p.P2PCommunicator._signed_empty`): a peer on another
+  (:meth:`~npddp.comm.communicators.lifecycle.CallLifecycle._signed_empty`): a peer on another
   algorithm, or passing other arguments, meets a mismatch on that edge.
 
 A non-blocking call starts MPI's ``Iallreduce`` once its check has passed, always in call order.
