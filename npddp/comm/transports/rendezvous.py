@@ -1,8 +1,7 @@
-"""How TCP ranks find each other: torchrun's environment variables, a table from rank 0, a full mesh.
+"""How TCP ranks find each other: where each stands, a table from rank 0, a full mesh.
 
-Every rank reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` (and
-``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` when set); under srun, Slurm's variables stand for them
-(:class:`~npddp.util.env.SlurmTask`). Then:
+Every rank knows where it stands from its launcher (:mod:`~npddp.comm.transports.launch_env`:
+torchrun's ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``, Slurm's variables or MPI). Then:
 
 1. every rank opens a listening socket of its own on an ephemeral port;
 2. rank 0 listens on ``MASTER_ADDR:MASTER_PORT``; every other rank connects there (retrying
@@ -36,24 +35,22 @@ import socket
 import struct
 import sys
 import time
-from dataclasses import dataclass, field
-
-import numpy as np
 
 from npddp.comm.transports import handshake
+from npddp.comm.transports.launch_env import (NAME_BYTES, LaunchEnv, encode_name, env_from_mpi, env_from_slurm,
+                                              launch_env)
 from npddp.comm.transports.tcp import TCPTransport, TCPWorld
 from npddp.util import env as process_env
 from npddp.util import variables
 
 MAGIC = b"NPDD"
 VERSION = 1
-_NAME = 64                                                    # bytes for an address or a host name
-REGISTER = struct.Struct(f"<4sIII{_NAME}sH{_NAME}s")          # magic, version, rank, size, ip, port, host
-TABLE_HEAD = struct.Struct("<4sIQI")                          # magic, status (0 ok), token, error length
-ENTRY = struct.Struct(f"<{_NAME}sH{_NAME}s")                  # ip, port, host
-HELLO = struct.Struct("<4sIQ")                                # magic, rank, token
+REGISTER = struct.Struct(f"<4sIII{NAME_BYTES}sH{NAME_BYTES}s")  # magic, version, rank, size, ip, port, host
+TABLE_HEAD = struct.Struct("<4sIQI")                            # magic, status (0 ok), token, error length
+ENTRY = struct.Struct(f"<{NAME_BYTES}sH{NAME_BYTES}s")          # ip, port, host
+HELLO = struct.Struct("<4sIQ")                                  # magic, rank, token
 _RETRY_S = 0.1
-_ERROR_MAX = 1024                                             # bytes of an error message from rank 0
+_ERROR_MAX = 1024                                               # bytes of an error message from rank 0
 LISTEN_VARIABLE = variables.LISTEN_ADDR.name
 
 
@@ -61,90 +58,6 @@ class RendezvousError(ConnectionError):
     """The ranks could not find each other: one line saying who, where and why."""
 
 
-@dataclass(frozen=True)
-class LaunchEnv:
-    """Where this rank stands, from the launcher's environment variables."""
-
-    rank: int
-    world_size: int
-    master_addr: str
-    master_port: int
-    local_rank: int
-    local_world_size: int
-    secret: bytes = field(default=b"", repr=False)   # NPDDP_JOB_SECRET: the key of the handshake
-
-
-def _int_var(environ, name: str, low: int, high: int | None = None, default=None) -> int:
-    raw = environ.get(name)
-    if raw is None or raw.strip() == "":
-        if default is not None:
-            return default
-        raise ValueError(f"{name} is not set; the tcp transport needs RANK, WORLD_SIZE, MASTER_ADDR and "
-                         "MASTER_PORT (python -m npddp.run sets them)")
-    try:
-        value = int(raw)
-    except ValueError:
-        value = None
-    if value is None or value < low or (high is not None and value > high):
-        valid = f"{low}..{high}" if high is not None else f"an integer >= {low}"
-        raise ValueError(f"{name}={raw!r} is out of range; valid: {valid}")
-    return value
-
-
-def launch_env(environ=None) -> LaunchEnv:
-    """Parse the launcher's variables; ValueError naming the bad variable and its valid range."""
-    environ = os.environ if environ is None else environ
-    size = _int_var(environ, "WORLD_SIZE", 1)
-    rank = _int_var(environ, "RANK", 0, size - 1)
-    port = _int_var(environ, "MASTER_PORT", 1, 65535, default=0 if size == 1 else None)
-    addr = environ.get("MASTER_ADDR", "").strip() or "127.0.0.1"
-    local_size = _int_var(environ, "LOCAL_WORLD_SIZE", 1, size, default=size)
-    local_rank = _int_var(environ, "LOCAL_RANK", 0, local_size - 1, default=rank % local_size)
-    return LaunchEnv(rank, size, addr, port, local_rank, local_size, handshake.secret_from_env(environ))
-
-
-def env_from_slurm(task: process_env.SlurmTask, environ) -> LaunchEnv:
-    """For a TCP world under srun: rank and size from Slurm; rank 0 at ``MASTER_ADDR:MASTER_PORT`` when given,
-    else on the step's first node (loopback on one node) at a port derived from the job and step ids."""
-    addr = environ.get("MASTER_ADDR", "").strip() or task.master_addr
-    port = _int_var(environ, "MASTER_PORT", 1, 65535, default=task.master_port)
-    return LaunchEnv(task.rank, task.size, addr, port, task.local_rank, task.local_size,
-                     handshake.secret_from_env(environ))
-
-
-def env_from_mpi(mpi_comm=None) -> LaunchEnv:
-    """For a TCP world inside an MPI job: rank and size from MPI, rank 0's address and a free port broadcast.
-
-    This lets one ``mpirun`` job put the TCP transport beside MPI's (the benchmarks do).
-    """
-    from mpi4py import MPI
-    comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
-    rank, size = comm.Get_rank(), comm.Get_size()
-    names = np.zeros((size, _NAME // 8), dtype=np.int64)  # every rank's host name, to see if they share one
-    mine = np.zeros(_NAME // 8, dtype=np.int64)
-    mine.view(np.uint8)[:len(_pad(socket.gethostname()))] = np.frombuffer(_pad(socket.gethostname()), np.uint8)
-    comm.Allgather(mine, names)
-    one_host = bool((names == names[0]).all())
-    table = np.zeros(1 + _NAME // 8, dtype=np.int64)       # port, then rank 0's address
-    if rank == 0:
-        addr = "127.0.0.1" if one_host else socket.gethostbyname(socket.gethostname())
-        with socket.socket() as probe:
-            probe.bind((addr, 0))
-            table[0] = probe.getsockname()[1]
-        table[1:].view(np.uint8)[:len(addr)] = np.frombuffer(addr.encode(), np.uint8)
-    comm.Bcast(table, root=0)
-    addr = table[1:].view(np.uint8).tobytes().rstrip(b"\0").decode()
-    local = int((names == mine).all(axis=1).sum())
-    key = np.frombuffer(handshake.new_secret().encode(), np.uint8).copy()   # MPI carries rank 0's key
-    comm.Bcast(key, root=0)
-    return LaunchEnv(rank, size, addr, int(table[0]), rank % local, local, key.tobytes())
-
-
-def _pad(text: str) -> bytes:
-    raw = text.encode()
-    if len(raw) > _NAME:
-        raise ValueError(f"address or host name {text!r} is longer than {_NAME} bytes")
-    return raw
 
 
 def _text(raw: bytes) -> str:
@@ -218,7 +131,7 @@ def _serve_table(server: socket.socket, env: LaunchEnv, me: tuple, deadline: flo
         message = error.encode()[:_ERROR_MAX]
         reply = TABLE_HEAD.pack(MAGIC, 1 if error else 0, token, len(message)) + message
         if not error:
-            reply += b"".join(ENTRY.pack(_pad(ip), port, _pad(host)) for ip, port, host in entries)
+            reply += b"".join(ENTRY.pack(encode_name(ip), port, encode_name(host)) for ip, port, host in entries)
         for conn in clients:
             try:
                 conn.sendall(reply)
@@ -243,8 +156,8 @@ def _fetch_table(env: LaunchEnv, me_host: str, listener: socket.socket, deadline
         listener.listen(env.world_size)
         port = listener.getsockname()[1]
         try:
-            handshake.knock(sock, env.secret, REGISTER.pack(MAGIC, VERSION, env.rank, env.world_size, _pad(ip),
-                                                            port, _pad(me_host)), f"rank 0 at {where}", deadline)
+            handshake.knock(sock, env.secret, REGISTER.pack(MAGIC, VERSION, env.rank, env.world_size, encode_name(ip),
+                                                            port, encode_name(me_host)), f"rank 0 at {where}", deadline)
             magic, status, token, nerr = TABLE_HEAD.unpack(
                 _recv_exact(sock, TABLE_HEAD.size, deadline, "the rank table"))
             if magic != MAGIC or nerr > _ERROR_MAX:
@@ -297,7 +210,7 @@ def listen_refusal(secret, environ=None) -> str | None:
 def connect(env: LaunchEnv, timeout: float) -> tuple[list, list[str]]:
     """Build the full mesh: one connected socket per peer (None for this rank), and every rank's host name."""
     deadline = time.monotonic() + min(timeout, 10 ** 9)
-    host = socket.gethostname()[:_NAME]
+    host = socket.gethostname()[:NAME_BYTES]
     if env.world_size == 1:
         return [None], [host]
     listener = None
