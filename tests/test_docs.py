@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from npddp.train.config import build_parser as train_parser
+from npddp.train.cli.parser import build_parser as train_parser
 from npddp.train.evaluate import build_parser as evaluate_parser
 from npddp.train.generate import build_parser as generate_parser
 

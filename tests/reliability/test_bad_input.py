@@ -15,7 +15,8 @@ import pytest
 
 from npddp.train.checkpoint import fileformat
 from npddp.comm import BACKENDS, create, debug_from_env, timeout_from_env
-from npddp.train.config import ConfigError, parse_config
+from npddp.train.config import ConfigError
+from npddp.train.cli.parser import parse_config
 from npddp.train.cli.validate import check_config
 from npddp.data import BatchLoader, DistributedSampler, iterate_batches
 from npddp.parallel.averaging import PeriodicModelAverager

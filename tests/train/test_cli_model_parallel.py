@@ -13,7 +13,8 @@ from npddp.train.checkpoint import fileformat
 from npddp.train.checkpoint.fileformat import load_model
 from npddp.train.cli import layout
 from npddp.train.cli.validate import check_config
-from npddp.train.config import Config, ConfigError, parse_args
+from npddp.train.config import Config, ConfigError
+from npddp.train.cli.parser import parse_args
 from npddp.train.models import build_model
 from tests.train.test_cli import ok, train
 

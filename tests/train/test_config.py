@@ -8,9 +8,9 @@ import re
 import pytest
 
 from npddp.comm import BACKENDS, TRANSPORTS, backend_names
-from npddp.train.config import (Config, ConfigError, build_parser, default_backend, fixed_on_resume, flag,
-                                 inherited_on_resume, parse_args,
-                                 parse_config)
+from npddp.train.config import (Config, ConfigError, default_backend, fixed_on_resume, flag,
+                                 inherited_on_resume)
+from npddp.train.cli.parser import build_parser, parse_args, parse_config
 from npddp.train.cli.validate import check_config
 from npddp.data import DATASET_NAMES, NORMALIZE_MODES
 from npddp.parallel.builtin import HOOKS

@@ -8,7 +8,8 @@ import pytest
 
 from npddp.train.checkpoint import resume
 from npddp.train.checkpoint.fileformat import Checkpoint
-from npddp.train.config import Config, ConfigError, fixed_on_resume, inherited_on_resume, parse_args
+from npddp.train.config import Config, ConfigError, fixed_on_resume, inherited_on_resume
+from npddp.train.cli.parser import parse_args
 from npddp.nn import mlp
 from npddp.optim import SGD, AdamW
 

@@ -1,1 +1,1 @@
-"""The training CLI's glue: the run's steps (main), data (inputs), checks (validate), output paths (outputs)."""
+"""The training CLI's glue: the run's steps (main), flags (parser), data (inputs), checks (validate), outputs."""

@@ -40,7 +40,8 @@ from npddp.train import sharding
 from npddp.process import threads
 from npddp.train.agree import agree
 from npddp.train.console.banner import header, summary, transport_of
-from npddp.train.config import Config, ConfigError, default_backend, load_plugins, parse_args
+from npddp.train.config import Config, ConfigError, default_backend
+from npddp.train.cli.parser import load_plugins, parse_args
 from npddp.train.cli.validate import check_config
 from npddp.train.cli import layout
 from npddp.train.cli.mesh import MeshEngine
