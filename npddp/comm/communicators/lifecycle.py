@@ -14,6 +14,8 @@ any further call, because its peers now stand at different points of the call se
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from npddp.comm import checks as c
@@ -55,6 +57,7 @@ class CallLifecycle(Backend):
             raise RuntimeError("check_args cannot change while non-blocking calls are in flight; wait for them first")
         if on and self.watch is None and self._size > 1:
             self.watch = AbortWatch(self.transport)
+            weakref.finalize(self, self.watch.withdraw)   # its receives go with this communicator, or at exit
         self.signer = Signer(self.transport) if on else None
         if not on:
             self._stranded.append(self.watch)   # its receives stay posted: a peer may still send to them

@@ -47,6 +47,7 @@ from npddp.comm import checks as c
 from npddp.comm import signature as sg
 from npddp.comm.engine.call import Call
 from npddp.comm.engine.deadline import wait_until
+from npddp.util import env
 
 #: The tag of aborts: the last collective tag, which :class:`~npddp.comm.engine.call.TagSequence` never hands out.
 CONTROL_TAG = c.USER_TAG_LIMIT + c.COLLECTIVE_TAG_SPAN - 1
@@ -341,10 +342,11 @@ class AbortWatch:
     """One receive per peer on :data:`CONTROL_TAG`: a peer that found a mismatch tells every rank.
 
     The receives are posted at the first look (the first wait that lasts), not before, and over MPI
-    they stay posted. Over TCP they are posted for each look only and withdrawn after it: a receive
-    left posted would have the transport read every peer's socket at every poll and read early
-    frames aside into buffers of their own instead of leaving them in the socket (see
-    :mod:`npddp.comm.transports.peer`); between looks an abort waits in the transport like any early message.
+    they stay posted until the communicator is collected or the process ends (:meth:`withdraw`).
+    Over TCP they are posted for each look only and withdrawn after it: a receive left posted would
+    have the transport read every peer's socket at every poll and read early frames aside into
+    buffers of their own instead of leaving them in the socket (see :mod:`npddp.comm.transports.peer`);
+    between looks an abort waits in the transport like any early message.
     """
 
     def __init__(self, transport):
@@ -370,6 +372,21 @@ class AbortWatch:
                 request.cancel()
             self.requests = None
         return None
+
+    def withdraw(self) -> None:
+        """Cancel the receives still posted: the communicator is gone, or the process is ending.
+
+        Left posted on a group the user passed, they would take a later communicator's aborts on
+        it and hold the group in MPI until MPI_Finalize (which MPICH reports). Nothing is left to
+        cancel once MPI has ended."""
+        requests, self.requests = self.requests or (), None
+        if self.transport.name == "mpi" and env.mpi_live() is None:
+            return
+        for _, request in requests:
+            try:
+                request.cancel()
+            except ConnectionError:
+                pass
 
     def tell_all(self, found: np.ndarray, seconds: float) -> None:
         """Send abort ``found`` to every peer; wait at most ``seconds`` for the sends to complete."""
