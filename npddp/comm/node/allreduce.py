@@ -1,10 +1,8 @@
-"""The ranks of one node within a communicator: shared segments, staging, and the steps of the shared-memory all-reduce.
+"""The ranks of one node within a communicator: the steps of the shared-memory all-reduce.
 
-Where each rank's data lies. A buffer made by :meth:`NodeGroup.empty` already lives in shared
-memory, so peers read it in place (DDP allocates its gradient buckets this way, so gradients
-are born where the others can read them). Any other buffer is first copied into the rank's slot
-of a shared staging area. Each call, a rank publishes in its control line where its input lies
-and where its result will lie (:mod:`npddp.comm.node.memory`).
+They run over the node's shared segments and staging areas, :class:`NodeGroup`'s base
+:class:`~npddp.comm.node.segments.NodeSegments`, which says where each rank's data lies
+(:mod:`npddp.comm.node.segments`).
 
 Large vectors, two node barriers:
 
@@ -35,18 +33,9 @@ from npddp.comm import checks as c
 from npddp.comm import signature as sg
 from npddp.comm.engine.deadline import Overdue
 from npddp.comm.node import cma
-from npddp.comm.node.memory import LINE, PID, SIZE_WORDS, NodeSync, create_segment
+from npddp.comm.node.memory import LINE, PID, SIZE_WORDS
+from npddp.comm.node.segments import INPUT, PRIVATE, RESULT, STAGED, NodeSegments, aligned
 from npddp.comm.node.single_copy import agree_on_single_copy
-
-_ALIGN = 4096
-INPUT, RESULT = (1, 2), (3, 4)  # control-line words: (segment index, byte offset) of a rank's input, result
-#: Segment indices in those words that are no segment: the buffer is staged (placement only, never
-#: published), or private and reached by single-copy transfers (the second word: its address).
-STAGED, PRIVATE = -1, -2
-
-
-def _aligned(nbytes: int) -> int:
-    return -(-max(nbytes, 1) // _ALIGN) * _ALIGN
 
 
 def _reduce_in_order(views: list, dst: np.ndarray, ufunc) -> None:
@@ -56,8 +45,8 @@ def _reduce_in_order(views: list, dst: np.ndarray, ufunc) -> None:
         ufunc(dst, v, out=dst)
 
 
-class NodeGroup:
-    """This node's ranks within a communicator: their control lines, staging slots and shared arrays."""
+class NodeGroup(NodeSegments):
+    """This node's ranks within a communicator: the all-reduce's steps over their shared segments."""
 
     #: Vectors of at most this many bytes take the one-barrier path (measured at N = 2: it takes
     #: a third of the large path's time at 64 KiB, and loses from about 256 KiB).
@@ -78,17 +67,8 @@ class NodeGroup:
     single_copy_piece_bytes = 1 << 20
 
     def __init__(self, comm, local: list[int], call):
-        self.comm, self.local = comm, local
-        self.li, self.n = local.index(comm.rank), len(local)
-        ctrl = create_segment(comm, local, self.n * LINE * 8, call)
-        self.sync = NodeSync(ctrl.array.view(np.int64), self.li, local)
-        self.segments = [ctrl]   # every segment, by the index published in control lines; never reordered
-        self.arrays: list[int] = []  # indices of the segments made by empty()
-        self.slots: dict[int, int] = {}  # staging segment index -> bytes per rank
-        self._views: dict = {}
+        super().__init__(comm, local, call)
         self._bounds: dict = {}
-        self.staging_index, self.big = -1, 0
-        self._make_staging(call, 0)
         self.seq = 0             # node barriers reserved so far: the same count on every rank of the node
         self.waiting = 0         # the node barrier a blocking call waits for
         self.small_calls = 0
@@ -101,28 +81,6 @@ class NodeGroup:
     def single_copy(self) -> bool:
         """Whether private buffers of ``single_copy_bytes`` and more move by single-copy transfers."""
         return not self.single_copy_off and self.single_copy_bytes is not None
-
-    def _make_staging(self, call, big: int) -> None:
-        """Make a staging area: per rank two small slots and ``big`` bytes for one large vector.
-
-        A new area gets a new index: calls made before it keep using (and publishing) the old one.
-        """
-        self.big = _aligned(big) if big else 0
-        slot = 2 * self.small_bytes + self.big
-        self.segments.append(create_segment(self.comm, self.local, slot * self.n, call))
-        self.staging_index = len(self.segments) - 1
-        self.slots[self.staging_index] = slot
-
-    def ensure_staging(self, call, nbytes: int) -> None:
-        """Grow the staging area to hold ``nbytes`` per rank (every rank of the node grows at the same call).
-
-        Growing is an exchange among the node's ranks that waits for all of them, so the calls
-        still in flight are finished first: a peer waiting on one of them needs this rank's part.
-        """
-        if nbytes > self.big:
-            for work in tuple(call.owner._active):
-                work.wait()
-            self._make_staging(call, max(nbytes, 2 * self.big))
 
     def size_word(self) -> int:
         """The control-line word the next all-reduce publishes its byte count in (two, alternating:
@@ -175,27 +133,6 @@ class NodeGroup:
         self.seq += barriers
         return first
 
-    def empty(self, call, shape, dtype) -> np.ndarray:
-        """This rank's part of a new segment holding one such array per rank of the node."""
-        dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        each = _aligned(nbytes)
-        segment = create_segment(self.comm, self.local, each * self.n, call)
-        self.segments.append(segment)
-        self.arrays.append(len(self.segments) - 1)
-        return segment.array[self.li * each:self.li * each + nbytes].view(dtype).reshape(shape)
-
-    def locate(self, buf: np.ndarray) -> tuple[int, int]:
-        """``(segment index, byte offset)`` of ``buf`` in an array from :meth:`empty`, or ``(-1, -1)``."""
-        if self.arrays:
-            start = buf.ctypes.data
-            for index in self.arrays:
-                segment = self.segments[index]
-                offset = start - segment.address
-                if 0 <= offset and offset + buf.nbytes <= segment.nbytes:
-                    return index, offset
-        return -1, -1
-
     def bounds(self, n: int) -> list[int]:
         """Block offsets of ``n`` elements among the node's ranks (cached)."""
         bounds = self._bounds.get(n)
@@ -204,26 +141,6 @@ class NodeGroup:
                 self._bounds.clear()
             bounds = self._bounds[n] = c.block_bounds(n, self.n).tolist()
         return bounds
-
-    def view(self, index: int, offset: int, dtype, count: int) -> np.ndarray:
-        """``count`` elements of ``dtype`` at ``offset`` of segment ``index``."""
-        return self.segments[index].array[offset:offset + count * dtype.itemsize].view(dtype)
-
-    def published(self, local: int, words: tuple[int, int], dtype, count: int) -> np.ndarray:
-        """Local rank ``local``'s published input (``INPUT``) or result (``RESULT``): ``count`` elements."""
-        word = self.sync.word
-        return self.view(word(local, words[0]), word(local, words[1]), dtype, count)
-
-    def small_views(self, staging: int, parity: int, dtype, count: int) -> list[np.ndarray]:
-        """Every local rank's small slot ``parity`` as ``count`` elements of ``dtype`` (cached)."""
-        key = (staging, parity, dtype, count)
-        views = self._views.get(key)
-        if views is None:
-            if len(self._views) >= 64:
-                self._views.clear()
-            views = self._views[key] = [self.view(staging, self.small_slot(staging, i, parity), dtype, count)
-                                        for i in range(self.n)]
-        return views
 
     def wait(self, call, seq: int) -> None:
         """Wait for node barrier ``seq``; the communicator's TimeoutError (naming who is late) or ConnectionError."""
@@ -239,14 +156,6 @@ class NodeGroup:
         """Ranks that have not reached the barrier the oldest call in ``active`` (else a blocking call) waits for."""
         targets = [w.target() for w in active if hasattr(w, "target")]
         return self.sync.late(targets[0] if targets else self.waiting)
-
-    def small_slot(self, staging: int, local: int, parity: int) -> int:
-        """Byte offset of small slot ``parity`` of local rank ``local`` in staging segment ``staging``."""
-        return local * self.slots[staging] + parity * self.small_bytes
-
-    def big_slot(self, staging: int, local: int) -> int:
-        """Byte offset of the large staging area of local rank ``local`` in staging segment ``staging``."""
-        return local * self.slots[staging] + 2 * self.small_bytes
 
     # --- the small path ---------------------------------------------------------------
     def next_parity(self) -> int:
@@ -354,7 +263,7 @@ class NodeGroup:
 
     def _pull_buffers(self, count: int, step: int, dtype) -> list[np.ndarray]:
         """``count`` local buffers of ``step`` elements for pieces read from peers (grown, never shrunk)."""
-        each = _aligned(step * dtype.itemsize)
+        each = aligned(step * dtype.itemsize)
         if self._pull.size < count * each:
             self._pull = np.empty(count * each, dtype=np.uint8)
         return [self._pull[k * each:k * each + step * dtype.itemsize].view(dtype) for k in range(count)]

@@ -1,7 +1,8 @@
 """``shm``: all-reduce among the ranks of one node through shared memory, with no message on the data path.
 
-The algorithm and where data lies are described in :mod:`npddp.comm.node.allreduce`; this module runs
-its steps for calls that overlap (``iallreduce``) and offers it as a communicator.
+The algorithm is described in :mod:`npddp.comm.node.allreduce` and where data lies in
+:mod:`npddp.comm.node.segments`; this module runs its steps for calls that overlap (``iallreduce``)
+and offers it as a communicator.
 
 Calls complete in the order they started (``iallreduce`` handles are progressed oldest first),
 which is what lets the barriers of overlapping calls count up one sequence.
@@ -14,8 +15,9 @@ import numpy as np
 from npddp.comm import checks as c
 from npddp.comm.communicators.p2p import P2PCommunicator
 from npddp.comm.engine.work import P2PWork
-from npddp.comm.node.allreduce import STAGED, NodeGroup
+from npddp.comm.node.allreduce import NodeGroup
 from npddp.comm.node.memory import node_ids
+from npddp.comm.node.segments import STAGED
 
 __all__ = ["Shm", "ShmCommunicator", "ShmWork", "node_group"]
 
