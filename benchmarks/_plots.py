@@ -23,21 +23,22 @@ SPREAD_WARNING = 0.20
 _PLACE = {"inplace": "in-place", "outofplace": "out-of-place"}
 
 
-def where_when(meta: dict, world_size=None) -> str:
-    """Two lines from a dump's attributes: 'host, CPU, N=2 ranks, 2025-01-31' and 'MPICH 5.0.2, npddp 0.1.0, ...'."""
+def where_when(meta: dict, world_size=None, libraries: str | None = None) -> str:
+    """Two lines from a dump's attributes: 'host, CPU, N=2 ranks, 2025-01-31' and 'MPICH 5.0.2, npddp 0.1.0, ...';
+    ``libraries`` names the MPIs in place of the dump's own (a figure drawn from several MPIs' dumps)."""
     cpu = str(meta.get("cpu_model", "?"))
     cpu = cpu if len(cpu) <= 48 else cpu[:47] + "..."
     words = [w for w in str(meta.get("mpi_library", "MPI ?")).replace(",", " ").split() if w != "Version:"]
     versions = ", ".join(f"{k} {meta.get(k + '_version', '?')}" for k in ("npddp", "numpy", "mpi4py"))
     n = meta.get("world_size", "?") if world_size is None else world_size
     return (f"{meta.get('host', '?')}, {cpu}, N={n} ranks, {str(meta.get('time_utc', '?'))[:10]}\n"
-            f"{' '.join(words[:2])}, {versions}")
+            f"{' '.join(words[:2]) if libraries is None else libraries}, {versions}")
 
 
-def _figure(width: float, height: float, what: str, meta: dict, world_size=None) -> Figure:
+def _figure(width: float, height: float, what: str, meta: dict, world_size=None, libraries=None) -> Figure:
     """A figure titled with ``what`` over where and when."""
     fig = Figure(figsize=(width, height), layout="constrained")
-    fig.suptitle(f"{what}\n{where_when(meta, world_size)}", fontsize=10)
+    fig.suptitle(f"{what}\n{where_when(meta, world_size, libraries)}", fontsize=10)
     return fig
 
 
@@ -328,11 +329,13 @@ def mpi_study(frames: dict, setting: str, prefix: str = "mpi:") -> Figure:
     """Per MPI (one panel each): every algorithm's in-place median time over the fastest npddp algorithm's, vs size.
 
     ``frames``: {panel title (the MPI): ({(bytes, backend): seconds}, dump attributes)}; MPI's own algorithms
-    (``<prefix><name>``) dashed, ``mpi:default`` black, npddp's solid in their fixed colours.
+    (``<prefix><name>``) dashed, ``mpi:default`` black, npddp's solid in their fixed colours. The header
+    names every panel's MPI; host, date and versions are the first dump's.
     """
     meta = next(iter(frames.values()))[1]
     fig = _figure(5.2 * len(frames) + 1.5, 8.0, f"all-reduce time / fastest npddp algorithm's, {setting}\n"
-                                                f"(in place, median; below 1: faster than npddp's best)", meta)
+                                                f"(in place, median; below 1: faster than npddp's best)", meta,
+                  libraries=", ".join(frames))
     axes = fig.subplots(1, len(frames), squeeze=False, sharey=True)[0]
     for ax, (family, (times, _)) in zip(axes, frames.items()):
         names = list(dict.fromkeys(b for _, b in times))

@@ -203,3 +203,16 @@ def test_a_skip_repeated_by_the_tail_run_is_named_once():
     timeout = {"backend": "mpi:ring", "status": "timeout", "honoured": None}
     meta = {"mpi_algorithms": json.dumps([skipped, timeout, skipped])}
     assert ms.unmoved(meta)[1] == ["xhc (skipped: not in this build)", "ring (timeout)"]
+
+
+def test_the_study_figures_header_names_every_mpi_drawn_not_only_the_first():
+    pytest.importorskip("matplotlib")
+    from benchmarks import _plots
+    versions = {"MPICH": "MPICH Version: 5.0.2", "Open MPI": "Open MPI v5.0.11, package: Open MPI",
+                "Intel MPI": "Intel(R) MPI Library 2021.18.1 for Linux* OS"}
+    times = {(n, b): 1e-3 * n / 1024 for n in (1024, 4096) for b in ("mpi:default", "mpi:ring", "ring")}
+    frames = {ms.short_name({"mpi_library": v}, family): (times, {"mpi_library": v, "world_size": 2})
+              for family, v in versions.items()}   # keyed as the report keys them
+    header = _plots.mpi_study(frames, "one node, N = 2", ma.PREFIX).get_suptitle()
+    for name in ("MPICH 5.0.2", "Open MPI 5.0.11", "Intel MPI 2021.18.1"):
+        assert name in header, header
