@@ -75,8 +75,13 @@ class MPIRequest:
             except Exception:   # mpi4py's MPI.Exception: the request completed with an error
                 return
             if not done:
-                if self._is_recv:
+                if self._is_recv:   # a receive's cancel is local: Test completes (and frees) it at once
                     request.Cancel()
+                    try:
+                        if request.Test():
+                            return
+                    except Exception:
+                        return
                 request.Free()
 
 
