@@ -90,12 +90,15 @@ class MPITransport:
 
     name = "mpi"
 
-    def __init__(self, mpi_comm=None, dup: bool = False):
+    def __init__(self, mpi_comm=None, dup: bool = False, owned: bool = False):
+        """``dup``: run over a duplicate of ``mpi_comm`` (collective); ``owned``: ``mpi_comm`` was made for this
+        transport. Either way the communicator is freed when the transport is collected (:func:`free_comm`)."""
         if mpi_comm is None:
             mpi_comm = mpi_world()
         self._abandoned = [False]
         if dup:  # a context of its own (collective): no other communicator ever matches its messages
             mpi_comm = mpi_comm.Dup()
+        if dup or owned:
             weakref.finalize(self, free_comm, mpi_comm, self._abandoned)
         self.comm = mpi_comm
         self.rank = mpi_comm.Get_rank()
@@ -121,4 +124,4 @@ class MPITransport:
 
     def split(self, colors) -> "MPITransport":
         """The transport among the ranks whose color matches this rank's (collective: every rank, same list)."""
-        return MPITransport(self.comm.Split(int(colors[self.rank]), self.rank))
+        return MPITransport(self.comm.Split(int(colors[self.rank]), self.rank), owned=True)
