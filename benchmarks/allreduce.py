@@ -297,7 +297,9 @@ def _measure_group(cfg: SweepConfig, comms: dict, g: Group, count: int, harness,
 
 
 def measure_size(cfg: SweepConfig, comms: dict, todo: list, count: int, harness) -> tuple[np.ndarray, np.ndarray]:
-    """Every group of ``todo`` at ``count`` elements, ``cfg.rounds`` times in turn: (times (groups, iters), #wrong (groups,)).
+    """Every group of ``todo`` at ``count`` elements, ``cfg.rounds`` times in turn.
+
+    Returns (times, wrong): seconds per timed iteration, shape (groups, iters); #wrong, shape (groups,).
 
     Round k starts at group k (mod the groups); a group's timed iterations are its rounds' in
     order, NaN past them; its #wrong is the largest of its rounds'.
