@@ -47,7 +47,6 @@ from npddp.comm import checks as c
 from npddp.comm import signature as sg
 from npddp.comm.engine.call import Call
 from npddp.comm.engine.deadline import wait_until
-from npddp.util import env
 
 #: The tag of aborts: the last collective tag, which :class:`~npddp.comm.engine.call.TagSequence` never hands out.
 CONTROL_TAG = c.USER_TAG_LIMIT + c.COLLECTIVE_TAG_SPAN - 1
@@ -377,11 +376,8 @@ class AbortWatch:
         """Cancel the receives still posted: the communicator is gone, or the process is ending.
 
         Left posted on a group the user passed, they would take a later communicator's aborts on
-        it and hold the group in MPI until MPI_Finalize (which MPICH reports). Nothing is left to
-        cancel once MPI has ended."""
+        it and hold the group in MPI until MPI_Finalize (which MPICH reports)."""
         requests, self.requests = self.requests or (), None
-        if self.transport.name == "mpi" and env.mpi_live() is None:
-            return
         for _, request in requests:
             try:
                 request.cancel()

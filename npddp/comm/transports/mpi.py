@@ -65,24 +65,27 @@ class MPIRequest:
     def cancel(self) -> None:
         """Cancel (receives only: cancelling sends is not portable) and free; MPI may still touch the buffer.
 
-        A request that has failed (a receive whose message did not fit) is complete: nothing to cancel."""
-        if not self._done:
-            self._done = True
-            self._abandoned[0] = True
-            request = self._request
+        A request that has failed (a receive whose message did not fit) is complete: nothing to cancel;
+        once MPI has ended (a communicator collected at exit), nothing can be."""
+        if self._done:
+            return
+        self._done = True
+        self._abandoned[0] = True
+        if env.mpi_live() is None:
+            return
+        request = self._request
+        try:
+            done = request.Test()
+        except Exception:   # mpi4py's MPI.Exception: the request completed with an error
+            return
+        if not done and self._is_recv:
+            request.Cancel()
             try:
-                done = request.Test()
-            except Exception:   # mpi4py's MPI.Exception: the request completed with an error
+                done = request.Test()   # a receive's cancel is local: this completes (and frees) it at once
+            except Exception:
                 return
-            if not done:
-                if self._is_recv:   # a receive's cancel is local: Test completes (and frees) it at once
-                    request.Cancel()
-                    try:
-                        if request.Test():
-                            return
-                    except Exception:
-                        return
-                request.Free()
+        if not done:
+            request.Free()
 
 
 class MPITransport:
