@@ -243,9 +243,11 @@ def test_the_launcher_refuses_a_listen_address_beyond_loopback_without_a_secret(
 # ----------------------------------------------------------------------------- end to end, under the launcher
 
 SCRIPT = textwrap.dedent("""
-    import sys
+    import os, sys, time
     import numpy as np
     from npddp.comm import create
+    if len(sys.argv) > 2 and os.environ["RANK"] == "1":
+        time.sleep(float(sys.argv[2]))   # rank 0 listens until rank 1 has registered: keep it open that long
     comm = create("ring", timeout=60)
     value = float(sys.argv[1])
     x = np.full(1000, value * (comm.rank + 1))
@@ -282,9 +284,10 @@ def test_an_intruder_started_first_never_joins_a_launched_job(tmp_path):
     intruder = subprocess.Popen([sys.executable, str(tmp_path / "intruder.py")], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True,
                                 env=_env(RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
-    time.sleep(0.3)   # it is already knocking when the job starts
+    time.sleep(0.3)   # it is already knocking when the job starts, and rank 0 listens for a second at least
     job = subprocess.run([sys.executable, "-m", "npddp.run", "--nproc", "2", "--master-port", str(port),
-                          str(tmp_path / "job.py"), "3"], capture_output=True, text=True, timeout=120, env=_env())
+                          str(tmp_path / "job.py"), "3", "1.0"], capture_output=True, text=True, timeout=120,
+                         env=_env())
     try:
         i_out, i_err = intruder.communicate(timeout=60)
     finally:
