@@ -20,6 +20,11 @@ import numpy as np
 
 from npddp.nn.module import Parameter
 
+#: The optimizers the training CLI offers by name (``--optimizer``), each with its default ``lr``
+#: (AdamW's is PyTorch's).
+DEFAULT_LR = {"sgd": 0.05, "adamw": 1e-3}
+OPTIMIZERS = tuple(DEFAULT_LR)
+
 
 def _number(name: str, value, low: float, high: float = math.inf, high_open: bool = False) -> float:
     """``float(value)`` if it is a real number in [low, high] (or [low, high)), else ValueError."""
@@ -212,7 +217,7 @@ class AdamW(Optimizer):
     hyper = ("beta1", "beta2", "eps", "weight_decay")
     buffers = ("exp_avg", "exp_avg_sq")
 
-    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+    def __init__(self, params, lr: float = DEFAULT_LR["adamw"], betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2):
         super().__init__(params, lr)
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
@@ -264,10 +269,6 @@ class AdamW(Optimizer):
             np.multiply(s, step_size, out=s)
             np.subtract(w, s, out=w)                              # p -= step_size * m / denom
         self.step_count = t
-
-
-#: The optimizers the training CLI offers by name (``--optimizer``).
-OPTIMIZERS = ("sgd", "adamw")
 
 
 def make_optimizer(name: str, params, *, lr: float, momentum: float = 0.0,

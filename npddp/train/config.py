@@ -22,7 +22,7 @@ from npddp.comm.transports.base import resolve_transport
 from npddp.data import DATASET_NAMES, NORMALIZE_MODES
 from npddp.data.arrays import ARRAY_SUFFIXES
 from npddp.nn.gpt import PRESETS
-from npddp.optim import OPTIMIZERS
+from npddp.optim import DEFAULT_LR, OPTIMIZERS
 from npddp.parallel.builtin import comm_hook_help, comm_hook_names
 from npddp.parallel.ddp import BUCKET_CAP_MB, SYNCS
 from npddp.parallel.model.schedules import SCHEDULES
@@ -185,7 +185,10 @@ class Config:
     batch_size: int = _opt(96, "GLOBAL batch size, split evenly across ranks: it must be a multiple "
                            "of the world size (96 suits 1, 2, 3, 4, 6, 8, ... ranks)", metavar="B",
                            resume="match")
-    lr: float = _opt(0.05, "learning rate", metavar="LR", resume="inherit")
+    lr: typing.Optional[float] = _opt(
+        None, "learning rate", metavar="LR", resume="inherit",
+        shown=", ".join(f"{v:g} with {k}" for k, v in DEFAULT_LR.items()) + "; each optimizer's own, adamw's "
+        "PyTorch's")
     optimizer: str = _opt("sgd", "sgd (with --momentum) or adamw", choices=OPTIMIZERS, resume="match")
     momentum: float = _opt(0.9, "SGD momentum in [0, 1) (ignored by adamw)", metavar="M",
                            resume="match")
@@ -241,6 +244,10 @@ class Config:
         "in the metrics) raise an exception (KIND raise, the default), call sys.exit(3) (exit), "
         "or make the loss NaN (nan), to check that a failure on one rank ends the whole job",
         metavar="RANK:STEP[:KIND]", shown="none")
+
+    def __post_init__(self):
+        if self.lr is None:      # each optimizer's own default (an unknown name is check_config's error)
+            object.__setattr__(self, "lr", DEFAULT_LR.get(self.optimizer, DEFAULT_LR["sgd"]))
 
     def dataset_name(self) -> str:
         """--dataset, or the default for --model."""

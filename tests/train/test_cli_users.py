@@ -80,3 +80,8 @@ def test_a_run_across_pretended_nodes_says_where_the_ranks_are_and_one_node_says
     assert across.stdout.splitlines()[1] == "nodes: 2 x 2 ranks (node0: 0,1; node1: 2,3)", across.stdout
     alone = ok(subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120))
     assert "nodes:" not in alone.stdout and alone.stdout.splitlines()[1].startswith("threads: ")
+
+
+def test_adamw_trains_with_its_own_default_learning_rate_and_the_header_says_so(tmp_path):
+    proc = ok(train(tmp_path, *TINY, "--epochs", "1", "--max-steps", "1", "--optimizer", "adamw", n=None))
+    assert "optimizer: adamw, lr 0.001 (adamw's default), weight decay" in proc.stdout, proc.stdout

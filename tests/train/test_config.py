@@ -101,7 +101,8 @@ def test_every_flag_sets_its_field_and_only_that_one(option, values, name, expec
     cfg = parse_config([option, *values])
     assert getattr(cfg, name) == expected
     others = {k: v for k, v in cfg.as_dict().items() if k != name}
-    assert others == {k: v for k, v in Config().as_dict().items() if k != name}
+    defaults = Config(**{name: expected})           # with the defaults that follow it (--optimizer's lr)
+    assert others == {k: v for k, v in defaults.as_dict().items() if k != name}
 
 
 def test_choices_come_from_the_implementations():
@@ -281,3 +282,13 @@ def test_the_default_backend_follows_the_transport_the_launcher_gives():
     assert default_backend("auto", {}) == ("mpi", "")
     assert default_backend("tcp", {}) == ("auto", "--transport tcp")
     assert default_backend("mpi", tcp) == ("mpi", "")
+
+
+def test_each_optimizer_has_its_own_default_learning_rate_named_in_help():
+    assert parse_config([]).lr == 0.05
+    assert parse_config(["--optimizer", "adamw"]).lr == 1e-3            # PyTorch's AdamW default
+    assert parse_config(["--optimizer", "adamw", "--lr", "0.01"]).lr == 0.01
+    assert parse_args(["--optimizer", "adamw"]) == {"optimizer": "adamw"}  # a resume still inherits lr
+    text = " ".join(build_parser().format_help().split())
+    start = text.index("--lr LR learning rate")
+    assert "0.05 with sgd, 0.001 with adamw" in text[start:text.index("--optimizer {", start)]

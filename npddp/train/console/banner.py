@@ -7,6 +7,7 @@ on ``--resume``, where the run continues.
 
 from __future__ import annotations
 
+from npddp.optim import DEFAULT_LR
 from npddp.train.config import Config
 from npddp.train.console.printer import format_bytes
 
@@ -42,7 +43,8 @@ def header(cfg: Config, comm, ds, model_text: str, model, ddp, trainer, env: dic
               f"data: {ds.name}, {ds.n_train} train / {ds.n_val} val rows of shape {tuple(ds.input_shape)}, "
               f"{ds.num_classes} classes{scaled}; batch {cfg.batch_size} = {shares} x {per_rank}, ")
              + f"{len(trainer.loader)} steps per epoch",
-             f"optimizer: {cfg.optimizer}, lr {cfg.lr}"
+             f"optimizer: {cfg.optimizer}, lr {cfg.lr:g}"
+             + (f" ({cfg.optimizer}'s default)" if cfg.lr == DEFAULT_LR.get(cfg.optimizer) else "")
              + (f", momentum {cfg.momentum}" if cfg.optimizer == "sgd" else "")
              + f", weight decay {cfg.weight_decay}; {cfg.epochs} epochs, seed {cfg.seed}"]
     if cfg.resume:
