@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import sys
 import time
 
@@ -140,8 +141,8 @@ class Trainer:
                     fileformat.write(target, self.pending)
                     shardwrite.remove_old_steps(target, keep="")    # a sharded set this whole file replaces
             except OSError as exc:
-                message = (f"cannot write {target}: {exc.strerror or exc}; the previous file is kept, "
-                           "training stopped")
+                kept = "the previous file is kept" if os.path.lexists(target) else "there was no previous file"
+                message = f"cannot write {target}: {exc.strerror or exc}; {kept}, training stopped"
         self.pending = None
         message = agree(self.comm, message)
         if message:

@@ -129,7 +129,8 @@ def target_problem(where: str, path) -> str | None:
     """Why ``path`` (named ``where`` in the message) cannot be replaced by an atomic write, or None.
 
     Refused: a directory, anything that is not a regular file (a FIFO would block, a device such
-    as /dev/null would be replaced by a regular file), a missing or read-only directory.
+    as /dev/null would be replaced by a regular file), a missing or read-only directory, one
+    where a file cannot be created (tried).
     """
     parent = os.path.dirname(os.path.abspath(path))
     try:
@@ -147,6 +148,21 @@ def target_problem(where: str, path) -> str | None:
         return f"{where}: directory {parent!r} does not exist"
     if not os.access(parent, os.W_OK):
         return f"{where}: directory {parent!r} is not writable"
+    return _create_problem(where, Path(os.path.abspath(path)))
+
+
+def _create_problem(where: str, target: Path) -> str | None:
+    """Why a temporary file cannot be created beside ``target`` (tried, then removed), or None.
+
+    Catches what permission bits do not tell (to root, above all): /proc, a read-only mount.
+    """
+    probe = temp_path(target)
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as exc:
+        return f"{where}: cannot create a file in directory {str(target.parent)!r}: {exc.strerror or exc}"
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
     return None
 
 

@@ -226,3 +226,13 @@ def test_library_name_is_one_line_without_nul_and_storable(tmp_path, version, ex
     with h5py.File(tmp_path / "a.h5", "w") as f:   # Open MPI's trailing NUL made this raise
         runinfo.write_attrs(f, {"mpi_library": name})
         assert f.attrs["mpi_library"] == expected
+
+
+def test_target_problem_tries_to_create_a_file_and_leaves_none(tmp_path):
+    assert atomicfile.target_problem("--out x", tmp_path / "run.h5") is None
+    assert os.listdir(tmp_path) == []
+    problem = atomicfile.target_problem("--out x", "/proc/npddp-test.h5")
+    if os.access("/proc", os.W_OK):                 # root: the permission bits say yes
+        assert problem == "--out x: cannot create a file in directory '/proc': No such file or directory"
+    else:
+        assert problem == "--out x: directory '/proc' is not writable"
