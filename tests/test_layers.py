@@ -98,7 +98,7 @@ def test_the_package_root_holds_at_most_eight_modules_and_every_subpackage_says_
 #: Inside comm, bottom to top: a module imports only from its own level and the levels below it.
 #: Each entry: a level and the comm modules (or subpackages) in it.
 COMM_LEVELS = (
-    ("contracts", ("checks", "base", "signature", "contract")),  # argument checks, the protocol, signatures
+    ("contracts", ("checks", "base", "signature", "contract", "status")),  # argument checks, the protocol, signatures
     ("transports", ("transports",)),                               # the Transport seam and its built-ins
     ("engine", ("engine",)),                                       # deadlines, calls, scratch, work, cost
     ("algorithms", ("p2p", "algorithm", "registry")),              # one file per algorithm; names -> classes

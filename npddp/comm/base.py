@@ -77,14 +77,17 @@ class Communicator(Protocol):
     def send(self, buf: np.ndarray, dest: int, tag: int = 0) -> None:
         """Blocking point-to-point send of ``buf`` to ``dest``."""
 
-    def recv(self, buf: np.ndarray, source: int, tag: int = 0) -> np.ndarray:
-        """Blocking receive into ``buf`` from ``source``; return ``buf``."""
+    def recv(self, buf: np.ndarray, source: int, tag: int = 0, status=None) -> np.ndarray:
+        """Blocking receive into ``buf`` from ``source``; return ``buf``. ``status`` (:class:`npddp.comm.status.Status`)
+        gets the count and the sender's dtype where the transport carries it; ValueError when the message has
+        another dtype or does not fit ``buf``."""
 
     def isend(self, buf: np.ndarray, dest: int, tag: int = 0) -> Work:
         """Start a send of ``buf`` to ``dest`` (user tag 0..16383); ``Work.wait`` returns ``buf``, reusable then."""
 
-    def irecv(self, buf: np.ndarray, source: int, tag: int = 0) -> Work:
-        """Start a receive into ``buf`` from ``source`` (user tag 0..16383); ``Work.wait`` returns ``buf``, filled."""
+    def irecv(self, buf: np.ndarray, source: int, tag: int = 0, status=None) -> Work:
+        """Start a receive into ``buf`` from ``source`` (user tag 0..16383); ``Work.wait`` returns ``buf``, filled,
+        and fills ``status`` as :meth:`recv`."""
 
     def split(self, color: int | None, key: int = 0) -> "Communicator | None":
         """The same backend over the ranks that pass this rank's ``color``, ranked by ``key`` then rank, with

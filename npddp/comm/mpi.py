@@ -17,7 +17,7 @@ from mpi4py import MPI
 from npddp.comm import checks as c
 from npddp.comm.communicators import split as sp
 from npddp.comm.engine.work import DoneWork
-from npddp.comm.mpi_calls import MPICalls, MPIWork, no_request
+from npddp.comm.mpi_calls import MPICalls, MPIWork, Received, no_request
 from npddp.comm.transports.mpi import free_comm
 
 MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
@@ -155,15 +155,20 @@ class MPICommunicator(MPICalls):
         """MPI_Send (MPI_Isend polled against the deadline)."""
         c.check_buffer(buf, writable=False)
         dest, tag, comm = c.check_rank(dest, self._size, "dest"), c.check_tag(tag), self.comm
-        self._run(f"send (tag {tag})", lambda: comm.Send(buf, dest=dest, tag=tag),
-                  lambda: comm.Isend(buf, dest=dest, tag=tag), f"to send to rank {dest}", peer=dest)
+        self._run(f"send (tag {tag})", lambda: comm.Send([buf, MPI.BYTE], dest=dest, tag=tag),
+                  lambda: comm.Isend([buf, MPI.BYTE], dest=dest, tag=tag), f"to send to rank {dest}", peer=dest)
 
-    def recv(self, buf, source, tag=0):
-        """MPI_Recv into ``buf`` (MPI_Irecv polled against the deadline)."""
+    def recv(self, buf, source, tag=0, status=None):
+        """MPI_Recv into ``buf`` (MPI_Irecv polled against the deadline); ``status`` gets the count (MPI carries no
+        dtype); ValueError when the message does not fit."""
         c.check_buffer(buf)
         source, tag, comm = c.check_rank(source, self._size, "source"), c.check_tag(tag), self.comm
-        self._run(f"recv (tag {tag})", lambda: comm.Recv(buf, source=source, tag=tag),
-                  lambda: comm.Irecv(buf, source=source, tag=tag), f"to receive from rank {source}", peer=source)
+        got = Received(None, buf, source, tag, status, f"[rank {self._rank}] mpi recv")
+
+        def start():
+            got.request = comm.Irecv([buf, MPI.BYTE], source=source, tag=tag)
+            return got
+        self._run(f"recv (tag {tag})", lambda: got.blocking(comm), start, f"to receive from rank {source}", peer=source)
         return buf
 
     def isend(self, buf, dest, tag=0):
@@ -171,16 +176,17 @@ class MPICommunicator(MPICalls):
         c.check_buffer(buf, writable=False)
         dest, tag = c.check_rank(dest, self._size, "dest"), c.check_tag(tag)
         self._check_usable()
-        return MPIWork(self, self.comm.Isend(buf, dest=dest, tag=tag), buf, f"isend (tag {tag}) to rank {dest}",
-                       peer=dest)
+        return MPIWork(self, self.comm.Isend([buf, MPI.BYTE], dest=dest, tag=tag), buf,
+                       f"isend (tag {tag}) to rank {dest}", peer=dest)
 
-    def irecv(self, buf, source, tag=0):
-        """MPI_Irecv into ``buf``; its Work's ``wait`` (at most the timeout) returns ``buf``."""
+    def irecv(self, buf, source, tag=0, status=None):
+        """MPI_Irecv into ``buf``; its Work's ``wait`` (at most the timeout) returns ``buf`` and fills ``status``."""
         c.check_buffer(buf)
         source, tag = c.check_rank(source, self._size, "source"), c.check_tag(tag)
         self._check_usable()
-        return MPIWork(self, self.comm.Irecv(buf, source=source, tag=tag), buf,
-                       f"irecv (tag {tag}) from rank {source}", peer=source)
+        got = Received(self.comm.Irecv([buf, MPI.BYTE], source=source, tag=tag), buf, source, tag, status,
+                       f"[rank {self._rank}] mpi irecv")
+        return MPIWork(self, got, buf, f"irecv (tag {tag}) from rank {source}", peer=source)
 
     def split(self, color, key=0):
         """MPI_Comm_split after an all-gather of every rank's (color, key) (collective); None for color None or

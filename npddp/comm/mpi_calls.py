@@ -38,6 +38,7 @@ from npddp.comm import checks as c
 from npddp.comm import signature as sg
 from npddp.comm.base import Backend
 from npddp.comm.engine.deadline import Deadline, Overdue, timeout_text, wait_until
+from npddp.comm.status import check_received
 from npddp.comm.transports.mpi import free_comm, mpi_world
 from npddp.util.guard import departures
 
@@ -209,6 +210,44 @@ class MPICalls(Backend):
         """The world ranks of ``ranks`` of this communicator (None: every member); read once a rank has left."""
         job = departures()
         return [] if job is None else job.world_ranks(self.comm, ranks)
+
+
+class Received:
+    """A receive's MPI request, tested with a status: once complete, the message is checked against the buffer
+    (:func:`~npddp.comm.status.check_received`) and the user's ``status`` filled; truncation is ValueError.
+    Point-to-point messages are bytes (``MPI_BYTE``) both ways: a typed receive of a part of an element aborts MPICH."""
+
+    __slots__ = ("request", "buf", "source", "tag", "status", "where", "mpi_status")
+
+    def __init__(self, request, buf: np.ndarray, source: int, tag: int, status, where: str):
+        self.request, self.buf, self.source, self.tag = request, buf, source, tag
+        self.status, self.where = status, where
+        self.mpi_status = MPI.Status()
+
+    def Test(self) -> bool:
+        """MPI_Test with a status; the check once it has completed."""
+        try:
+            done = self.request.Test(self.mpi_status)
+        except MPI.Exception as exc:
+            raise self.refused(exc) from None
+        if done:
+            check_received(self.buf, self.mpi_status.Get_count(), None, self.source, self.tag, self.status, self.where)
+        return done
+
+    def blocking(self, comm) -> None:
+        """MPI_Recv (no deadline), then the check."""
+        try:
+            comm.Recv([self.buf, MPI.BYTE], source=self.source, tag=self.tag, status=self.mpi_status)
+        except MPI.Exception as exc:
+            raise self.refused(exc) from None
+        check_received(self.buf, self.mpi_status.Get_count(), None, self.source, self.tag, self.status, self.where)
+
+    def refused(self, exc):
+        """A truncated message as ValueError naming both sizes' side (other MPI errors as they are)."""
+        if exc.Get_error_class() != MPI.ERR_TRUNCATE:
+            return exc
+        return ValueError(f"{self.where}: message from rank {self.source} with tag {self.tag} is longer than the "
+                          f"{self.buf.nbytes} bytes of the receive buffer (MPI: message truncated)")
 
 
 def no_request():

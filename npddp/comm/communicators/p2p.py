@@ -255,12 +255,13 @@ class P2PCommunicator(CallLifecycle):
         dest, tag = c.check_rank(dest, self._size, "dest"), c.check_tag(tag)
         self._begin("send", tag).transfer(sends=[(buf, dest)])
 
-    def recv(self, buf, source, tag=0):
-        """Blocking receive into ``buf`` with a user tag (times out like a collective)."""
+    def recv(self, buf, source, tag=0, status=None):
+        """Blocking receive into ``buf`` with a user tag (times out like a collective); ``status``
+        (:class:`~npddp.comm.status.Status`) gets the count and the sender's dtype; ValueError when the message
+        does not fit ``buf``."""
         c.check_buffer(buf)
         source, tag = c.check_rank(source, self._size, "source"), c.check_tag(tag)
-        self._begin("recv", tag).transfer(recvs=[(buf, source)])
-        return buf
+        return PointWork(self._begin("recv", tag), buf, source, is_recv=True, status=status).wait()
 
     def isend(self, buf, dest, tag=0):
         """Start a send of ``buf`` to ``dest`` with a user tag; its Work's ``wait`` returns ``buf``."""
@@ -268,11 +269,12 @@ class P2PCommunicator(CallLifecycle):
         dest, tag = c.check_rank(dest, self._size, "dest"), c.check_tag(tag)
         return PointWork(self._begin("isend", tag), buf, dest, is_recv=False)
 
-    def irecv(self, buf, source, tag=0):
-        """Start a receive into ``buf`` from ``source`` with a user tag; its Work's ``wait`` returns ``buf``."""
+    def irecv(self, buf, source, tag=0, status=None):
+        """Start a receive into ``buf`` from ``source`` with a user tag; its Work's ``wait`` returns ``buf`` and fills
+        ``status``, as :meth:`recv`."""
         c.check_buffer(buf)
         source, tag = c.check_rank(source, self._size, "source"), c.check_tag(tag)
-        return PointWork(self._begin("irecv", tag), buf, source, is_recv=True)
+        return PointWork(self._begin("irecv", tag), buf, source, is_recv=True, status=status)
 
     # --- process groups --------------------------------------------------------------
     def split(self, color, key=0):

@@ -70,6 +70,9 @@ class Transport(Protocol):
     # Optional, read with getattr: ``tag_bound``, the largest tag it carries (32767, MPI's least, when absent);
     # ``unmatched_tags(source)``, the tags of messages from ``source`` that arrived before their receive (a stalled
     # call's argument check looks there: npddp.comm.engine.signed). Without them every collective is signed in full.
+    # A receive's request may offer ``received() -> (nbytes, dtype or None)`` once complete: the bytes that came and
+    # the sender's dtype where the transport carries it (npddp.comm.status); without it a user's recv reports a full
+    # buffer.
 
 
 def is_transport(obj) -> bool:

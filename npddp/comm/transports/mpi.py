@@ -1,9 +1,11 @@
 """The MPI transport: the hand-written algorithms' messages through mpi4py's ``Isend``/``Irecv``.
 
-Only point-to-point methods of the wrapped communicator are called (``Isend``, ``Irecv``, and
-``Test``/``Cancel``/``Free`` on their requests), never a collective, so an algorithm over this
-transport is a hand-written schedule, not MPI's. The one exception is :meth:`MPITransport.split`
-(``MPI_Comm_split``), which ``hier`` calls once, at setup, to make its group of ranks across nodes.
+Messages are bytes (``MPI_BYTE``): what a receive got is counted in bytes and checked above, where
+the receiving buffer's dtype is known. Only point-to-point methods of the wrapped communicator are
+called (``Isend``, ``Irecv``, and ``Test``/``Cancel``/``Free`` on their requests), never a
+collective, so an algorithm over this transport is a hand-written schedule, not MPI's. The one
+exception is :meth:`MPITransport.split` (``MPI_Comm_split``), which ``hier`` calls once, at setup,
+to make its group of ranks across nodes.
 """
 
 from __future__ import annotations
@@ -46,21 +48,39 @@ def mpi_world():
 
 
 class MPIRequest:
-    """A transport request over an mpi4py request."""
+    """A transport request over an mpi4py request; a receive's keeps its MPI status (the bytes that came)."""
 
-    __slots__ = ("_request", "_done", "_is_recv", "_abandoned")
+    __slots__ = ("_request", "_done", "_is_recv", "_abandoned", "_status", "_room")
 
-    def __init__(self, request, is_recv: bool, abandoned: list):
+    def __init__(self, request, is_recv: bool, abandoned: list, status=None, room: int = 0):
         self._request = request
         self._done = False
         self._is_recv = is_recv
         self._abandoned = abandoned
+        self._status, self._room = status, room   # a receive's MPI.Status and its buffer's bytes
 
     def test(self) -> bool:
-        """MPI_Test."""
+        """MPI_Test; a receive whose message is longer than its buffer raises ValueError, as over TCP."""
         if not self._done:
-            self._done = self._request.Test()
+            if self._status is None:
+                self._done = self._request.Test()
+            else:
+                from mpi4py import MPI
+                try:
+                    self._done = self._request.Test(self._status)
+                except MPI.Exception as exc:
+                    if exc.Get_error_class() != MPI.ERR_TRUNCATE:
+                        raise
+                    self._done = True
+                    status = self._status
+                    raise ValueError(f"message from rank {status.Get_source()} with tag {status.Get_tag()} is longer "
+                                     f"than the {self._room} bytes of the receive buffer (MPI: message truncated)"
+                                     ) from None
         return self._done
+
+    def received(self) -> tuple[int, None]:
+        """A completed receive's payload bytes, and None: MPI's messages do not carry the sender's dtype."""
+        return self._status.Get_count(), None
 
     def cancel(self) -> None:
         """Cancel (receives only: cancelling sends is not portable) and free; MPI may still touch the buffer.
@@ -110,15 +130,16 @@ class MPITransport:
         #: The largest tag the library takes (``MPI_TAG_UB``: at least 32767; 2**29 - 1 or more in MPICH, Open MPI
         #: and Intel MPI), which bounds the shape indices the argument check folds into tags.
         self.tag_bound = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
-        self._status, self._any_tag = MPI.Status(), MPI.ANY_TAG
+        self._status, self._any_tag, self._new_status, self._byte = MPI.Status(), MPI.ANY_TAG, MPI.Status, MPI.BYTE
 
     def isend(self, buf: np.ndarray, dest: int, tag: int) -> MPIRequest:
-        """MPI_Isend of ``buf``."""
-        return MPIRequest(self.comm.Isend(buf, dest, tag), False, self._abandoned)
+        """MPI_Isend of ``buf``'s bytes."""
+        return MPIRequest(self.comm.Isend([buf, self._byte], dest, tag), False, self._abandoned)
 
     def irecv(self, buf: np.ndarray, source: int, tag: int) -> MPIRequest:
-        """MPI_Irecv into ``buf``."""
-        return MPIRequest(self.comm.Irecv(buf, source, tag), True, self._abandoned)
+        """MPI_Irecv into ``buf``'s bytes (a typed receive of a part of an element would abort MPICH)."""
+        return MPIRequest(self.comm.Irecv([buf, self._byte], source, tag), True, self._abandoned, self._new_status(),
+                          buf.nbytes)
 
     def unmatched_tags(self, source: int) -> tuple:
         """The tag of the first message from ``source`` that has arrived and no receive has taken (MPI_Iprobe)."""

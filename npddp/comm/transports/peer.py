@@ -1,9 +1,9 @@
 """One TCP connection of the transport: frames, their matching, and early frames (:class:`Peer`).
 
-A message is a frame: a 16-byte header (context, tag, byte count) followed by the raw bytes of
-the sender's array. Sends go out of the caller's buffer (``sendmsg`` of the header and a
-memoryview, no copies); a receive that is posted when its frame arrives lands directly in the
-caller's buffer (``recv_into`` a memoryview). Frames are matched by (context, tag) per peer, in
+A message is a frame: a 16-byte header (context, tag, byte count with the sender's dtype in its
+top byte) followed by the raw bytes of the sender's array. Sends go out of the caller's buffer
+(``sendmsg`` of the header and a memoryview, no copies); a receive that is posted when its frame
+arrives lands directly in the caller's buffer (``recv_into`` a memoryview). Frames are matched by (context, tag) per peer, in
 the order they were sent, as MPI matches by (communicator, tag, source).
 
 A frame that arrives before its receive is posted stays in the kernel's socket buffer while
@@ -26,7 +26,18 @@ from collections import deque
 
 import numpy as np
 
-HEADER = struct.Struct("<IIQ")  # context, tag, payload bytes
+HEADER = struct.Struct("<IIQ")  # context, tag, payload bytes | dtype code << KIND_SHIFT
+KIND_SHIFT = 56
+_SIZE_MASK = (1 << KIND_SHIFT) - 1
+#: The dtypes a frame names (its code: index + 1; 0: another dtype, or a sender that did not say).
+KINDS = tuple(np.dtype(n) for n in ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64",
+                                    "uint64", "float16", "float32", "float64", "complex64", "complex128"))
+_CODES = {d: i + 1 for i, d in enumerate(KINDS)}
+
+
+def kind_code(dtype) -> int:
+    """The header code of ``dtype`` (0 for one :data:`KINDS` does not list)."""
+    return _CODES.get(dtype, 0)
 _SPARE_BUFFERS = 8               # early-frame buffers kept per peer for reuse
 _EMPTY = memoryview(b"")
 
@@ -34,7 +45,7 @@ _EMPTY = memoryview(b"")
 class TCPRequest:
     """One send or receive; ``done`` once complete, ``error`` once its peer is gone."""
 
-    __slots__ = ("_world", "_peer", "key", "view", "done", "error", "header", "sent")
+    __slots__ = ("_world", "_peer", "key", "view", "done", "error", "header", "sent", "nbytes", "kind")
 
     def __init__(self, world, peer, key, view):
         self._world, self._peer, self.key, self.view = world, peer, key, view
@@ -42,6 +53,8 @@ class TCPRequest:
         self.error = None
         self.header = b""  # sends: the frame header
         self.sent = 0      # sends: bytes of header + payload written so far
+        self.nbytes = 0    # receives: the frame's payload bytes, once matched
+        self.kind = 0      # receives: the sender's dtype code (KINDS), once matched
 
     def test(self) -> bool:
         """Progress every peer with pending work; True once this request is complete."""
@@ -58,14 +71,19 @@ class TCPRequest:
             self._peer.cancel(self)
             self.done = True
 
+    def received(self) -> tuple[int, np.dtype | None]:
+        """A completed receive's payload bytes and the sender's dtype (None when the frame did not name one)."""
+        return self.nbytes, KINDS[self.kind - 1] if self.kind else None
+
 
 def as_bytes(buf: np.ndarray) -> memoryview:
     """The bytes of contiguous ``buf`` as a flat memoryview (no copy)."""
     return memoryview(buf.reshape(-1).view(np.uint8))
 
 
-def _deliver(req: TCPRequest, frame, source: int) -> None:
-    """Complete receive ``req`` with a frame that was read (or sent to self) before it was posted."""
+def _deliver(req: TCPRequest, frame, source: int, kind: int) -> None:
+    """Complete receive ``req`` with a frame (of dtype code ``kind``) read (or sent to self) before it was posted."""
+    req.nbytes, req.kind = len(frame), kind
     if len(frame) > len(req.view):
         req.error = _truncated(source, req.key, len(frame), len(req.view))
         return
@@ -87,14 +105,16 @@ class Peer:
         self.posted: dict[tuple, deque] = {}      # (context, tag) -> receives in posting order
         self.nposted = 0
         self.early: dict[tuple, deque] = {}       # (context, tag) -> frames read before their receive
+        self.early_kinds: dict[tuple, deque] = {}  # (context, tag) -> the dtype code of each of those frames
         self.spare: list[bytearray] = []          # buffers early frames were read into, for reuse
         self.header = bytearray(HEADER.size)
         self.header_got = 0
-        self.pending = None                       # (key, nbytes) of a parsed header waiting for a receive
+        self.pending = None                       # (key, nbytes, kind) of a parsed header waiting for a receive
         self.target: memoryview | None = None     # where the current payload goes
         self.target_got = 0
         self.target_req: TCPRequest | None = None  # None: into an early-frame buffer
         self.target_key = None
+        self.target_kind = 0                      # the dtype code of the frame being read
         self.claim: TCPRequest | None = None      # a receive posted while its frame was being read aside
         self.error: ConnectionError | None = None
 
@@ -104,12 +124,12 @@ class Peer:
         return bool(self.sends) or self.nposted > 0 or self.target is not None
 
     # --- sending -----------------------------------------------------------------------
-    def isend(self, view: memoryview, key: tuple) -> TCPRequest:
+    def isend(self, view: memoryview, key: tuple, kind: int = 0) -> TCPRequest:
         req = TCPRequest(self.world, self, key, view)
         if self.error is not None:
             req.error = self.error
             return req
-        req.header = HEADER.pack(key[0], key[1], len(view))
+        req.header = HEADER.pack(key[0], key[1], len(view) | kind << KIND_SHIFT)
         self.sends.append(req)
         if len(self.sends) == 1:
             self.push()
@@ -141,10 +161,11 @@ class Peer:
         req = TCPRequest(self.world, self, key, view)
         frames = self.early.get(key)
         if frames:
-            frame = frames.popleft()
+            frame, kinds = frames.popleft(), self.early_kinds[key]
+            kind = kinds.popleft()
             if not frames:
-                del self.early[key]
-            _deliver(req, frame, self.rank)
+                del self.early[key], self.early_kinds[key]
+            _deliver(req, frame, self.rank, kind)
             self._recycle(frame)
             return req
         if self.error is not None:
@@ -160,8 +181,8 @@ class Peer:
         self.nposted += 1
         return req
 
-    def _match(self, key, nbytes) -> bool:
-        """Start reading the payload of frame ``(key, nbytes)``; False to leave it in the socket for now."""
+    def _match(self, key, nbytes, kind) -> bool:
+        """Start reading the payload of frame ``(key, nbytes, kind)``; False to leave it in the socket for now."""
         if key[0] in self.world.retired:  # a dropped communicator's leftover: read it into a sink, deliver nothing
             if nbytes:
                 self.target, self.target_req, self.target_key = memoryview(bytearray(nbytes)), None, None
@@ -173,6 +194,7 @@ class Peer:
             self.nposted -= 1
             if not queue:
                 del self.posted[key]
+            req.nbytes, req.kind = nbytes, kind
             if nbytes > len(req.view):  # the receive fails; its frame is read into a sink, so the stream stays in step
                 req.error = _truncated(self.rank, key, nbytes, len(req.view))
                 self.target, self.target_req, self.target_key = memoryview(bytearray(nbytes)), None, None
@@ -185,11 +207,12 @@ class Peer:
         elif self.nposted:  # a receive for another tag waits behind this frame: read it aside
             if not nbytes:
                 self.early.setdefault(key, deque()).append(_EMPTY)
+                self.early_kinds.setdefault(key, deque()).append(kind)
                 return True
             self.target, self.target_req = memoryview(self._spare(nbytes))[:nbytes], None
         else:
             return False
-        self.target_got, self.target_key = 0, key
+        self.target_got, self.target_key, self.target_kind = 0, key, kind
         return True
 
     def _recycle(self, frame: memoryview) -> None:
@@ -228,8 +251,8 @@ class Peer:
                         if got < HEADER.size:
                             continue
                         self.header_got = 0
-                        context, tag, nbytes = HEADER.unpack(self.header)
-                        self.pending = ((context, tag), nbytes)
+                        context, tag, word = HEADER.unpack(self.header)
+                        self.pending = ((context, tag), word & _SIZE_MASK, word >> KIND_SHIFT)
                     if not self._match(*self.pending):
                         return
                     self.pending = None
@@ -244,11 +267,12 @@ class Peer:
                     if req is not None:
                         req.done = True
                     elif self.claim is not None:
-                        _deliver(self.claim, target, self.rank)
+                        _deliver(self.claim, target, self.rank, self.target_kind)
                         self._recycle(target)
                         self.claim = None
                     elif self.target_key is not None:  # None: the bytes of a cancelled receive
                         self.early.setdefault(self.target_key, deque()).append(target)
+                        self.early_kinds.setdefault(self.target_key, deque()).append(self.target_kind)
                     self.target = self.target_req = None
                     if not self.nposted:
                         return
@@ -301,15 +325,17 @@ class SelfPeer:
         self.world, self.rank = world, rank
         self.posted: dict[tuple, deque] = {}
         self.early: dict[tuple, deque] = {}
+        self.early_kinds: dict[tuple, deque] = {}
 
-    def isend(self, view: memoryview, key: tuple) -> TCPRequest:
+    def isend(self, view: memoryview, key: tuple, kind: int = 0) -> TCPRequest:
         req = TCPRequest(self.world, self, key, view)
         queue = self.posted.get(key)
         if queue:
             recv = queue.popleft()
-            _deliver(recv, view, self.rank)
+            _deliver(recv, view, self.rank, kind)
         else:
             self.early.setdefault(key, deque()).append(memoryview(bytearray(view)))
+            self.early_kinds.setdefault(key, deque()).append(kind)
         req.done = True
         return req
 
@@ -317,7 +343,7 @@ class SelfPeer:
         req = TCPRequest(self.world, self, key, view)
         frames = self.early.get(key)
         if frames:
-            _deliver(req, frames.popleft(), self.rank)
+            _deliver(req, frames.popleft(), self.rank, self.early_kinds[key].popleft())
         else:
             self.posted.setdefault(key, deque()).append(req)
         return req

@@ -19,7 +19,7 @@ import weakref
 
 import numpy as np
 
-from npddp.comm.transports.peer import Peer, SelfPeer, TCPRequest, as_bytes
+from npddp.comm.transports.peer import Peer, SelfPeer, TCPRequest, as_bytes, kind_code
 
 CONTROL = 0xFFFFFFFF             # the context of the world's own agreement messages
 
@@ -69,7 +69,7 @@ class TCPWorld:
         self.retired.add(context)
         for peer in self.peers:
             for key in [k for k in peer.early if k[0] == context]:
-                del peer.early[key]
+                del peer.early[key], peer.early_kinds[key]
             for key in [k for k in peer.posted if k[0] == context]:
                 if isinstance(peer, Peer):
                     peer.nposted -= len(peer.posted[key])
@@ -126,8 +126,8 @@ class TCPTransport:
         self.hosts = [world.hosts[r] for r in ranks]
 
     def isend(self, buf: np.ndarray, dest: int, tag: int) -> TCPRequest:
-        """Queue a frame of ``buf``'s bytes to ``dest``; written now as far as the socket takes it."""
-        return self._peers[dest].isend(as_bytes(buf), (self.context, tag))
+        """Queue a frame of ``buf``'s bytes (and its dtype) to ``dest``; written now as far as the socket takes it."""
+        return self._peers[dest].isend(as_bytes(buf), (self.context, tag), kind_code(buf.dtype))
 
     def irecv(self, buf: np.ndarray, source: int, tag: int) -> TCPRequest:
         """Post a receive of the next frame from ``source`` with ``tag`` into ``buf``."""

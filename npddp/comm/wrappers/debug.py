@@ -253,9 +253,9 @@ class DebugCommunicator:
         """Point-to-point: passed through unchecked."""
         self.inner.send(buf, dest, tag)
 
-    def recv(self, buf, source, tag=0):
+    def recv(self, buf, source, tag=0, status=None):
         """Point-to-point: passed through unchecked."""
-        return self.inner.recv(buf, source, tag)
+        return self.inner.recv(buf, source, tag, status)
 
     def ireduce_scatter(self, buf, op="sum", out=None):
         """Checked ireduce_scatter; the wrapped backend's Work handle is returned as is."""
