@@ -17,6 +17,7 @@ the idle stretches, with each rank named by its mesh coordinates.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +43,8 @@ def load(path) -> dict:
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: not a readable JSON trace ({exc})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not a readable JSON trace (nested too deeply)") from None
     if not isinstance(doc, dict) or "traceEvents" not in doc:
         raise ValueError(f"{path}: no traceEvents: not a Chrome trace")
     return doc
@@ -254,8 +257,15 @@ def timeline(doc: dict, step: int | None = None, title: str = ""):
 
 
 def report(paths, outdir, formats, dpi: int, plots: bool = True, step: int | None = None) -> tuple[int, list]:
-    """Print every trace's summary and draw its timeline; (exit status, files written)."""
+    """Print every trace's summary and draw its timeline (without matplotlib: a note, no plots); (exit status,
+    files written)."""
     written = []
+    if plots:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("report.py: matplotlib is not installed (pip install matplotlib); no plots", file=sys.stderr)
+            plots = False
     for path in paths:
         try:
             doc = load(path)

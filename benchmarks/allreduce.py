@@ -66,15 +66,22 @@ if not __package__:  # run by path: the repository root stands in for this folde
 
 import argparse
 import json
+import math
+import os
 import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from mpi4py import MPI
+
+try:
+    from mpi4py import MPI
+except ImportError:   # the sweep's harness (barriers, the timings' all-reduce) is MPI's: main says so in one line
+    MPI = None
 
 from npddp import comm as npcomm
 from benchmarks import results
 from npddp.process.job import abort_on_exception
+from npddp.util import env
 
 from benchmarks import _common as bc
 from benchmarks.columns import BUFFERS
@@ -173,6 +180,15 @@ def build_parser(verbose: bool = True) -> argparse.ArgumentParser:
     return p
 
 
+#: Buffers of the largest size a rank holds at once (the vector, its result, the checked input), at least.
+BUFFER_COPIES = 3
+
+
+def _memory_bytes() -> int:
+    """This machine's physical memory in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def parse_config(argv, verbose: bool = True) -> SweepConfig:
     """Parse and check ``argv``; on bad input print (if verbose) and raise SystemExit(2)."""
     bc.load_plugins(argv)
@@ -194,6 +210,11 @@ def parse_config(argv, verbose: bool = True) -> SweepConfig:
         parser.error(f"-b/--minbytes {a.minbytes} is smaller than one {a.dtype} element ({itemsize} bytes)")
     if a.minbytes > a.maxbytes:
         parser.error(f"-b/--minbytes {a.minbytes} is larger than -e/--maxbytes {a.maxbytes}")
+    largest = a.minbytes * a.factor ** int(math.log(a.maxbytes / a.minbytes, a.factor) + 1e-9)
+    if BUFFER_COPIES * largest > _memory_bytes():
+        parser.error(f"-e/--maxbytes {bc.format_size(a.maxbytes)}: a sweep to {bc.format_size(largest)} needs about "
+                     f"{BUFFER_COPIES} buffers of that size on each rank, more than this machine's "
+                     f"{_memory_bytes() / (1 << 30):.1f} GiB of memory; use a smaller -e")
     if not a.budget > 0:
         parser.error(f"--budget must be > 0 seconds, got {a.budget}")
     if a.rounds > a.iters:
@@ -428,9 +449,17 @@ def write_outputs(cfg: SweepConfig, rows: list[dict], raw: np.ndarray, n: int, a
 
 
 def main(argv=None, mpi_comm=None) -> int:
-    """Run the sweep on ``mpi_comm`` (default COMM_WORLD); 0 if every result was exact, else 1."""
-    world = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+    """Run the sweep on ``mpi_comm`` (default COMM_WORLD); 0 if every result was exact, else 1; 2 without mpi4py."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if MPI is None and mpi_comm is None:
+        first = env.world_rank() == 0
+        parse_config(argv, verbose=first)              # --help and bad arguments as anywhere
+        if first:
+            print("allreduce.py: error: the sweep runs under MPI (its barriers and the all-reduce of the timings are "
+                  "MPI's), and mpi4py cannot be imported here: pip install \"npddp[mpich]\" and run it under mpirun "
+                  "(the hand-written backends then time --transports mpi,tcp)", file=sys.stderr, flush=True)
+        return 2
+    world = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
     rank, n = world.Get_rank(), world.Get_size()
     cfg = parse_config(argv, verbose=rank == 0)
     bc.check_out({"--out": cfg.out, "--csv": cfg.csv}, world, build_parser(rank == 0))

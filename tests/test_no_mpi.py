@@ -110,3 +110,14 @@ def test_the_cannot_load_mpi_line_keeps_whole_paths():
     assert shown and all(p in paths for p in shown), detail           # every path shown whole, none cut
     assert detail.endswith(f" (and {len(paths) - len(shown)} more)") and len(shown) < len(paths)
     assert mpi_load_detail("cannot load MPI library") == "libmpi not found"
+
+
+def test_the_allreduce_benchmark_says_in_one_line_that_it_needs_mpi4py(no_mpi4py):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-m", "npddp.run", "--nproc", "2",
+                           os.path.join(root, "benchmarks", "allreduce.py"), "--backends", "ring"],
+                          env=no_mpi4py, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == "", done.stderr
+    lines = [line for line in done.stderr.splitlines() if "allreduce.py" in line]
+    assert len(lines) == 1 and "mpi4py cannot be imported here" in lines[0], done.stderr

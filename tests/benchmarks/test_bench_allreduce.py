@@ -86,6 +86,8 @@ def test_sizes_round_to_whole_elements_and_drop_duplicates():
     (["-e", "12Q"], "bad size '12Q'"),
     (["--iters", "0"], "must be >= 1"),
     (["--budget", "0"], "--budget must be > 0"),
+    (["-b", "1T", "-e", "1T"], "-e/--maxbytes 1T: a sweep to 1T needs about 3 buffers of that size on each rank"),
+    (["-e", "1T", "-f", "4"], "a sweep to 512G needs about 3 buffers"),
 ])
 def test_bad_arguments_exit_2_with_a_clear_message(capsys, argv, message):
     with pytest.raises(SystemExit) as e:

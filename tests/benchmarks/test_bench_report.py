@@ -428,3 +428,21 @@ def test_a_trace_step_not_in_the_trace_is_one_line_before_any_table(dumps, tmp_p
                                 "traced steps: [1]"], err
     assert report.main([str(trace), "--trace-step", "1", "--no-plots"]) == 0    # the step it has: its summary
     assert "all-reduce bucket 0" in capsys.readouterr().out
+
+
+def test_a_trace_without_matplotlib_prints_its_summary_and_one_line_instead_of_plots(tmp_path, capsys, monkeypatch):
+    trace = _trace(tmp_path / "t.json")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)          # import matplotlib raises ImportError
+    assert report.main([str(trace), "--outdir", str(tmp_path / "plots")]) == 0
+    out, err = capsys.readouterr()
+    assert "all-reduce bucket 0" in out and not (tmp_path / "plots").exists()
+    assert err.splitlines() == ["report.py: matplotlib is not installed (pip install matplotlib); no plots"], err
+
+
+@pytest.mark.parametrize("name", ["deep.json", "deep.h5"])
+def test_a_file_of_brackets_is_one_line_and_exit_2(tmp_path, capsys, name):
+    path = tmp_path / name
+    path.write_text("[" * 100_000)
+    assert report.main([str(path), "--no-plots"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1 and err.startswith(f"report.py: error: {path}"), err
