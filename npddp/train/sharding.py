@@ -84,10 +84,13 @@ def bytes_per_rank(stage: int, engine, optimizer) -> dict:
     return {**held, "optimizer": state}
 
 
-def memory_line(stage: int, engine, optimizer) -> str:
-    """The header line: ``zero: stage 2; per rank: params 1.2 MiB, grads ..., optimizer ...``."""
+def memory_line(stage: int, engine, optimizer, replicas: int = 2) -> str:
+    """The header line: ``zero: stage 2; per rank: params 1.2 MiB, grads ..., optimizer ...``; with one data
+    replica the stage shards nothing, and the line says so."""
     held = bytes_per_rank(stage, engine, optimizer)
     what = {0: "DDP, nothing sharded", 1: "optimizer state sharded", 2: "optimizer state and gradients sharded",
             3: "optimizer state, gradients and parameters sharded"}[stage]
+    if stage and replicas == 1:
+        what = "one data replica: nothing to shard across"
     return (f"zero: stage {stage} ({what}); held per rank between steps: params {format_bytes(held['params'])}, "
             f"grads {format_bytes(held['grads'])}, optimizer {format_bytes(held['optimizer'])}")

@@ -85,3 +85,12 @@ def test_a_run_across_pretended_nodes_says_where_the_ranks_are_and_one_node_says
 def test_adamw_trains_with_its_own_default_learning_rate_and_the_header_says_so(tmp_path):
     proc = ok(train(tmp_path, *TINY, "--epochs", "1", "--max-steps", "1", "--optimizer", "adamw", n=None))
     assert "optimizer: adamw, lr 0.001 (adamw's default), weight decay" in proc.stdout, proc.stdout
+
+
+def test_a_checkpoint_of_the_mpi_backend_resumes_over_tcp_with_the_default_backend_and_says_why(tmp_path):
+    ok(train(tmp_path, *TINY, "--epochs", "1", "--max-steps", "2", "--checkpoint", "c.h5", n=None))   # backend mpi
+    assert fileformat.read(tmp_path / "c.h5").backend == "mpi"
+    resumed = ok(train(tmp_path, "--checkpoint", "c.h5", "--resume", "--max-steps", "4", n=1, launcher="npddp.run"))
+    assert ("backend auto over tcp (default: the checkpoint's --backend mpi needs an MPI launcher; not started by "
+            "MPI)") in resumed.stdout, resumed.stdout
+    assert "resume: changed since the checkpoint: --backend mpi -> auto" in resumed.stdout, resumed.stdout

@@ -1,6 +1,7 @@
 """--resume without MPI: which settings come from the checkpoint, what may change and what the
 header says about it, and the messages for a checkpoint that does not fit this run."""
 
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -68,6 +69,33 @@ def test_the_header_names_what_changed_and_whether_bit_identity_holds(argv, worl
     assert len(lines) == 1 and expected in lines[0], lines
     if "--epochs" in argv:
         assert "--epochs" not in lines[0]                 # given, but with the saved value
+
+
+def test_a_split_model_resumed_names_its_data_replicas_not_its_world_size():
+    """tp 2 x dp 2 (4 ranks, 2 replicas) resumed as pp 2 on 2 ranks: 1 replica, beside a header of 2 ranks."""
+    saved = {**SAVED, "config": {**SAVED_CONFIG, "tp": 2, "zero": 1}}
+    given = parse_args(["--checkpoint", "c.h5", "--resume", "--tp", "1", "--pp", "2"])
+    lines = resume.changes(resume.merge(given, saved, "c.h5"), given, saved, 1)
+    assert lines[0].startswith("resume: changed since the checkpoint: data replicas 2 -> 1, --tp 2 -> 1, --pp 1 -> 2")
+    assert "world size" not in lines[0]
+
+
+def test_a_backend_replaced_without_being_given_counts_as_a_change():
+    """The checkpoint's mpi, which a job over TCP cannot run, is replaced by the default: not bit-identical."""
+    saved = {**SAVED, "config": {**SAVED_CONFIG, "backend": "mpi"}}
+    given = parse_args(["--checkpoint", "c.h5", "--resume"])
+    cfg = dataclasses.replace(resume.merge(given, saved, "c.h5"), backend="auto")
+    lines = resume.changes(cfg, given, saved, 2)
+    assert "--backend mpi -> auto; gradients are summed in another order" in lines[0], lines
+
+
+def test_the_zero_line_says_one_data_replica_shards_nothing():
+    from npddp.train.sharding import memory_line
+    model, opt = _model_and_optimizer()
+    engine = SimpleNamespace(parameters=model.parameters)
+    assert memory_line(1, engine, opt, replicas=2).startswith("zero: stage 1 (optimizer state sharded); held")
+    assert memory_line(1, engine, opt, replicas=1).startswith("zero: stage 1 (one data replica: nothing to shard "
+                                                              "across); held")
 
 
 @pytest.mark.parametrize("n, batch, world, steps", [(384, 32, 2, 12), (100, 10, 1, 10), (101, 10, 1, 11),

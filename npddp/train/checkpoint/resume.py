@@ -83,13 +83,17 @@ def merge(given: dict, saved: dict, path: str) -> Config:
 def changes(cfg: Config, given: dict, saved: dict, world_size: int, unkept: str = "") -> list[str]:
     """Header lines naming what differs from the checkpoint and whether bit-identity still holds.
 
-    ``unkept``: state of this run that its checkpoints do not hold (a split run's), "" for none.
+    ``world_size``: this run's data replicas (its ranks, unless --tp/--pp split the model), compared with
+    the checkpoint's; ``unkept``: state of this run that its checkpoints do not hold (a split run's), "" for none.
+    A setting that differs without being given (a backend this transport cannot run) counts as changed.
     """
     config, lines, order = saved["config"], [], []
-    now, was = {"world size": world_size}, {"world size": saved["world_size"]}
+    split = cfg.tp * cfg.pp > 1 or config.get("tp", 1) * config.get("pp", 1) > 1
+    size = "data replicas" if split else "world size"       # a split model's ranks share their replica's rows
+    now, was = {size: world_size}, {size: saved["world_size"]}
     for name in inherited_on_resume():
-        if name in given and name in config and given[name] != config[name]:
-            now[flag(name)], was[flag(name)] = given[name], config[name]
+        if name in config and getattr(cfg, name) != config[name]:
+            now[flag(name)], was[flag(name)] = getattr(cfg, name), config[name]
     for key in now:
         if now[key] != was[key]:
             lines.append(f"{key} {_show(was[key])} -> {_show(now[key])}")

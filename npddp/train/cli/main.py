@@ -104,7 +104,7 @@ def _mpi_over_tcp(cfg: Config) -> str | None:
 
 def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
     """Everything after the communicator exists; JobError for failures every rank agrees on."""
-    cfg, comm, ckpt, saved = _settle_config(cfg, given, comm)
+    cfg, comm, ckpt, saved, picked = _settle_config(cfg, given, comm)
     n_threads, why = threads.resolve(cfg.threads)
     threads.apply(n_threads)
     settings, ds, model, dropouts, model_text = _inputs_and_model(cfg, comm)
@@ -121,7 +121,7 @@ def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
     elif cfg.resume:
         with ddp.full_parameters():
             resume.restore_into(trainer, ckpt, saved, out)
-    chosen = "" if "backend" in given or cfg.resume else default_backend(cfg.transport)[1]
+    chosen = picked or ("" if "backend" in given or cfg.resume else default_backend(cfg.transport)[1])
     for line in header(cfg, comm, ds, model_text, model, ddp, trainer, env, threads.describe(n_threads, why),
                        chosen, _nodes(comm)):
         out.info(line)
@@ -134,9 +134,10 @@ def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
 def _settle_config(cfg: Config, given: dict, comm):
     """The run's settings (from the checkpoint on --resume), checked; the communicator they ask for.
 
-    Returns ``(cfg, comm, ckpt, saved)``: the checkpoint read on --resume (rank 0) and its settings.
+    Returns ``(cfg, comm, ckpt, saved, picked)``: the checkpoint read on --resume (rank 0), its settings, and why
+    the backend is not the checkpoint's when this transport cannot run that one ("" otherwise).
     """
-    opened, ckpt, saved = (cfg.backend, cfg.transport), None, None
+    opened, ckpt, saved, picked = (cfg.backend, cfg.transport), None, None, ""
     if cfg.resume == "auto":  # resume when the checkpoint exists (rank 0 looks), else start fresh
         cfg = resume.auto(comm, cfg)
         if not cfg.resume and "backend" not in given:  # fresh: the default backend, not the provisional one
@@ -148,6 +149,10 @@ def _settle_config(cfg: Config, given: dict, comm):
             ckpt, saved = resume.read_saved(comm, cfg.checkpoint)
             cfg = resume.merge(given, saved, cfg.checkpoint)
             load_plugins(cfg.plugin)           # the checkpoint's plugins, before its backend is opened
+            if _mpi_over_tcp(cfg) and "backend" not in given:   # not inherited: the default of this transport
+                backend, why = default_backend(cfg.transport)
+                picked = f"the checkpoint's --backend {cfg.backend} needs an MPI launcher; {why}"
+                cfg = dataclasses.replace(cfg, backend=backend)
             if _mpi_over_tcp(cfg):
                 raise ConfigError(_mpi_over_tcp(cfg))
         check_config(cfg, comm.size)
@@ -155,7 +160,7 @@ def _settle_config(cfg: Config, given: dict, comm):
         raise JobError(str(exc), EXIT_USAGE) from None
     if (cfg.backend, cfg.transport) != opened:  # the checkpoint's backend, taken over on --resume
         comm = open_communicator(cfg.backend, timeout=cfg.timeout, transport=cfg.transport)
-    return cfg, comm, ckpt, saved
+    return cfg, comm, ckpt, saved, picked
 
 
 def _inputs_and_model(cfg: Config, comm):
@@ -224,13 +229,13 @@ def _environment(cfg: Config, comm, n_threads: int) -> dict:
 
 def _announce(cfg: Config, given: dict, saved, comm, out: Printer, ddp, optimizer, warning: str | None) -> None:
     """The lines after the header: ZeRO memory, what a resume changed, stale files removed, a scaling warning."""
+    replicas = ddp.mesh.dp if layout.is_split(cfg) else comm.size
     if cfg.zero:
-        out.info(sharding.memory_line(cfg.zero, ddp, optimizer))
+        out.info(sharding.memory_line(cfg.zero, ddp, optimizer, replicas))
     if layout.is_split(cfg):
         out.info(layout.layout_line(cfg, comm.size) + f"; rank 0 holds {ddp.stage.num_parameters():,} of "
                  f"{ddp.whole_count():,} parameters")
     if cfg.resume:
-        replicas = ddp.mesh.dp if layout.is_split(cfg) else comm.size
         unkept = ddp.unkept_state(cfg) if layout.is_split(cfg) else ""
         for line in resume.changes(cfg, given, saved, replicas, unkept):
             out.info(line)
