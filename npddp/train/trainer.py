@@ -254,7 +254,7 @@ class Trainer:
             counted = not self.split or ddp.reports
             self.recorder.record(self.step, epoch + 1, b, loss if counted else 0.0, len(yb) if counted else 0,
                                  self.optimizer.lr, now - t0, ddp.stats)
-            self.progress.update(float("nan") if loss is None else loss)   # --pp: rank 0 is the first stage
+            self.progress.update(loss)        # None under --pp: rank 0 is the first stage
             stop = bool(cfg.max_steps) and self.step >= cfg.max_steps
             if b < total and (stop or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0)):
                 self.flush()

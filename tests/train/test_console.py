@@ -72,6 +72,18 @@ def test_log_lines_come_every_interval_with_step_epoch_share_loss_rate_and_eta()
                                                "elapsed 0:20  ETA 0:30")
 
 
+def test_a_rank_that_never_sees_the_loss_leaves_it_out_of_its_lines():
+    """--pp: rank 0 is the first pipeline stage; its lines said ``loss nan``."""
+    now = [0.0]
+    out = io.StringIO()
+    progress = Progress("log", out, io.StringIO(), epochs=1, steps_per_epoch=10, total_steps=10, step=0,
+                        batch=4, log_every=1.0, clock=lambda: now[0])
+    progress.start_epoch(0, 0)
+    now[0] += 2.0
+    progress.update(None)
+    assert out.getvalue().splitlines() == ["step  1/10  epoch 1/1 (10%)  2 samples/s  elapsed 0:02  ETA 0:18"]
+
+
 def test_no_output_at_all_in_mode_none():
     out, err = io.StringIO(), io.StringIO()
     progress = Progress("none", out, err, epochs=1, steps_per_epoch=3, total_steps=3, step=0, batch=1,

@@ -12,7 +12,8 @@ progress bar to stderr. Progress (``--progress``):
 * ``auto`` (the default): ``bar`` when stderr is a terminal, else ``log``; ``none``: neither.
 
 ``--quiet`` silences both. The loss shown is rank 0's mean over the steps since the last
-update (the epoch lines report the loss over all ranks).
+update (the epoch lines report the loss over all ranks); with ``--pp`` rank 0 is the first
+pipeline stage, which never sees the loss, so its lines leave the loss out.
 """
 
 from __future__ import annotations
@@ -109,16 +110,17 @@ class Progress:
                              file=self.err, leave=False, dynamic_ncols=True, mininterval=0.2,
                              smoothing=0.1)
 
-    def update(self, loss: float) -> None:
-        """One optimizer step of ``batch`` rows with rank 0's loss ``loss``."""
+    def update(self, loss: float | None) -> None:
+        """One optimizer step of ``batch`` rows with rank 0's loss ``loss`` (None: rank 0 does not know it)."""
         self.step += 1
         self.batch_in_epoch += 1
-        self._loss_sum += loss
-        self._steps += 1
+        if loss is not None:
+            self._loss_sum += loss
+            self._steps += 1
         self._rows += self.batch
         if self._bar is not None:
             self._bar.update(self.batch)
-            if self._steps >= 10 or self._bar.n >= self._bar.total:
+            if self._steps >= 10 or (self._steps and self._bar.n >= self._bar.total):
                 self._bar.set_postfix_str(f"loss {self._loss_sum / self._steps:.4f}", refresh=False)
                 self._loss_sum, self._steps = 0.0, 0
         elif self.mode == "log":
@@ -136,10 +138,10 @@ class Progress:
         left = max(self.total_steps - self.step, 0)
         eta = format_duration(elapsed / done * left) if done else "?"
         share = 100.0 * min(self.batch_in_epoch, self.steps_per_epoch) / self.steps_per_epoch
-        loss = self._loss_sum / self._steps if self._steps else float("nan")
+        loss = f"  loss {self._loss_sum / self._steps:.4f}" if self._steps else ""   # none known: left out
         width = len(str(self.total_steps))
         return (f"step {self.step:>{width}}/{self.total_steps}  epoch {self.epoch + 1}/{self.epochs} "
-                f"({share:.0f}%)  loss {loss:.4f}  {rate:,.0f} samples/s  elapsed "
+                f"({share:.0f}%){loss}  {rate:,.0f} samples/s  elapsed "
                 f"{format_duration(elapsed)}  ETA {eta}")
 
     def end_epoch(self) -> None:
