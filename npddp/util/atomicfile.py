@@ -16,6 +16,7 @@ before every write.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import socket
@@ -171,10 +172,10 @@ def _check_target(path) -> Path:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
     target = Path(path)
-    if target.is_dir():
-        raise IsADirectoryError(f"{target} is a directory; expected a file path")
+    if target.is_dir():      # strerror says why; the callers' "cannot write PATH: ..." names the path once
+        raise IsADirectoryError(errno.EISDIR, "it is a directory; expected a file path", str(target))
     if not target.parent.is_dir():
-        raise FileNotFoundError(f"cannot write {target}: directory {target.parent} does not exist")
+        raise FileNotFoundError(errno.ENOENT, f"directory {target.parent} does not exist", str(target))
     return target
 
 

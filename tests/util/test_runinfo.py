@@ -236,3 +236,17 @@ def test_target_problem_tries_to_create_a_file_and_leaves_none(tmp_path):
         assert problem == "--out x: cannot create a file in directory '/proc': No such file or directory"
     else:
         assert problem == "--out x: directory '/proc' is not writable"
+
+
+def test_a_write_into_a_missing_directory_says_why_without_repeating_the_path(tmp_path):
+    """Callers print ``cannot write PATH: <strerror>``; the error once read ``cannot write X: cannot write X: ...``."""
+    target = tmp_path / "missing" / "run.h5"
+    with pytest.raises(FileNotFoundError) as info:
+        with atomicfile.atomic_h5(target):
+            pass
+    assert info.value.strerror == f"directory {target.parent} does not exist"
+    assert info.value.filename == str(target)
+    with pytest.raises(IsADirectoryError) as info:
+        with atomicfile.atomic_h5(tmp_path):
+            pass
+    assert str(tmp_path) not in info.value.strerror
