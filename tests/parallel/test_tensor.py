@@ -154,7 +154,8 @@ def test_heads_not_divisible_is_one_value_error_before_sending():
 
 
 def test_hidden_not_divisible_is_one_value_error():
-    with pytest.raises(ValueError, match=r"0 out_features 12 is not divisible by the tensor-parallel size 5"):
+    with pytest.raises(ValueError, match=r"^layer '0' \(Linear 5 -> 12\): out_features 12 is not divisible by the "
+                                         r"tensor-parallel size 5"):
         tensor_parallel(make_model("mlp"), _Group(5))
     model = gpt(VOCAB, CONTEXT, d_model=8, num_layers=1, num_heads=4, d_ff=10, dtype=np.float64)
     with pytest.raises(ValueError, match=r"d_ff 10 is not divisible by the tensor-parallel size 4"):

@@ -52,7 +52,8 @@ def test_bad_layouts_are_one_error_before_anything_is_sent(argv, world, text):
 @pytest.mark.parametrize("argv,text", [
     (["--model", "gpt", "--tp", "3"], "--tp 3 --pp 1: num_heads 4 is not divisible by the tensor-parallel size 3"),
     (["--model", "mlp", "--hidden", "16", "--pp", "3"], "into 3 pipeline stages; stages must be an integer in [1, 2]"),
-    (["--model", "mlp", "--hidden", "6", "6", "--tp", "4"], "out_features 6 is not divisible"),
+    (["--model", "mlp", "--hidden", "6", "6", "--tp", "4"],
+     "--tp 4 --pp 1: layer '0' (Linear 10 -> 6): out_features 6 is not divisible by the tensor-parallel size 4"),
 ])
 def test_sizes_the_split_cannot_take_are_found_by_a_dry_build(argv, text):
     cfg = cfg_of(argv)

@@ -41,7 +41,8 @@ def _mlp_plan(net: Sequential, tp: int, where: str) -> list[str]:
         name = f"{where}{i}"
         if isinstance(layer, Linear):
             if open_pair is None and any(isinstance(m, Linear) for m in net.layers[i + 1:]):
-                check_divisible(f"{name} out_features", layer.out_features, tp)
+                check_divisible(f"layer {name!r} (Linear {layer.in_features} -> {layer.out_features}): out_features",
+                                layer.out_features, tp)        # a layer's name such as '0' alone reads as a count
                 plan.append("column")
                 open_pair = layer
             elif open_pair is not None:
