@@ -68,12 +68,14 @@ class LauncherError(RuntimeError):
 
 
 def tcp_program(cmd: list[str]) -> list[str]:
-    """``python -m MOD ...`` or ``python SCRIPT ...`` as ``npddp.run`` takes it; ValueError for anything else."""
+    """``python -m MOD ...`` or ``python SCRIPT ...`` as ``npddp.run`` takes it; ValueError for anything else
+    (a program such as ``hostname``, or a script that is not there, failed on every rank with ``can't open file``)."""
     rest = cmd[1:] if cmd and os.path.basename(cmd[0]).startswith("python") else list(cmd)
-    if rest and (rest[0] == "-m" and len(rest) > 1 or not rest[0].startswith("-")):
+    if rest and (rest[0] == "-m" and len(rest) > 1 or not rest[0].startswith("-") and os.path.isfile(rest[0])):
         return rest
-    raise ValueError(f"command {' '.join(cmd)!r} is not valid for --launcher tcp; valid: "
-                     "python -m MODULE [args] or python SCRIPT [args] (or --launcher mpi for any program)")
+    raise ValueError(f"command {' '.join(cmd)!r} is not valid for --launcher tcp, which runs a Python module or "
+                     "script on every rank (python -m npddp.run): python -m MODULE [args] or python SCRIPT [args] "
+                     "with SCRIPT a file; --launcher mpi runs any program")
 
 
 def tcp_commands(cluster: Cluster, ranks_per_node: int, cmd: list[str], grace: float) -> list[list[str]]:

@@ -31,6 +31,8 @@ LAUNCHERS = ("tcp", "mpi")
     (["--delay", "5"], "delay '5' is not valid"),
     (["--ranks-per-node", "0"], "--ranks-per-node 0 is out of range"),
     (["--launcher", "tcp", "--", "python", "-c", "pass"], "not valid for --launcher tcp"),
+    (["--launcher", "tcp", "--", "hostname"], "command 'hostname' is not valid for --launcher tcp, which runs a "
+                                              "Python module or script on every rank"),
     ([], "no command given"),
 ])
 def test_bad_flags_exit_2_with_one_error_line_before_anything_is_made(cluster, own_namespaces, args, words):
@@ -259,3 +261,15 @@ def test_training_across_nodes_gives_the_parameters_of_one_process(cluster, clus
         for name, value in params.items():
             np.testing.assert_allclose(value, reference[name], rtol=0, atol=1e-12,
                                        err_msg=f"{launcher}, {per_node} per node, {backend}: {name}")
+
+
+def test_the_tcp_launcher_takes_a_python_module_or_an_existing_script_only(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text("")
+    assert launch.tcp_program(["python", "-m", "npddp.train", "--epochs", "1"]) == ["-m", "npddp.train", "--epochs",
+                                                                                  "1"]
+    assert launch.tcp_program([sys.executable, str(script), "x"]) == [str(script), "x"]
+    assert launch.tcp_program([str(script)]) == [str(script)]
+    for bad in (["hostname"], ["python", str(tmp_path / "missing.py")], ["python", "-c", "pass"]):
+        with pytest.raises(ValueError, match=r"runs a Python module or script on every rank .*--launcher mpi runs any"):
+            launch.tcp_program(bad)
