@@ -87,6 +87,11 @@ def library_name(version: str) -> str:
     return " ".join(lines[0].split()) if lines else ""
 
 
+def library_short(name: str) -> str:
+    """A library name for one-line headers: up to its first comma (Open MPI's packager and build date go)."""
+    return name.split(",", 1)[0]
+
+
 def _versions() -> dict:
     """Versions of numpy, mpi4py, h5py and npddp ("" for one that is not installed)."""
     out = {"numpy_version": np.__version__}

@@ -122,3 +122,22 @@ def test_only_rank_0_prints_and_quiet_keeps_only_the_summary_and_problems(rank, 
 def test_the_header_line_of_a_run_across_nodes_lists_each_nodes_ranks(nodes, line):
     from npddp.train.console.banner import nodes_line
     assert nodes_line(nodes) == line
+
+
+def test_the_header_names_open_mpi_in_a_line_of_ordinary_length():
+    """Open MPI's version string carries its packager, ident, repo and date: the first header line was ~160 chars."""
+    from types import SimpleNamespace
+
+    from npddp.train.config import Config
+    from npddp.train.console.banner import header
+    from npddp.util.runinfo import library_name
+
+    version = ("Open MPI v5.0.11, package: Open MPI user@localhost Distribution, ident: 5.0.11, repo rev: v5.0.11rc1, "
+               "Sep 16, 2026\x00")
+    comm = SimpleNamespace(size=2, rank=0, transport=SimpleNamespace(name="mpi"))
+    ds = SimpleNamespace(name="synthetic", n_train=96, n_val=32, input_shape=(64,), num_classes=10)
+    model = SimpleNamespace(num_parameters=lambda: 10, num_bytes=lambda: 40)
+    ddp = SimpleNamespace(buckets=[SimpleNamespace()])
+    trainer = SimpleNamespace(loader=[0] * 3)
+    lines = header(Config(), comm, ds, "mlp", model, ddp, trainer, {"mpi_library": library_name(version)}, "threads")
+    assert lines[0] == "npddp.train: 2 ranks, backend mpi over mpi, MPI Open MPI v5.0.11"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from npddp.optim import DEFAULT_LR
 from npddp.train.config import Config
 from npddp.train.console.printer import format_bytes
+from npddp.util.runinfo import library_short
 
 
 def header(cfg: Config, comm, ds, model_text: str, model, ddp, trainer, env: dict,
@@ -27,7 +28,7 @@ def header(cfg: Config, comm, ds, model_text: str, model, ddp, trainer, env: dic
     nbytes = count * model.num_bytes() // max(model.num_parameters(), 1) if split else model.num_bytes()
     scaled = f", --normalize {cfg.normalize}" if cfg.normalize != "none" else ""
     kind = transport_of(comm)
-    where = f"MPI {env.get('mpi_library', '?')}" if kind == "mpi" else "TCP sockets, no MPI"
+    where = f"MPI {library_short(env.get('mpi_library', '?'))}" if kind == "mpi" else "TCP sockets, no MPI"
     why = f" (default: {default_why})" if default_why else ""
     lines = [f"npddp.train: {comm.size} rank{'s' * (comm.size > 1)}, backend {cfg.backend} over {kind}{why}, {where}",
              *([nodes_line(nodes)] if len(set(nodes)) > 1 else []),
