@@ -13,6 +13,7 @@ import numpy as np
 
 from npddp.comm.engine.call import Call
 from npddp.comm.engine.deadline import Overdue
+from npddp.comm.signature import CollectiveMismatchError
 from npddp.comm.status import Status, check_received
 
 
@@ -47,6 +48,8 @@ class PointWork:
                 self._done = self._request.test()
             except ConnectionError as exc:
                 raise owner.fail(self._call, exc, *self._pairs(), self._buf) from None
+            except CollectiveMismatchError:   # a peer's abort heard meanwhile: as it is
+                raise
             except ValueError as exc:   # a message longer than the buffer
                 raise self._refused(exc) from None
             if self._done and self._is_recv:
@@ -65,6 +68,8 @@ class PointWork:
                 raise call.owner.give_up(call, *self._pairs(), self._buf) from None
             except ConnectionError as exc:
                 raise call.owner.fail(call, exc, *self._pairs(), self._buf) from None
+            except CollectiveMismatchError:   # a peer's abort heard while waiting: as it is
+                raise
             except ValueError as exc:   # a message longer than the buffer
                 raise self._refused(exc) from None
             self._done = True
