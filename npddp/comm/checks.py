@@ -70,7 +70,8 @@ def check_buffer(buf, what: str = "buf", writable: bool = True) -> np.ndarray:
         raise TypeError(f"{what} must be a numpy.ndarray, got {type(buf).__name__}")
     if buf.dtype not in _DTYPE_SET:
         raise TypeError(f"{what} has unsupported dtype {buf.dtype}; valid dtypes: {', '.join(DTYPES)}")
-    if not buf.flags.c_contiguous:
+    flags = buf.flags
+    if not flags.c_contiguous:
         if writable:   # a copy would be reduced and the array itself left unchanged
             raise ValueError(f"{what} must be C-contiguous (got strides {buf.strides} for shape {buf.shape}): "
                              "the result is written into it, and a contiguous copy would leave it unchanged; "
@@ -78,7 +79,7 @@ def check_buffer(buf, what: str = "buf", writable: bool = True) -> np.ndarray:
                              "comm.allreduce(tmp); x[...] = tmp)")
         raise ValueError(f"{what} must be C-contiguous (got strides {buf.strides} for shape {buf.shape}); "
                          "pass np.ascontiguousarray(...)")
-    if writable and not buf.flags.writeable:
+    if writable and not flags.writeable:
         raise ValueError(f"{what} is read-only but the operation writes into it")
     return buf
 

@@ -17,10 +17,8 @@ from mpi4py import MPI
 from npddp.comm import checks as c
 from npddp.comm.communicators import split as sp
 from npddp.comm.engine.work import DoneWork
-from npddp.comm.mpi_calls import MPICalls, MPIWork, Received, no_request
+from npddp.comm.mpi_calls import MPI_OPS, MPICalls, MPIWork, Received, no_request
 from npddp.comm.transports.mpi import free_comm
-
-MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
 
 
 class MPICommunicator(MPICalls):
@@ -57,22 +55,22 @@ class MPICommunicator(MPICalls):
             self._check_usable()
             if buf.size and self._size > 1:
                 self._run("allreduce", lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=mpi_op),
-                          lambda: comm.Iallreduce(MPI.IN_PLACE, buf, op=mpi_op), sig=(buf, op))
+                          lambda: comm.Iallreduce(MPI.IN_PLACE, buf, op=mpi_op), sig=(buf, op), carry=(buf, buf))
                 if scale:  # op avg: MPI sums, then the sum is scaled in place
                     np.multiply(buf, scale, out=buf)
             else:
-                self._nothing("allreduce", buf, op)
+                self._nothing("allreduce", buf, op, carry=(buf, buf))
             return buf
         c.check_buffer(buf, writable=False)
         c.check_out(buf, out)
         scale = c.average_scale(op, buf, self._size)
         self._check_usable()
         if self._size == 1 or buf.size == 0:
-            self._nothing("allreduce", buf, op)
+            self._nothing("allreduce", buf, op, carry=(buf, out))
             np.copyto(out, buf)
         else:
             self._run("allreduce", lambda: comm.Allreduce(buf, out, op=mpi_op),
-                      lambda: comm.Iallreduce(buf, out, op=mpi_op), sig=(buf, op))
+                      lambda: comm.Iallreduce(buf, out, op=mpi_op), sig=(buf, op), carry=(buf, out))
             if scale:
                 np.multiply(out, scale, out=out)
         return out

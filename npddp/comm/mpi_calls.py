@@ -22,6 +22,8 @@ its data collective only once every rank's signature has arrived and agrees; oth
 raises the same :class:`CollectiveMismatchError`, naming who passed what, and the communicator is
 closed. A non-blocking call returns at once: its data starts, in call order, as soon as its check
 is complete and the communicator is entered again (any later call, ``test`` or ``wait``).
+Most calls need no all-gather: where every rank's history forecasts a small blocking all-reduce, the
+call is that all-reduce with its agreement in one extra element (:mod:`npddp.comm.mpi_carried`).
 """
 
 from __future__ import annotations
@@ -38,9 +40,14 @@ from npddp.comm import checks as c
 from npddp.comm import signature as sg
 from npddp.comm.base import Backend
 from npddp.comm.engine.deadline import Deadline, Overdue, timeout_text, wait_until
+from npddp.comm.mpi_carried import Forecast
 from npddp.comm.status import check_received
 from npddp.comm.transports.mpi import free_comm, mpi_world
 from npddp.util.guard import departures
+
+MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
+#: Polls of a request before a wait reads the clock (most small calls complete within them).
+QUICK_POLLS = range(16)
 
 
 class MPIWork:
@@ -109,6 +116,7 @@ class MPICalls(Backend):
         self._checks = None       # the communicator the signatures travel on (a Dup), once the check is on
         self._checking = False
         self._queue: deque[MPIWork] = deque()   # checked calls whose data has not started, in call order
+        self._forecast = Forecast(self._size)
         self.check_args = check_args
 
     @property
@@ -128,6 +136,7 @@ class MPICalls(Backend):
 
     def _checked(self, what: str, start, result, scale: float = 0.0, buf=None, op=None, root=None) -> MPIWork:
         """A checked call: start the all-gather of its signature now, its data (``start()``) once all agree."""
+        self._carry(what, buf, op, root)   # a forecast all-reduce first, where every rank makes one
         table = self._signatures(what, buf, op, root)
         work = MPIWork(self, None, result, what, scale, (table, self._checks.Iallgather(MPI.IN_PLACE, table)), start)
         self._queue.append(work)
@@ -168,15 +177,18 @@ class MPICalls(Backend):
         if self._failure is not None:
             raise RuntimeError(f"this mpi communicator is unusable after an earlier failure: {self._failure}")
 
-    def _run(self, what: str, blocking, nonblocking, waiting: str = "for its peers", sig=None, peer=None) -> None:
+    def _run(self, what: str, blocking, nonblocking, waiting: str = "for its peers", sig=None, peer=None,
+             carry=None) -> None:
         """Run one call: ``blocking()`` without a deadline, else ``nonblocking()``'s request polled against it;
         a collective (``sig``: its buffer, op and root) with ``check_args`` starts its data once all agree.
-        ``peer``: the one rank a send or receive needs (None: every member)."""
+        ``peer``: the one rank a send or receive needs (None: every member). ``carry``: an all-reduce's
+        ``(input, output)``, which a forecast all-reduce moves itself (:mod:`npddp.comm.mpi_carried`)."""
         self._check_usable()
         self._calls += 1
         if sig is not None and self._checking:
             if self._queue:   # earlier calls' data must start first
-                self._checked(what, nonblocking, None, 0.0, *sig).wait()
+                self._wait(self._drained, what, waiting)
+            if self._carry(what, *sig, carry=carry):
                 return
             table = self._signatures(what, *sig)
             self._wait(self._checks.Iallgather(MPI.IN_PLACE, table).Test, what, waiting)
@@ -184,12 +196,55 @@ class MPICalls(Backend):
         if math.isinf(self._timeout):  # no deadline: MPI's blocking call
             blocking()
         else:
-            self._wait(nonblocking().Test, what, waiting, peer)
+            self._complete(nonblocking().Test, what, waiting, peer)
 
-    def _nothing(self, what: str, buf=None, op=None, root=None) -> None:
+    def _carry(self, what: str, buf=None, op=None, root=None, carry=None) -> bool:
+        """Step the forecast; where it is a carried all-reduce, run that first (with ``carry``'s data when this call
+        is the forecast one). True when every rank agreed, so the call is done."""
+        key = (what, None, -1, op, root) if buf is None else (what, buf.dtype.char, buf.size, op, root)
+        forecast = self._forecast.step(key, 0 if buf is None else buf.nbytes)
+        if forecast is None:
+            return False
+        if self._queue:
+            self._wait(self._drained, what)
+        send, receive, sent, received, count, agree, disagree, expected, op = self._forecast.arrays(forecast)
+        if carry is not None and forecast == key:
+            data = carry[0]
+            sent[...] = data if data.ndim == 1 else data.reshape(-1)
+            send[count] = agree
+        else:
+            carry = None
+            send[count] = disagree
+        comm, op = self.comm, MPI_OPS[op]
+        if math.isinf(self._timeout):
+            comm.Allreduce(send, receive, op=op)
+        else:
+            self._complete(comm.Iallreduce(send, receive, op=op).Test, what)
+        if carry is None or receive[count] != expected:
+            return False
+        out = carry[1]
+        if out.ndim == 1:
+            out[...] = received
+        else:
+            out.reshape(-1)[...] = received
+        return True
+
+    def _drained(self) -> bool:
+        """True once every queued call's data has started."""
+        self._pump()
+        return not self._queue
+
+    def _complete(self, done, what: str, waiting: str = "for its peers", peer: int | None = None) -> None:
+        """:meth:`_wait`, after a few polls that need no clock (most small calls complete within them)."""
+        for _ in QUICK_POLLS:
+            if done():
+                return
+        self._wait(done, what, waiting, peer)
+
+    def _nothing(self, what: str, buf=None, op=None, root=None, carry=None) -> None:
         """A collective that moves no data on this rank: with ``check_args`` it still takes part in the check."""
         if self._checking:
-            self._run(what, None, no_request, sig=(buf, op, root))
+            self._run(what, None, no_request, sig=(buf, op, root), carry=carry)
 
     def _wait(self, done, what: str, waiting: str = "for its peers", peer: int | None = None) -> None:
         """Poll ``done()`` through the one deadline loop until it is true; TimeoutError past the deadline,
