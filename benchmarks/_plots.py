@@ -14,7 +14,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from benchmarks.columns import NO_COMM
+from benchmarks.columns import NO_COMM, RAW
 
 from benchmarks._common import format_count, format_size
 
@@ -72,7 +72,7 @@ def _series(df, keys):
 #: get a colour from their letters, moved on to a free one where two names of one figure meet.
 BACKEND_COLOURS = {"mpi": "#1f77b4", "ring": "#ff7f0e", "naive": "#7f7f7f", "rd": "#2ca02c",
                    "rabenseifner": "#9467bd", "tree": "#8c564b", "auto": "#d62728", "shm": "#e377c2",
-                   "hier": "#17becf", "gloo": "#bcbd22", NO_COMM: "#000000"}
+                   "hier": "#17becf", "gloo": "#bcbd22", RAW: "#aec7e8", NO_COMM: "#000000"}
 _SPARE = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354",
           "#5254a3", "#8ca252", "#bd9e39", "#ad494a", "#a55194", "#6b6ecf", "#b5cf6b", "#e7ba52",
           "#d6616b", "#ce6dbd", "#756bb1", "#636363")

@@ -7,6 +7,7 @@ Run it with MPI (the defaults sweep all-reduce from 8 B to 256 MiB on every back
     mpirun -n 4 python benchmarks/allreduce.py --collective allgather --dtype float64
     mpirun -n 2 python benchmarks/allreduce.py --backends mpi,ring --transports mpi,tcp   # ring over both
     mpirun -n 2 python benchmarks/allreduce.py --backends gloo,ring --transports tcp      # beside PyTorch's gloo
+    mpirun -n 2 python benchmarks/allreduce.py --backends raw,mpi,auto -b 1K -e 1M -f 4 --calls 50  # MPI as a program sees it
     mpirun -n 2 python benchmarks/allreduce.py --backends mpi,auto --buffers both -b 256K -e 64M -f 4  # NumPy arrays too
     mpirun -n 2 python benchmarks/allreduce.py --backends mpi,ring --check-args both -b 1K -e 16M -f 4  # the check's cost
 
@@ -43,6 +44,11 @@ Buffers. ``--buffers shared`` (the default) times all-reduce buffers from ``comm
 the shared-memory backends place in node shared memory as DDP's buckets are; ``private`` times
 ordinary NumPy arrays, as a user's ``comm.allreduce(np.zeros(n))`` passes them; ``both`` times
 each, one after the other, and the rows say which in their ``buffers`` column.
+
+MPI's own. Every all-reduce sweep that times backend ``mpi`` also times ``raw`` beside it (unless
+``--backends`` names ``raw`` itself): a bare mpi4py ``Allreduce`` loop over the same buffers,
+outside npddp (:mod:`benchmarks._raw`), so the dump and the report show MPI as a program that
+calls it sees it, and how far the ``mpi`` backend is from that.
 
 Argument check. ``--check-args on`` (the default) times the communicators as ``create`` makes
 them, checking every call's arguments across ranks; ``off`` turns the check off; ``both`` times
@@ -87,6 +93,7 @@ from benchmarks import _common as bc
 from benchmarks.columns import BUFFERS
 from benchmarks._exact import kernel
 from benchmarks._gloo import EXIT_NO_TORCH, GlooComm, import_torch
+from benchmarks._raw import RAW, RawMPI
 
 #: The contender beside npddp's backends: PyTorch's gloo all-reduce (over TCP), when torch is installed.
 GLOO, GLOO_TRANSPORT = "gloo", "tcp"
@@ -195,14 +202,17 @@ def parse_config(argv, verbose: bool = True) -> SweepConfig:
     parser = build_parser(verbose)
     a = parser.parse_args(argv)
     backends = tuple(b.strip() for b in a.backends.split(","))
-    bad = [b for b in backends if b not in (*npcomm.backend_names(), GLOO)]
+    bad = [b for b in backends if b not in (*npcomm.backend_names(), GLOO, RAW)]
     if bad or not backends:
         parser.error(f"--backends: unknown backend {bad[0] if bad else ''!r}; valid: {', '.join(npcomm.backend_names())}, "
-                     f"{GLOO}")
-    if GLOO in backends and a.collective != "allreduce":
-        parser.error(f"--backends {GLOO} times all-reduce only, not {a.collective}")
+                     f"{GLOO}, {RAW}")
+    for contender in (GLOO, RAW):
+        if contender in backends and a.collective != "allreduce":
+            parser.error(f"--backends {contender} times all-reduce only, not {a.collective}")
     if len(set(backends)) != len(backends):
         parser.error(f"--backends: {a.backends!r} names a backend twice")
+    if "mpi" in backends and RAW not in backends and a.collective == "allreduce":   # MPI as a program sees it
+        backends = tuple(b for x in backends for b in ((RAW, x) if x == "mpi" else (x,)))
     if a.factor < 2:
         parser.error(f"-f/--factor must be an int >= 2, got {a.factor}")
     itemsize = np.dtype(a.dtype).itemsize
@@ -289,9 +299,9 @@ class Group:
 def groups(cfg: SweepConfig) -> list[Group]:
     """Every backend x transport x place (x argument check on and off), in measuring order."""
     return [Group(b, t, p, k, on) for k in cfg.buffers for b in cfg.backends
-            for t in ((GLOO_TRANSPORT,) if b == GLOO else cfg.transports)
+            for t in ((GLOO_TRANSPORT,) if b == GLOO else ("mpi",) if b == RAW else cfg.transports)
             for p in PLACES[cfg.collective] if not (b == "mpi" and t != "mpi")  # MPI's collectives: over MPI
-            for on in (cfg.checks if b != GLOO else (True,))]
+            for on in (cfg.checks if b not in (GLOO, RAW) else (True,))]
 
 
 def row(cfg: SweepConfig, g: Group, algorithm: str, n: int, count: int, times: np.ndarray, wrong: int) -> dict:
@@ -353,7 +363,7 @@ def run_sweep(cfg: SweepConfig, harness, on_size=None) -> tuple[list[dict], np.n
     rows, raw = [], []
     try:
         world = bc.tcp_world(harness) if "tcp" in cfg.transports else None
-        comms = {pair: GlooComm(harness) if pair[0] == GLOO else
+        comms = {pair: GlooComm(harness) if pair[0] == GLOO else RawMPI(sub) if pair[0] == RAW else
                  bc.create_comm(pair[0], sub, pair[1], world, check_args=pair[2])
                  for pair, sub in subcomms.items()}
         for count in sizes(cfg, n):

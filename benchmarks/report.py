@@ -13,7 +13,7 @@ prints or draws anything. The tables are then read with ``benchmarks.results.rea
 printed with pandas; per kind:
 
 * ``allreduce_sweep`` (benchmarks/allreduce.py): bus bandwidth and median time per size and
-  series, the time ratio to ``--baseline``, and an alpha-beta fit per series (``time = steps
+  series, the time ratio to ``--baseline`` (default ``raw``, the bare mpi4py row, else ``mpi``), and an alpha-beta fit per series (``time = steps
   x alpha + fraction x bytes / bandwidth`` with the algorithm's own steps and fraction when it has
   a cost model, the ring's otherwise: benchmarks/_costmodel.py); plots ``<stem>_busbw`` (bus
   bandwidth vs size with p10-p90 bands) and ``<stem>_ratio`` (time / baseline's, 1.0 line).
@@ -64,6 +64,7 @@ import numpy as np
 from benchmarks import results
 
 from benchmarks import _common as bc
+from benchmarks.columns import RAW
 from benchmarks import _costmodel as cm
 from benchmarks import _timeline
 from npddp.parallel.ddp import BUCKET_CAP_MB
@@ -148,8 +149,11 @@ def join_mpi_algorithms(dumps) -> list:
 
 
 def resolve_baseline(df, baseline: str) -> str:
-    """``baseline``, or ``<baseline>:default`` when only that is in the sweep (MPI's default choice, as mpi_algorithms.py names it)."""
+    """``baseline``, or ``<baseline>:default`` when only that is in the sweep (MPI's default choice, as mpi_algorithms.py names it);
+    ``raw`` (MPI as a program calls it) falls back to ``mpi`` in a sweep without that row."""
     names = set(df["backend"])
+    if baseline == RAW and RAW not in names:
+        baseline = "mpi"
     default = f"{baseline}:default"
     return default if baseline not in names and default in names else baseline
 
@@ -281,7 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", type=_formats, default=["png"], help="plot formats: png, svg or png,svg (default png)")
     p.add_argument("--dpi", type=bc.int_at_least(20), default=100, help="PNG resolution in dots per inch (default 100)")
     p.add_argument("--no-plots", action="store_true", help="print tables only")
-    p.add_argument("--baseline", default="mpi", help="backend the time ratios divide by (default mpi)")
+    p.add_argument("--baseline", default=RAW, help="backend the time ratios divide by (default raw: a bare mpi4py "
+                   "loop, MPI as a program sees it; mpi in a sweep without it)")
     p.add_argument("--plugin", type=bc.plugin, action="append", default=[], metavar="MODULE",
                    help=bc.PLUGIN_HELP + "; a registered algorithm's declared cost joins the projection")
     p.add_argument("--compute-ms", type=float, default=100.0,

@@ -199,28 +199,39 @@ class MPICalls(Backend):
             self._complete(nonblocking().Test, what, waiting, peer)
 
     def _carry(self, what: str, buf=None, op=None, root=None, carry=None) -> bool:
-        """Step the forecast; where it is a carried all-reduce, run that first (with ``carry``'s data when this call
+        """Step the forecast; where it is a blocking all-reduce, run that first (with ``carry``'s data when this call
         is the forecast one). True when every rank agreed, so the call is done."""
         key = (what, None, -1, op, root) if buf is None else (what, buf.dtype.char, buf.size, op, root)
-        forecast = self._forecast.step(key, 0 if buf is None else buf.nbytes)
+        forecast = self._forecast.step(key)
         if forecast is None:
             return False
         if self._queue:
             self._wait(self._drained, what)
         send, receive, sent, received, count, agree, disagree, expected, op = self._forecast.arrays(forecast)
-        if carry is not None and forecast == key:
+        comm, op, mine = self.comm, MPI_OPS[op], carry is not None and forecast == key
+        if receive.size == 1 and count:   # large: the flag beside the data, which goes straight to its buffers
+            send[0] = agree if mine else disagree
+            data, out = carry if mine else self._forecast.spare(forecast)
+            if math.isinf(self._timeout):
+                flag = self._checks.Iallreduce(send, receive, op=op)
+                comm.Allreduce(MPI.IN_PLACE if data is out else data, out, op=op)
+                flag.Wait()
+            else:
+                flag = self._checks.Iallreduce(send, receive, op=op)
+                self._complete(comm.Iallreduce(MPI.IN_PLACE if data is out else data, out, op=op).Test, what)
+                self._complete(flag.Test, what)
+            return mine and receive[0] == expected
+        if mine:
             data = carry[0]
             sent[...] = data if data.ndim == 1 else data.reshape(-1)
             send[count] = agree
         else:
-            carry = None
             send[count] = disagree
-        comm, op = self.comm, MPI_OPS[op]
         if math.isinf(self._timeout):
             comm.Allreduce(send, receive, op=op)
         else:
             self._complete(comm.Iallreduce(send, receive, op=op).Test, what)
-        if carry is None or receive[count] != expected:
+        if not mine or receive[count] != expected:
             return False
         out = carry[1]
         if out.ndim == 1:

@@ -27,6 +27,8 @@ BUFFERS = ("shared", "private")
 NO_COMM = "none"
 #: The ``backend`` of rows measured on the same MLP step written in bare NumPy (no DDP, no communication).
 BARE = "bare"
+#: The ``backend`` of an all-reduce sweep's rows of MPI's own all-reduce called by a bare mpi4py loop, outside npddp.
+RAW = "raw"
 
 
 @dataclass(frozen=True)

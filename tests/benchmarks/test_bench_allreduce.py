@@ -242,7 +242,7 @@ def test_main_on_one_rank_prints_nccl_style_rows_and_writes_the_dump_and_csv(tmp
         assert float(line[6]) == pytest.approx(r["time_median_s"] * 1e6, abs=0.006) and line[9] == "0"
     assert "# Wrong values       : 0 OK" in out
     averages = [line.split() for line in out if line.startswith("# Avg bus bandwidth")]
-    assert [a[-1] for a in averages] == list(npcomm.BACKENDS)
+    assert [a[-1] for a in averages] == ["raw", *npcomm.BACKENDS]   # MPI as a program sees it, beside mpi
     for a in averages:  # awk '{print $6}' takes the value, as with nccl-tests
         assert float(a[5]) == pytest.approx(df[df["backend"] == a[-1]]["busbw_GBps"].mean(), abs=1e-4)
     with open(sheet, newline="", encoding="utf-8") as f:
@@ -276,15 +276,36 @@ def test_the_algorithm_column_asks_the_backend_which_algorithm_ran(monkeypatch, 
     assert "big-alg-float32" in capsys.readouterr().out
 
 
-def test_every_backend_that_npddp_lists_is_swept():
+def test_every_backend_that_npddp_lists_is_swept_with_the_raw_mpi_row_beside_mpi():
     cfg = ar.parse_config([])
-    assert cfg.backends == npcomm.BACKENDS and cfg.transports == (bc.DEFAULT_TRANSPORT,)
-    assert len(ar.groups(cfg)) == 2 * len(npcomm.BACKENDS)
+    assert cfg.backends == ("raw", *npcomm.BACKENDS) and cfg.transports == (bc.DEFAULT_TRANSPORT,)
+    assert len(ar.groups(cfg)) == 2 * (len(npcomm.BACKENDS) + 1)
+    assert ar.parse_config(["--backends", "ring,mpi"]).backends == ("ring", "raw", "mpi")
+    assert ar.parse_config(["--backends", "mpi,raw"]).backends == ("mpi", "raw")
+    assert ar.parse_config(["--backends", "mpi", "--collective", "broadcast"]).backends == ("mpi",)
+    cfg = ar.parse_config(["--backends", "raw", "--transports", "tcp", "--check-args", "both"])
+    assert [(g.backend, g.transport, g.check) for g in ar.groups(cfg)] == [("raw", "mpi", True)] * 2
+
+
+def test_the_raw_row_is_a_bare_mpi4py_allreduce_in_the_dump_and_the_report(tmp_path, capsys):
+    from benchmarks import report
+    from benchmarks._raw import RawMPI
+    x = np.arange(5.0)
+    assert RawMPI(MPI.COMM_SELF).allreduce(x, "avg", out=np.empty(5)).tolist() == x.tolist()
+    path = tmp_path / "ar.h5"
+    assert ar.main(TINY + ["--backends", "mpi,ring", "--out", str(path)], mpi_comm=MPI.COMM_SELF) == 0
+    df = results.read_table(path)
+    assert df["backend"].unique().tolist() == ["raw", "mpi", "ring"]
+    assert (df[df["backend"] == "raw"]["algorithm"] == "raw").all() and not df["wrong"].any()
+    assert report.resolve_baseline(df, "raw") == "raw"
+    assert report.resolve_baseline(df[df["backend"] != "raw"], "raw") == "mpi"
+    assert "median time / raw's" in report.sweep_tables(df, results.read_meta(path), "raw")
 
 
 def test_transports_put_the_hand_written_backends_over_tcp_and_mpi_over_mpi_only(tmp_path):
     cfg = ar.parse_config(["--backends", "mpi,ring", "--transports", "mpi,tcp"])
-    assert [(g.backend, g.transport) for g in ar.groups(cfg)][::2] == [("mpi", "mpi"), ("ring", "mpi"), ("ring", "tcp")]
+    assert [(g.backend, g.transport) for g in ar.groups(cfg)][::2] == [("raw", "mpi"), ("mpi", "mpi"), ("ring", "mpi"),
+                                                                      ("ring", "tcp")]
     path = tmp_path / "ar.h5"
     assert ar.main(TINY + ["--backends", "ring,rd", "--transports", "tcp,mpi", "--out", str(path)],
                    mpi_comm=MPI.COMM_SELF) == 0

@@ -26,7 +26,7 @@ from npddp.comm import BACKENDS
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"
-MODEL = {"mpi": (3e-6, 6e9), "ring": (9e-6, 4e9)}  # backend -> (alpha s, bandwidth B/s) of the synthetic sweep
+MODEL = {"raw": (2e-6, 6e9), "mpi": (3e-6, 6e9), "ring": (9e-6, 4e9)}  # backend -> (alpha s, bandwidth B/s) of the synthetic sweep
 
 
 def synthetic_sweep(path, n=4):
@@ -48,14 +48,15 @@ def test_a_backend_that_picks_per_call_says_what_it_ran(tmp_path, capsys):
     rows = []
     for count in ar.sizes(cfg, 2):
         for g in ar.groups(cfg):
-            algorithm = g.backend if g.backend == "mpi" else ("rd" if count * 4 < 4096 else "ring")
+            algorithm = g.backend if g.backend in ("mpi", "raw") else ("rd" if count * 4 < 4096 else "ring")
             rows.append(ar.row(cfg, g, algorithm, 2, int(count), np.array([1e-5, 2e-5, 3e-5]) * count ** 0.5, 0))
     path = tmp_path / "auto.h5"
     results.write_dump(path, "allreduce_sweep", rows, world_size=2,
                        attrs={"collective": "allreduce", "dtype": "float32", "op": "sum"})
     df, meta = results.read_table(path), results.read_meta(path)
-    assert _legend(plots.sweep_busbw(df, meta)) == ["mpi out-of-place", "mpi in-place",
-                                                    "auto out-of-place (ran rd, ring)", "auto in-place (ran rd, ring)"]
+    assert _legend(plots.sweep_busbw(df, meta)) == ["raw out-of-place", "raw in-place", "mpi out-of-place",
+                                                    "mpi in-place", "auto out-of-place (ran rd, ring)",
+                                                    "auto in-place (ran rd, ring)"]
     assert report.main([str(path), "--no-plots"]) == 0
     out = capsys.readouterr().out
     table = out.split("algorithm each backend that picks per call ran:\n")[1].split("#wrong")[0].splitlines()
@@ -77,21 +78,25 @@ def test_sweep_fits_recover_the_model_and_the_tables_show_ratios(tmp_path, capsy
     path = synthetic_sweep(tmp_path / "ar.h5")
     df, meta = results.read_table(path), results.read_meta(path)
     fits = report.sweep_fits(df, meta)
-    assert sorted(fits) == ["mpi inplace", "mpi outofplace", "ring inplace", "ring outofplace"]
+    assert sorted(fits) == ["mpi inplace", "mpi outofplace", "raw inplace", "raw outofplace", "ring inplace",
+                            "ring outofplace"]
     for series, fit in fits.items():
         alpha, beta = MODEL[series.split()[0]]
         assert fit.alpha == pytest.approx(alpha, rel=1e-6) and fit.bandwidth == pytest.approx(beta, rel=1e-6)
     assert report.main([str(path), "--no-plots"]) == 0
+    assert "median time / raw's" in capsys.readouterr().out   # the default baseline: MPI as a program sees it
+    assert report.main([str(path), "--no-plots", "--baseline", "mpi"]) == 0
     out = capsys.readouterr().out
     assert "allreduce sweep, 4 ranks" in out and "#wrong total: 0" in out
     ratios = out.split("median time / mpi's")[1].split("#wrong")[0].splitlines()
-    last = ratios[-1].split()  # 8M, the largest size: ring/mpi of the model times
+    last = ratios[-1].split()  # 8M, the largest size: raw/mpi (out of place, in place), ring/mpi of the model times
+    del last[1:3]
     want = (cm.model_time(8 << 20, "allreduce", 4, *MODEL["ring"])
             / cm.model_time(8 << 20, "allreduce", 4, *MODEL["mpi"]))
     assert last[0] == "8M" and float(last[1]) == pytest.approx(want, abs=0.005)
     assert re.search(r"mpi inplace\s+3\.000\s+6\.000\s+0\.000", out)  # alpha us, bandwidth GB/s, rel.rms
     assert "local ring inplace" in out and "assumed: typical published figure" in out
-    assert "not projected (no cost model in benchmarks/_costmodel.py): mpi" in out
+    assert "not projected (no cost model in benchmarks/_costmodel.py): raw, mpi" in out
     assert re.search(r"ring serial\s+ring overlap", out)  # projected: the sweep's modelled algorithm
 
 
@@ -155,13 +160,14 @@ def test_sweep_plots_label_their_axes_series_and_bands(tmp_path):
     _says_where_and_when(fig, meta, "allreduce bus bandwidth vs size")
     assert ax.get_xlabel() == "message size (bytes)" and ax.get_ylabel().startswith("bus bandwidth (GB/s")
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
-    assert _legend(fig) == ["mpi out-of-place", "mpi in-place", "ring out-of-place", "ring in-place"]
-    assert len(ax.collections) == 4  # one p10-p90 band per series
+    assert _legend(fig) == ["raw out-of-place", "raw in-place", "mpi out-of-place", "mpi in-place",
+                            "ring out-of-place", "ring in-place"]
+    assert len(ax.collections) == 6  # one p10-p90 band per series
     fig = plots.sweep_ratio(df, meta, "mpi")
     ax = fig.axes[0]
     _says_where_and_when(fig, meta, "allreduce time relative to mpi")
     assert ax.get_ylabel() == "median time / mpi median time (> 1: slower)"
-    assert _legend(fig) == ["ring out-of-place", "ring in-place", "mpi (1.0)"]
+    assert _legend(fig) == ["raw out-of-place", "raw in-place", "ring out-of-place", "ring in-place", "mpi (1.0)"]
     assert plots.sweep_ratio(df, meta, "naive") is None  # no baseline in the data: no ratio plot
 
 
@@ -249,7 +255,7 @@ def test_report_reads_a_sweep_made_by_the_script_under_mpirun(tmp_path, capsys, 
     out = capsys.readouterr().out
     assert "allreduce sweep, 2 ranks" in out and "#wrong total: 0" in out
     fits = out.split("alpha-beta fit")[1].split("\n\n")[0].splitlines()[2:]
-    assert sorted(line.split()[0] for line in fits) == sorted(list(BACKENDS) * 2)  # every backend, both places
+    assert sorted(line.split()[0] for line in fits) == sorted(["raw", *BACKENDS] * 2)  # every backend, both places
     header = re.search(r"^ +(\S+ serial .*)$", out, re.MULTILINE).group(1).split()
     assert header[::2] == [a for a in BACKENDS if cm.modelled(a)] * 2  # the sweep's algorithms with a model
     assert header[1::2] == ["serial"] * (len(header) // 4) + ["overlap"] * (len(header) // 4)
