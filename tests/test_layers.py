@@ -102,7 +102,7 @@ COMM_LEVELS = (
     ("transports", ("transports",)),                               # the Transport seam and its built-ins
     ("engine", ("engine",)),                                       # deadlines, calls, scratch, work, cost
     ("algorithms", ("p2p", "algorithm", "registry")),              # one file per algorithm; names -> classes
-    ("communicators", ("communicators", "mpi", "mpi_calls")),      # an algorithm over a transport; MPI's own
+    ("communicators", ("communicators", "mpi", "mpi_calls", "mpi_carried")),   # an algorithm over a transport; MPI's own
     ("node", ("node",)),                                           # shared memory on a node
     ("compose", ("compose",)),                                     # auto, hier
     ("wrappers", ("wrappers",)),                                   # debug, progress thread
