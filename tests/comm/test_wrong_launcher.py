@@ -90,3 +90,15 @@ def test_mpich_under_a_pmix_launcher_is_one_npddp_line_before_mpi_init(launcher,
 def test_nothing_is_refused_before_mpi_init_where_the_launcher_speaks_the_librarys_manager():
     assert mpi_transport.launcher_refusal({}) is None
     assert mpi_transport.launcher_refusal(PMI_LAUNCHER) is None
+
+
+def test_transport_mpi_under_npddp_run_is_one_line_not_n_jobs_of_one(tmp_path):
+    """Before: ``npddp.run --nproc 2`` with ``--transport mpi`` ran two one-rank jobs, each passing, exit 0."""
+    done = subprocess.run([sys.executable, "-m", "npddp.run", "--nproc", "2", "-m", "npddp.check", "--transport", "mpi",
+                           "--backend", "ring"], cwd=tmp_path, env=_clean_env(), capture_output=True, text=True,
+                          timeout=120)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and "PASS" not in done.stdout, done.stdout + done.stderr
+    assert errors == ["error: MPI started a world of 1 rank but the launcher announced 2 (WORLD_SIZE=2): its ranks are "
+                      "separate processes, not one MPI job: run over tcp (--transport auto or tcp, a hand-written "
+                      "backend), or start the job with mpirun"], done.stderr
