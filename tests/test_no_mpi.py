@@ -80,26 +80,48 @@ def test_the_mpi_backend_under_npddp_run_is_one_line_naming_the_backends_that_wo
                       "--backend ring or --backend auto"]
 
 
-@pytest.mark.parametrize("blocker", ["import", "library"])
-def test_one_process_without_mpi_trains_and_runs_a_plain_script(no_mpi4py, tmp_path, blocker):
-    """No launcher, no MPI (mpi4py missing, or present without an MPI library): a world of one over nothing."""
-    env = {**no_mpi4py, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-    if blocker == "library":   # mpi4py imports, loading the MPI library fails as it does without the mpich extra
+@pytest.fixture(params=["import", "library"])
+def without_mpi(request, no_mpi4py, tmp_path):
+    """No MPI: mpi4py missing (``import``), or present without an MPI library (``library``, as without the extra)."""
+    if request.param == "library":   # mpi4py imports, loading the MPI library fails as it does without the mpich extra
         (tmp_path / "fake" / "mpi4py" / "__init__.py").write_text("")
         (tmp_path / "fake" / "mpi4py" / "MPI.py").write_text(
             'raise RuntimeError("cannot load MPI library\\n/usr/lib/libmpi.so: cannot open shared object file")\n')
+    return {**no_mpi4py, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+
+TINY_RUN = ["--train-samples", "256", "--val-samples", "64", "--batch-size", "32", "--hidden", "16", "--epochs", "1"]
+
+
+def test_one_process_without_mpi_trains_and_runs_a_plain_script(without_mpi, tmp_path):
+    """No launcher, no MPI: a world of one over tcp; backend mpi is refused in one line, as under npddp.run."""
     script = tmp_path / "mine.py"
-    script.write_text("import numpy as np\nfrom npddp.comm import create\nfor name in ('ring', 'mpi'):\n"
-                      "    comm = create(name)\n    x = np.arange(5.0)\n    comm.allreduce(x)\n"
-                      "    assert comm.size == 1 and x.tolist() == [0, 1, 2, 3, 4]\nprint('ok', comm.size)\n")
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=60)
-    assert (done.returncode, done.stdout) == (0, "ok 1\n"), done.stderr
-    done = subprocess.run([sys.executable, "-m", "npddp.train", "--train-samples", "256", "--val-samples", "64",
-                           "--batch-size", "32", "--hidden", "16", "--epochs", "1"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    script.write_text("import numpy as np\nfrom npddp.comm import create\ncomm = create('ring')\nx = np.arange(5.0)\n"
+                      "comm.allreduce(x)\nassert comm.size == 1 and x.tolist() == [0, 1, 2, 3, 4]\n"
+                      "try:\n    create('mpi')\nexcept ValueError as exc:\n    print('refused', exc)\n"
+                      "print('ok', comm.size, comm.transport.name)\n")
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=without_mpi, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.endswith("ok 1 tcp\n"), done.stderr
+    assert done.stdout.startswith("refused backend 'mpi' runs MPI's own collectives") and "no MPI here" in done.stdout
+    done = subprocess.run([sys.executable, "-m", "npddp.train", *TINY_RUN], cwd=tmp_path, env=without_mpi,
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[-1].startswith("done: epoch 1/1, step 8,"), done.stdout
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("npddp.train: 1 rank, backend auto over tcp (default: no MPI here, mpi4py"), lines[0]
+    assert lines[-1].startswith("done: epoch 1/1, step 8,"), done.stdout
+
+
+@pytest.mark.parametrize("command", [["npddp.train", *TINY_RUN, "--backend", "mpi"],
+                                     ["npddp.check", "--backend", "mpi"]])
+def test_backend_mpi_without_mpi_is_one_line_and_exit_2(without_mpi, tmp_path, command):
+    """Before: ``npddp.train --backend mpi`` printed ``backend mpi over tcp`` and trained, ``npddp.check`` passed."""
+    done = subprocess.run([sys.executable, "-m", *command], cwd=tmp_path, env=without_mpi, capture_output=True,
+                          text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (2, ""), done.stdout + done.stderr
+    assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith("error: "), done.stderr
+    assert "--backend mpi" in done.stderr or "backend 'mpi'" in done.stderr
+    assert "no MPI here, mpi4py" in done.stderr or "(no MPI here: mpi4py" in done.stderr
 
 
 def test_the_cannot_load_mpi_line_keeps_whole_paths():

@@ -5,7 +5,8 @@ transport's point-to-point messages (``ring``, ``naive``, ``rd``, ``rabenseifner
 or ``auto``, which picks one per call). The transport is ``mpi`` (mpi4py's Isend/Irecv) or
 ``tcp`` (plain sockets, set up from torchrun's environment variables by ``python -m npddp.run``);
 ``auto`` takes tcp when RANK and WORLD_SIZE are set outside an MPI launcher, mpi otherwise (a
-single process started by no launcher where MPI cannot be loaded gets a TCP world of one).
+single process started by no launcher where MPI cannot be loaded gets a TCP world of one, where
+backend ``mpi`` is refused as under ``npddp.run``: it needs MPI).
 
 Two environment variables reach every communicator ``create`` builds (and so the training CLI):
 
@@ -37,7 +38,7 @@ from npddp.comm.registry import ALGORITHMS, BACKENDS, backend_names, load_plugin
 from npddp.comm.algorithm import register_algorithm
 from npddp.comm.transports.base import (TRANSPORTS, Transport, is_transport, register_transport, resolve_transport,
                                        transport_names, world_transport)
-from npddp.util import env, guard, variables
+from npddp.util import guard, variables
 
 __all__ = ["ALGORITHMS", "BACKENDS", "DEFAULT_TIMEOUT", "DTYPES", "OPS", "TRANSPORTS",
            "CollectiveMismatchError", "Communicator", "DoneWork", "Transport", "Work", "check_args_from_env", "create",
@@ -84,12 +85,12 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
     timeout = timeout_from_env() if timeout is None else check_timeout(timeout)
     debug = debug or debug_from_env()
     kind = _transport_of(group, transport)
+    if kind == "mpi" and group is None:
+        from npddp.comm.transports.mpi import launcher_refusal
+        refusal = launcher_refusal()     # before anything loads MPI: its MPI_Init would end the process
+        if refusal is not None:
+            raise ValueError(refusal)
     guard.install()
-    if kind == "mpi" and group is None and transport == "auto" and env.launcher() is None and not _mpi_loads():
-        from npddp.comm.transports.rendezvous import world_from_env
-        kind = "tcp"   # one process and no MPI library: a world of one needs none (every backend is a copy)
-        name = "ring" if name == "mpi" else name
-        group = world_from_env(timeout, {"RANK": "0", "WORLD_SIZE": "1"})
     if name == "mpi":
         comm = _mpi_backend(group, kind, timeout, check_args)
     else:
@@ -124,8 +125,11 @@ def _check_create(name: str, debug, tuning, progress: str, check_args) -> None:
 def _mpi_backend(group, kind: str, timeout: float, check_args: bool) -> Communicator:
     """Backend ``mpi``: MPI's own collectives on ``group`` (None: a Dup of the world); transport mpi only."""
     if kind != "mpi":
-        raise ValueError("backend 'mpi' runs MPI's own collectives, so it needs transport 'mpi', not "
-                         f"{kind!r}; over {kind} use a hand-written backend: {', '.join(BACKENDS[1:])}")
+        from npddp.comm.transports.mpi import mpi_missing
+        missing = mpi_missing() if group is None else None
+        why = f" (no MPI here: {missing})" if missing else ""
+        raise ValueError(f"backend 'mpi' runs MPI's own collectives, so it needs transport 'mpi', not {kind!r}{why}; "
+                         f"over {kind} use a hand-written backend: {', '.join(BACKENDS[1:])}")
     from npddp.comm.mpi import MPICommunicator
     return MPICommunicator(group.comm if is_transport(group) else group, timeout, dup=group is None,
                            check_args=check_args)
@@ -142,18 +146,9 @@ def _transport_for(group, kind: str, timeout: float) -> Transport:
     return world_transport(kind, timeout)
 
 
-def _mpi_loads() -> bool:
-    """True when mpi4py and an MPI library load (importing the ``mpi`` backend loads both)."""
-    try:
-        import npddp.comm.mpi  # noqa: F401
-    except (ImportError, RuntimeError):
-        return False
-    return True
-
-
 def _transport_of(group, transport: str) -> str:
     """``mpi`` or ``tcp``: what ``group`` is, else what ``transport`` resolves to; ValueError on a clash."""
-    kind = resolve_transport(transport)
+    kind = resolve_transport(transport, probe=group is None)
     if group is None:
         return kind
     given = group.name if is_transport(group) else "mpi"

@@ -44,6 +44,9 @@ def _world():
     """``MPI.COMM_WORLD`` if MPI is (or, under a launcher of several ranks, can be) initialized; else None."""
     if "mpi4py.MPI" not in sys.modules and env.mpi_world_size() <= 1:
         return None  # no MPI here (or a launcher without MPI, which ends the job itself)
+    from npddp.comm.transports.mpi import launcher_refusal
+    if launcher_refusal() is not None:
+        return None  # this MPI cannot start under this launcher: loading it would abort in the library's words
     try:
         from mpi4py import MPI  # noqa: F401  (a rank that failed before importing MPI still aborts the job)
     except Exception:  # noqa: BLE001  (MPI unusable: nothing to abort through)

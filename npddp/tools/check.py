@@ -12,9 +12,11 @@ arguments.
 from __future__ import annotations
 
 import argparse
+import sys
 
-from npddp.comm import backend_names, create
+from npddp.comm import backend_names
 from npddp.comm.contract import PROPERTIES, run_contract
+from npddp.process.job import JobError, open_communicator
 from npddp.tools.arguments import load_plugins_and_check_transport
 from npddp.util import env
 
@@ -52,7 +54,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     """Check, print, and return the exit status."""
     args = parse_args(argv)
-    comm = create(args.backend, transport=args.transport, timeout=args.timeout)
+    try:
+        comm = open_communicator(args.backend, transport=args.transport, timeout=args.timeout)
+    except JobError as exc:   # no MPI for --backend mpi, a world other than the launcher's: one line, exit 2
+        if exc.local or env.world_rank() == 0:
+            sys.stderr.write(f"error: {exc}\n")
+        return exc.code
     outcomes = run_contract(comm)
     if comm.rank == 0:
         print(f"# {PROG}: backend {args.backend}, {comm.size} ranks")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from npddp.comm import BACKENDS, DEFAULT_TIMEOUT, TRANSPORTS
 from npddp.comm.transports.base import resolve_transport
+from npddp.comm.transports.mpi import mpi_missing
 from npddp.data import DATASET_NAMES, NORMALIZE_MODES
 from npddp.data.arrays import ARRAY_SUFFIXES
 from npddp.nn.gpt import PRESETS
@@ -63,10 +64,13 @@ def _opt(default, help: str, *, choices=None, metavar=None, resume: str = "", sh
 
 
 def default_backend(transport: str, environ=None) -> tuple[str, str]:
-    """The backend a run gets without ``--backend``, and why: mpi when MPI carries the job, else auto over tcp."""
-    if resolve_transport(transport, environ) == "mpi":
+    """The backend a run gets without ``--backend``, and why: mpi when MPI carries the job, else auto over tcp
+    (no MPI launcher, ``--transport tcp``, or no MPI in this install)."""
+    if resolve_transport(transport, environ, probe=True) == "mpi":
         return "mpi", ""
-    return "auto", "not started by MPI" if transport == "auto" else "--transport tcp"
+    missing = mpi_missing(environ) if transport == "auto" else None
+    return "auto", f"no MPI here, {missing}" if missing else "not started by MPI" if transport == "auto" else \
+        "--transport tcp"
 
 
 def resume_text(text: str) -> str:

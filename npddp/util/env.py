@@ -103,6 +103,108 @@ def world_rank(environ=None) -> int:
     return max(0, first_int((*MPI_RANK_VARIABLES, "RANK"), environ, task.rank if task is not None else 0))
 
 
+def announced_world(environ=None) -> tuple[int, str] | None:
+    """(world size, the variable that says so) as the launcher that started this process announced it; None: none did.
+
+    Only the innermost launcher counts: an MPI launcher's (``PMI_SIZE``, ``OMPI_COMM_WORLD_SIZE``, ``PMIX_SIZE``),
+    else ``python -m npddp.run``'s or torchrun's ``WORLD_SIZE``, else srun's. An outer launcher's size differs by
+    design (srun starting mpirun's daemons, npddp.run inside an allocation). Under srun's PMIx plugin (a rank
+    but no size) and srun without a plugin it is Slurm's ``SLURM_STEP_NUM_TASKS``.
+    """
+    environ = _environ(environ)
+    if launched_by_mpi(environ):
+        found = first_positive(MPI_SIZE_VARIABLES, environ)
+        task = slurm_task(environ)
+        return found if found is not None or task is None else (task.size, "SLURM_STEP_NUM_TASKS")
+    if all(name in environ for name in TCP_LAUNCHER_VARIABLES):
+        return first_positive(("WORLD_SIZE",), environ)
+    task = slurm_task(environ)
+    return None if task is None else (task.size, "SLURM_STEP_NUM_TASKS")
+
+
+#: What to do when a world differs from the launcher's, by the variable that announced the launcher's size.
+_WORLD_HINTS = {
+    "WORLD_SIZE": "its ranks are separate processes, not one MPI job: run over tcp (--transport auto or tcp, a "
+                  "hand-written backend), or start the job with mpirun",
+    "SLURM_STEP_NUM_TASKS": "srun gave MPI no process manager: add --mpi=pmi2 (MPICH, Intel MPI) or --mpi=pmix "
+                            "(Open MPI), or run over tcp (--transport auto or tcp); see docs/slurm.md",
+}
+_MPI_HINT = ("this MPI does not speak the launcher's process manager (under srun: --mpi=pmix for Open MPI, "
+             "--mpi=pmi2 for MPICH and Intel MPI; see docs/slurm.md)")
+
+
+def world_refusal(size: int, built_by: str = "MPI", environ=None) -> str | None:
+    """The one line when a world of ``size`` ranks (built by ``built_by``: MPI, or the tcp rendezvous) is not the world
+    the launcher announced, or when Slurm's variables contradict each other; None when all agree.
+
+    A library that cannot talk to the launcher's process manager starts every process as a world of its own
+    (Open MPI under ``srun --mpi=pmi2``, ``--transport mpi`` under srun without a plugin or under npddp.run):
+    N separate one-rank jobs, each "succeeding". Every world npddp builds is checked here, the one place.
+    """
+    bad = slurm_contradiction(environ)
+    if bad is not None:
+        return bad
+    announced = announced_world(environ)
+    if announced is None or announced[0] == size:
+        return None
+    count, variable = announced
+    return (f"{built_by} started a world of {size} rank{'s' * (size != 1)} but the launcher announced {count} "
+            f"({variable}={count}): {_WORLD_HINTS.get(variable, _MPI_HINT)}")
+
+
+def slurm_contradiction(environ=None) -> str | None:
+    """One line when srun's variables make this process a task of a step but its rank does not fit the step's
+    tasks (``SLURM_PROCID=2`` of 2, ``-1``, not a number); None otherwise, and when another launcher inside the
+    job started it (mpirun's ranks, npddp.run's: their own variables rule)."""
+    environ = _environ(environ)
+    if launched_by_mpi(environ) or all(name in environ for name in TCP_LAUNCHER_VARIABLES):
+        return None
+    rank = _first(environ, "SLURM_PROCID")
+    size = _first(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+    ids = [_first(environ, *names) for names in (("SLURM_JOB_ID", "SLURM_JOBID"), ("SLURM_STEP_ID", "SLURM_STEPID"))]
+    if rank is None or size is None or None in ids:
+        return None          # not a task of a step: a batch script, a shell in an allocation
+    if rank.isdigit() and size.isdigit() and 0 <= int(rank) < int(size):
+        return None
+    name = "SLURM_STEP_NUM_TASKS" if _first(environ, "SLURM_STEP_NUM_TASKS") is not None else "SLURM_NTASKS"
+    valid = f"0..{int(size) - 1}" if size.isdigit() and int(size) > 0 else "0..tasks-1, with tasks >= 1"
+    return (f"Slurm's variables contradict each other: SLURM_PROCID={rank} with {name}={size} (valid: {valid}), "
+            "so this task's place in its step is unknown; start it with srun, or unset the SLURM_ variables")
+
+
+def job_identity(environ=None) -> str:
+    """What names this process's job to the tcp rendezvous: the same on every rank of one job, another job's differs.
+
+    Slurm's job and step (``slurm job 7 step 0``) for a TCP world formed from srun's variables; the job id
+    ``python -m npddp.run`` gives its ranks when they are all on this machine (each machine's launcher makes
+    its own); torchrun's run id; else "" (nothing to compare).
+    """
+    environ = _environ(environ)
+    task = slurm_task(environ)
+    if task is not None:
+        return f"slurm job {task.job_id} step {task.step_id}"
+    if not all(name in environ for name in TCP_LAUNCHER_VARIABLES):
+        return ""
+    job = environ.get(variables.JOB_ID.name, "").strip()
+    if job and environ.get("LOCAL_WORLD_SIZE", "").strip() == environ["WORLD_SIZE"].strip():
+        return f"npddp.run job {job}"
+    run = environ.get("TORCHELASTIC_RUN_ID", "").strip()
+    return f"torchrun run {run}" if run else ""
+
+
+#: Variables that say which process manager a launcher runs: PMI-1/PMI-2 (MPICH's hydra, Intel MPI's, srun
+#: --mpi=pmi2) or PMIx (Open MPI's mpirun, which is PRRTE, and srun --mpi=pmix).
+PROCESS_MANAGER_VARIABLES = {"pmi": ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT"),
+                             "pmix": ("PMIX_RANK", "PMIX_NAMESPACE", "OMPI_COMM_WORLD_SIZE")}
+
+
+def process_manager(environ=None) -> str | None:
+    """``pmi`` or ``pmix``: the one process manager the launcher's variables speak of; None for none or both."""
+    environ = _environ(environ)
+    found = [kind for kind, names in PROCESS_MANAGER_VARIABLES.items() if any(n in environ for n in names)]
+    return found[0] if len(found) == 1 else None
+
+
 def first_positive(names, environ=None) -> tuple[int, str] | None:
     """(value, variable) of the first of ``names`` set to a positive integer, else None."""
     environ = _environ(environ)

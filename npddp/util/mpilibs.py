@@ -30,6 +30,7 @@ class MPILibrary:
     local_size_variable: str          # the ranks on this node, as the launcher tells each rank
     shm_patterns: tuple[str, ...]     # files in /dev/shm
     temp_patterns: tuple[str, ...]    # files or directories in the temporary directory
+    process_managers: tuple[str, ...] = ()          # what its MPI_Init speaks: pmi (PMI-1/PMI-2), pmix
     runs_under: str = ""              # the program beside the launcher that jobs run under instead, if any
     bare_env: tuple[tuple[str, str], ...] = ()       # what flags and root_flags do, as variables (a bare mpirun)
     root_env: tuple[tuple[str, str], ...] = ()
@@ -40,14 +41,14 @@ class MPILibrary:
 LIBRARIES = (
     # Intel MPI's mpirun is a shell script that runs its mpiexec (hydra) as a child and passes it no signal
     MPILibrary("Intel MPI", r"intel\(r\) mpi", (), (), (), "-f", "-envlist", "MPI_LOCALNRANKS",
-               ("Intel_MPI_*",), ("hydra_hwloc_xmlfile_*",), runs_under="mpiexec"),
+               ("Intel_MPI_*",), ("hydra_hwloc_xmlfile_*",), ("pmi", "pmix"), runs_under="mpiexec"),
     MPILibrary("Open MPI", r"open mpi|open-mpi|openrte|prrte", ("prterun", "prte"),
                ("--oversubscribe",), ("--allow-run-as-root",), "--hostfile", "-x", "OMPI_COMM_WORLD_LOCAL_SIZE",
-               ("sm_segment.*", "vader_segment.*", "ompi.*"), ("ompi.[0-9]*",),
+               ("sm_segment.*", "vader_segment.*", "ompi.*"), ("ompi.[0-9]*",), ("pmix",),
                bare_env=(("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe"),),
                root_env=(("OMPI_ALLOW_RUN_AS_ROOT", "1"), ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"))),
     MPILibrary("MPICH", r"hydra|mpich", (), (), (), "-f", "-envlist", "MPI_LOCALNRANKS",
-               ("mpich_shm_*",), ("hydra_hwloc_xmlfile_*",)),
+               ("mpich_shm_*",), ("hydra_hwloc_xmlfile_*",), ("pmi",)),   # PMIx too only when built with it
 )
 MPICH = LIBRARIES[-1]
 #: Segments of the transports under any library: UCX, libfabric, PSM2.

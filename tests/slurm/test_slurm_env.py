@@ -95,3 +95,69 @@ def test_cpus_per_task_are_each_tasks_threads_unless_a_thread_variable_says_othe
     assert cores.auto_threads({**TASK, "SLURM_CPUS_PER_TASK": "3"}) == (3, "auto: SLURM_CPUS_PER_TASK=3")
     assert cores.auto_threads({**TASK, "SLURM_CPUS_PER_TASK": "3", "OMP_NUM_THREADS": "1"})[0] == 1
     assert cores.auto_threads(TASK, cpus=8) == (4, "auto: 8 CPUs / 2 ranks on this node")
+
+
+def test_two_slurm_jobs_on_one_port_never_merge_a_stranger_is_refused_in_one_line():
+    """Jobs 1 and 1251 derive the same port (12016): before, job 1251's rank 1 joined job 1's rank 0 and both
+    'succeeded'. The registration carries the job's identity: the stranger ends with one line, job 1 goes on."""
+    import socket
+    import threading
+    job = {**TASK, "SLURM_JOB_ID": "1"}
+    other = {**TASK, "SLURM_JOB_ID": "1251"}
+    assert env.slurm_task(job).master_port == env.slurm_task(other).master_port == 12016
+    with socket.socket() as probe:      # the derived port may be taken on this machine: the same free one for both
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    ranks = {name: rendezvous.env_from_slurm(env.slurm_task(e), {**e, "MASTER_PORT": port})
+             for name, e in (("a0", {**job, "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}), ("a1", job), ("b1", other))}
+    assert ranks["a0"].job == "slurm job 1 step 0" and ranks["b1"].job == "slurm job 1251 step 0"
+    results: dict = {}
+
+    def join(name):
+        try:
+            results[name] = rendezvous.connect(ranks[name], timeout=20)
+        except rendezvous.RendezvousError as exc:
+            results[name] = exc
+
+    first = threading.Thread(target=join, args=("a0",))
+    first.start()
+    join("b1")                           # retries until job 1's rank 0 listens, then is refused
+    second = threading.Thread(target=join, args=("a1",))
+    second.start()
+    first.join(30)
+    second.join(30)
+    refused = str(results["b1"])
+    assert isinstance(results["b1"], rendezvous.RendezvousError) and "\n" not in refused, refused
+    assert "belongs to slurm job 1 step 0, not to this rank's slurm job 1251 step 0" in refused
+    assert "MASTER_PORT" in refused
+    for name in ("a0", "a1"):
+        socks, _ = results[name]        # job 1 formed its world of two
+        assert sum(s is not None for s in socks) == 1
+        for s in socks:
+            if s is not None:
+                s.close()
+
+
+@pytest.mark.parametrize("environ, size, says", [
+    (TASK, 1, "(SLURM_STEP_NUM_TASKS=2): srun gave MPI no process manager"),     # srun -n 2 --transport mpi
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, 1, "(WORLD_SIZE=2): its ranks are separate"),
+    ({**TASK, "SLURM_PROCID": "2"}, 1, "SLURM_PROCID=2 with SLURM_STEP_NUM_TASKS=2 (valid: 0..1)"),
+    ({**TASK, "SLURM_PROCID": "-1"}, 1, "SLURM_PROCID=-1 with SLURM_STEP_NUM_TASKS=2 (valid: 0..1)"),
+    ({**TASK, "SLURM_PROCID": "-1"}, 2, "SLURM_PROCID=-1"),
+    ({"PMI_RANK": "0", "PMI_SIZE": "2"}, 1, "(PMI_SIZE=2): this MPI does not speak"),
+    ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "3"}, 2, "(OMPI_COMM_WORLD_SIZE=3)"),
+])
+def test_a_world_other_than_the_innermost_launchers_is_one_line(environ, size, says):
+    """Before: a world of one under srun -n 2 or npddp.run --nproc 2 (--transport mpi), or with SLURM_PROCID out of
+    range, trained alone on every rank and exited 0."""
+    refusal = env.world_refusal(size, "MPI", environ)
+    assert refusal is not None and says in refusal and "\n" not in refusal, refusal
+
+
+@pytest.mark.parametrize("environ, size", [
+    ({}, 1), (BATCH, 1), (TASK, 2), ({"RANK": "1", "WORLD_SIZE": "2"}, 2),
+    ({**TASK, "PMI_RANK": "3", "PMI_SIZE": "4"}, 4),            # mpirun inside the step: its own size counts
+    ({**TASK, "RANK": "0", "WORLD_SIZE": "4"}, 4),              # npddp.run inside the step
+    ({**TASK, "PMIX_RANK": "1"}, 2), ({**TASK, "SLURM_STEP_ID": "x"}, 1)])
+def test_the_world_every_launcher_agrees_on_passes(environ, size):
+    assert env.world_refusal(size, "MPI", environ) is None

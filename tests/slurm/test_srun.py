@@ -85,3 +85,15 @@ def test_cpus_per_task_give_each_task_its_blas_threads(slurm, tmp_path):
     proc = ok(srun(slurm, tmp_path, "-n", 1, "-c", 2, sys.executable, "-m", "npddp.process.threads", "--explain",
                    env=env))
     assert proc.stdout.strip() == "2  (auto: SLURM_CPUS_PER_TASK=2)", proc.stdout
+
+
+def test_transport_mpi_under_srun_without_a_plugin_is_one_line_not_two_jobs_of_one(slurm, tmp_path):
+    """Before: two headers ``1 rank``, two trainings writing one checkpoint, exit 0."""
+    proc = srun(slurm, tmp_path, "-n", 2, *train_args(*TINY, "--transport", "mpi", "--backend", "mpi",
+                                                      "--checkpoint", "race.h5"))
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    assert errors == ["error: MPI started a world of 1 rank but the launcher announced 2 (SLURM_STEP_NUM_TASKS=2): "
+                      "srun gave MPI no process manager: add --mpi=pmi2 (MPICH, Intel MPI) or --mpi=pmix (Open MPI), "
+                      "or run over tcp (--transport auto or tcp); see docs/slurm.md"], proc.stderr
+    assert not (tmp_path / "race.h5").exists()

@@ -39,3 +39,13 @@ def test_ranks_per_node_come_from_the_first_valid_variable(environ, expected):
     ({"OMP_NUM_THREADS": "0", "MKL_NUM_THREADS": "4"}, (4, "MKL_NUM_THREADS")), ({"OMP_NUM_THREADS": " "}, None)])
 def test_the_thread_setting_is_the_first_positive_thread_variable(environ, expected):
     assert env.thread_setting(environ) == expected
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({}, ""), ({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "1", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2",
+               "SLURM_STEP_NODELIST": "vm"}, "slurm job 7 step 1"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "NPDDP_JOB_ID": "ab12"}, "npddp.run job ab12"),
+    ({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "NPDDP_JOB_ID": "ab12"}, ""),   # each machine its own id
+    ({"RANK": "1", "WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "r9"}, "torchrun run r9")])
+def test_the_jobs_identity_is_what_every_rank_of_it_shares(environ, expected):
+    assert env.job_identity(environ) == expected

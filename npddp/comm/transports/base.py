@@ -110,13 +110,22 @@ def world_transport(name: str, timeout: float) -> Transport:
     return _WORLDS[resolve_transport(name)](timeout)
 
 
-def resolve_transport(name: str, environ=None) -> str:
-    """The transport ``name`` means; ``auto`` is tcp when RANK/WORLD_SIZE are set outside an MPI launcher, else mpi."""
+def resolve_transport(name: str, environ=None, probe: bool = False) -> str:
+    """The transport ``name`` means; ``auto`` is tcp when RANK/WORLD_SIZE are set outside an MPI launcher, else mpi.
+
+    ``probe=True`` (about to build a world): ``auto`` is also tcp, a world of one, when no launcher started this
+    process and MPI cannot be loaded (:func:`~npddp.comm.transports.mpi.mpi_missing`, which loads it otherwise).
+    """
     if name not in (*_WORLDS, "auto"):
         raise ValueError(f"unknown transport {name!r}; valid transports: {', '.join(_WORLDS)}, auto")
     if name != "auto":
         return name
-    return "tcp" if env.launched_by_tcp_launcher(environ) else "mpi"
+    if env.launched_by_tcp_launcher(environ):
+        return "tcp"
+    if probe:
+        from npddp.comm.transports.mpi import mpi_missing
+        return "tcp" if mpi_missing(environ) else "mpi"
+    return "mpi"
 
 
 def _mpi_world(timeout: float) -> Transport:

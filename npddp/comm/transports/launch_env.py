@@ -31,6 +31,7 @@ class LaunchEnv:
     local_rank: int
     local_world_size: int
     secret: bytes = field(default=b"", repr=False)   # NPDDP_JOB_SECRET: the key of the handshake
+    job: str = ""     # the job's identity (npddp.util.env.job_identity): a rank of another job is refused
 
 
 def _int_var(environ, name: str, low: int, high: int | None = None, default=None) -> int:
@@ -59,7 +60,8 @@ def launch_env(environ=None) -> LaunchEnv:
     addr = environ.get("MASTER_ADDR", "").strip() or "127.0.0.1"
     local_size = _int_var(environ, "LOCAL_WORLD_SIZE", 1, size, default=size)
     local_rank = _int_var(environ, "LOCAL_RANK", 0, local_size - 1, default=rank % local_size)
-    return LaunchEnv(rank, size, addr, port, local_rank, local_size, handshake.secret_from_env(environ))
+    return LaunchEnv(rank, size, addr, port, local_rank, local_size, handshake.secret_from_env(environ),
+                     process_env.job_identity(environ))
 
 
 def env_from_slurm(task: process_env.SlurmTask, environ) -> LaunchEnv:
@@ -68,7 +70,7 @@ def env_from_slurm(task: process_env.SlurmTask, environ) -> LaunchEnv:
     addr = environ.get("MASTER_ADDR", "").strip() or task.master_addr
     port = _int_var(environ, "MASTER_PORT", 1, 65535, default=task.master_port)
     return LaunchEnv(task.rank, task.size, addr, port, task.local_rank, task.local_size,
-                     handshake.secret_from_env(environ))
+                     handshake.secret_from_env(environ), process_env.job_identity(environ))
 
 
 def env_from_mpi(mpi_comm=None) -> LaunchEnv:
@@ -76,8 +78,8 @@ def env_from_mpi(mpi_comm=None) -> LaunchEnv:
 
     This lets one ``mpirun`` job put the TCP transport beside MPI's (the benchmarks do).
     """
-    from mpi4py import MPI
-    comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+    from npddp.comm.transports.mpi import mpi_world
+    comm = mpi_world() if mpi_comm is None else mpi_comm
     rank, size = comm.Get_rank(), comm.Get_size()
     names = np.zeros((size, NAME_BYTES // 8), dtype=np.int64)  # every rank's host name, to see if they share one
     mine = np.zeros(NAME_BYTES // 8, dtype=np.int64)
@@ -97,7 +99,7 @@ def env_from_mpi(mpi_comm=None) -> LaunchEnv:
     local = int((names == mine).all(axis=1).sum())
     key = np.frombuffer(handshake.new_secret().encode(), np.uint8).copy()   # MPI carries rank 0's key
     comm.Bcast(key, root=0)
-    return LaunchEnv(rank, size, addr, int(table[0]), rank % local, local, key.tobytes())
+    return LaunchEnv(rank, size, addr, int(table[0]), rank % local, local, key.tobytes(), "an mpi job")
 
 
 def encode_name(text: str) -> bytes:

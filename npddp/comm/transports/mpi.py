@@ -10,11 +10,14 @@ to make its group of ranks across nodes.
 
 from __future__ import annotations
 
+import os
+import re
+import sys
 import weakref
 
 import numpy as np
 
-from npddp.util import env
+from npddp.util import env, guard, mpilibs
 
 
 def free_comm(comm, abandoned: list) -> None:
@@ -29,22 +32,89 @@ def free_comm(comm, abandoned: list) -> None:
 
 
 def check_world_size(size: int, environ=None) -> None:
-    """ValueError when MPI's world of ``size`` ranks is not the world the launcher announced.
-
-    A library that cannot talk to the launcher's process manager starts every process as a world
-    of its own (Open MPI under ``srun --mpi=pmi2``): N separate one-rank jobs, each "succeeding"."""
-    announced = env.mpi_world_size(environ)
-    if announced > 1 and size != announced:
-        raise ValueError(f"MPI started a world of {size} rank{'s' * (size != 1)} but the launcher announced "
-                         f"{announced}: this MPI does not speak the launcher's process manager (under srun: "
-                         "--mpi=pmix for Open MPI, --mpi=pmi2 for MPICH and Intel MPI; see docs/slurm.md)")
+    """ValueError when MPI's world of ``size`` ranks is not the world the launcher announced
+    (:func:`npddp.util.env.world_refusal`: the one rule for every world)."""
+    refusal = env.world_refusal(size, "MPI", environ)
+    if refusal is not None:
+        raise ValueError(refusal)
 
 
 def mpi_world():
-    """``MPI.COMM_WORLD``, checked against the world size the launcher announced (:func:`check_world_size`)."""
+    """``MPI.COMM_WORLD``, checked against the world size the launcher announced (:func:`check_world_size`).
+
+    In a world of one, the shared-memory files the library made for on-node peers are unlinked at once (their
+    mappings stay valid): no peer will ever open them, and Open MPI leaves them in /dev/shm when its process
+    manager is missing (16 MiB each, a singleton's or a wrong launcher's), since that manager would remove them.
+    """
     from mpi4py import MPI
+    if MPI.COMM_WORLD.Get_size() == 1:
+        guard.remove_mapped_segments()
     check_world_size(MPI.COMM_WORLD.Get_size())
     return MPI.COMM_WORLD
+
+
+def mpi_missing(environ=None) -> str | None:
+    """Why MPI cannot carry a process no launcher started (mpi4py missing, or its library), else None.
+
+    Loading MPI initializes it, as every MPI run does; only asked where no launcher's variables are set
+    (``environ`` None: this process's own), so a world of one goes over tcp instead.
+    """
+    if environ is not None or env.launcher() is not None:
+        return None
+    if not env.mpi4py_installed():
+        return "mpi4py is not installed"
+    try:
+        from mpi4py import MPI  # noqa: F401
+    except (ImportError, RuntimeError):
+        return "mpi4py's MPI library does not load"
+    return None
+
+
+def launcher_refusal(environ=None) -> str | None:
+    """The one line when the MPI library mpi4py would load cannot speak the launcher's process manager, found
+    before ``MPI_Init`` (which would end the process in the library's own words); None when it can or is loaded.
+
+    MPICH (not Intel MPI) speaks PMI only unless built with PMIx: under Open MPI's mpirun or ``srun
+    --mpi=pmix`` (PMIx variables, no PMI ones) its ``MPI_Init`` aborts. The opposite mismatch, Open MPI under
+    PMI, starts worlds of one and is found by :func:`check_world_size`.
+    """
+    if "mpi4py.MPI" in sys.modules or env.process_manager(environ) != "pmix":
+        return None
+    found = _library_before_init()
+    if found is None:
+        return None
+    lib, text, path = found
+    if "pmix" in lib.process_managers or not re.search(lib.version_text, text, re.IGNORECASE) or _links_pmix(path):
+        return None   # speaks PMIx, or a library the table cannot name: let MPI_Init decide
+    version = " ".join(text.split()[:3])
+    return (f"the MPI library mpi4py loads ({version}, {path}) does not speak PMIx, the process manager of this "
+            f"launcher (PMIX_* variables: Open MPI's mpirun, or srun --mpi=pmix): start it with {lib.name}'s own "
+            "mpirun, or under srun with --mpi=pmi2; see docs/slurm.md")
+
+
+def _library_before_init():
+    """(row of :mod:`npddp.util.mpilibs`, ``MPI_Get_library_version``'s text, path) of the library mpi4py
+    would load, asked through ctypes before ``MPI_Init`` (allowed by the standard); None when it cannot be told."""
+    import ctypes
+    try:
+        from mpi4py import _mpiabi
+        lib = _mpiabi._dlopen_libmpi()
+        buf, length = ctypes.create_string_buffer(8192), ctypes.c_int(0)
+        if lib.MPI_Get_library_version(buf, ctypes.byref(length)) != 0:
+            return None
+    except Exception:  # noqa: BLE001  (no mpi4py, no library, another mpi4py: nothing to tell before MPI_Init)
+        return None
+    text = buf.value.decode(errors="replace")
+    return mpilibs.identify("", text), text, lib._name or "libmpi"
+
+
+def _links_pmix(path: str) -> bool:
+    """True when the library at ``path`` reaches PMIx's client (``PMIx_Init``), as a PMIx-enabled build does."""
+    import ctypes
+    try:
+        return hasattr(ctypes.CDLL(path, os.RTLD_LAZY | os.RTLD_LOCAL), "PMIx_Init")
+    except OSError:
+        return False
 
 
 class MPIRequest:

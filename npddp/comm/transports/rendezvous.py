@@ -44,8 +44,9 @@ from npddp.util import env as process_env
 from npddp.util import variables
 
 MAGIC = b"NPDD"
-VERSION = 1
-REGISTER = struct.Struct(f"<4sIII{NAME_BYTES}sH{NAME_BYTES}s")  # magic, version, rank, size, ip, port, host
+VERSION = 2
+REGISTER = struct.Struct(f"<4sIII{NAME_BYTES}sH{NAME_BYTES}s{NAME_BYTES}s")  # magic, version, rank, size, ip, port,
+                                                                             # host, the job's identity
 TABLE_HEAD = struct.Struct("<4sIQI")                            # magic, status (0 ok), token, error length
 ENTRY = struct.Struct(f"<{NAME_BYTES}sH{NAME_BYTES}s")          # ip, port, host
 HELLO = struct.Struct("<4sIQ")                                  # magic, rank, token
@@ -117,8 +118,11 @@ def _serve_table(server: socket.socket, env: LaunchEnv, me: tuple, deadline: flo
                 raise RendezvousError(f"rank 0 waited for ranks {missing} to register at "
                                       f"{env.master_addr}:{env.master_port} until the timeout")
             conn, raw, _ = got
+            magic, version, rank, wsize, ip, port, host, job = REGISTER.unpack(raw)
+            if magic == MAGIC and version == VERSION and job.rstrip(b"\0") != _job_bytes(env.job):
+                _refuse(conn, env, rank, _text(job))   # another job's rank: it ends, this job goes on waiting
+                continue
             clients.append(conn)
-            magic, version, rank, wsize, ip, port, host = REGISTER.unpack(raw)
             if magic != MAGIC or version != VERSION:
                 error = f"a process that is not an npddp rank of this version connected to port {env.master_port}"
             elif wsize != size:
@@ -146,6 +150,25 @@ def _serve_table(server: socket.socket, env: LaunchEnv, me: tuple, deadline: flo
     return token, entries
 
 
+def _job_name(job: str) -> str:
+    return job or "a job its launcher names not"
+
+
+def _refuse(conn: socket.socket, env: LaunchEnv, rank: int, job: str) -> None:
+    """Rank 0: tell a registering rank of another job why it is refused (one line each side), and close."""
+    where = f"{env.master_addr}:{env.master_port}"
+    sys.stderr.write(f"npddp: rank 0 at {where}: refused rank {rank} of {_job_name(job)}: this is "
+                     f"{_job_name(env.job)}\n")
+    message = (f"rank 0 at {where} belongs to {_job_name(env.job)}, not to this rank's {_job_name(job)}: two jobs "
+               f"chose one rendezvous port; give each job its own MASTER_PORT (docs/slurm.md: how ports are "
+               f"chosen)").encode()[:_ERROR_MAX]
+    try:
+        conn.sendall(TABLE_HEAD.pack(MAGIC, 1, 0, len(message)) + message)
+    except OSError:
+        pass
+    conn.close()
+
+
 def _fetch_table(env: LaunchEnv, me_host: str, listener: socket.socket, deadline: float):
     """Ranks > 0: register with rank 0 (after proving the job secret) and receive the table."""
     where = f"{env.master_addr}:{env.master_port}"
@@ -157,7 +180,8 @@ def _fetch_table(env: LaunchEnv, me_host: str, listener: socket.socket, deadline
         port = listener.getsockname()[1]
         try:
             handshake.knock(sock, env.secret, REGISTER.pack(MAGIC, VERSION, env.rank, env.world_size, encode_name(ip),
-                                                            port, encode_name(me_host)), f"rank 0 at {where}", deadline)
+                                                            port, encode_name(me_host), _job_bytes(env.job)),
+                            f"rank 0 at {where}", deadline)
             magic, status, token, nerr = TABLE_HEAD.unpack(
                 _recv_exact(sock, TABLE_HEAD.size, deadline, "the rank table"))
             if magic != MAGIC or nerr > _ERROR_MAX:
@@ -169,6 +193,11 @@ def _fetch_table(env: LaunchEnv, me_host: str, listener: socket.socket, deadline
             raise RendezvousError(str(exc)) from None
     entries = [ENTRY.unpack_from(raw, r * ENTRY.size) for r in range(env.world_size)]
     return token, [(_text(ip), port, _text(host)) for ip, port, host in entries]
+
+
+def _job_bytes(job: str) -> bytes:
+    """The job's identity for a registration: at most NAME_BYTES bytes (a longer one is cut; both sides cut alike)."""
+    return job.encode()[:NAME_BYTES]
 
 
 def _resolve(addr: str) -> str:
@@ -320,7 +349,8 @@ def world_from_env(timeout: float, environ=None) -> TCPTransport:
     """The transport over every rank the launcher's environment describes; connects on first use.
 
     Under srun, Slurm's variables tell them (:func:`env_from_slurm`); inside another MPI job without those
-    variables, MPI tells rank and size and carries rank 0's address.
+    variables, MPI tells rank and size and carries rank 0's address; started by no launcher, a world of one.
+    A world other than the launcher announced is a ValueError before any connection (:func:`~npddp.util.env.world_refusal`).
     """
     environ = os.environ if environ is None else environ
     task = process_env.slurm_task(environ)
@@ -329,8 +359,13 @@ def world_from_env(timeout: float, environ=None) -> TCPTransport:
     elif process_env.launched_by_mpi(environ) and not all(v in environ for v in process_env.TCP_LAUNCHER_VARIABLES):
         env = _WORLDS.get("mpi") or env_from_mpi()
         _WORLDS["mpi"] = env
+    elif process_env.launcher(environ) is None and not {"RANK", "WORLD_SIZE"} & set(environ):
+        env = LaunchEnv(0, 1, "127.0.0.1", 0, 0, 1)      # started by no launcher: a world of one
     else:
         env = launch_env(environ)
+    refusal = process_env.world_refusal(env.world_size, "the tcp rendezvous", environ)
+    if refusal is not None:
+        raise ValueError(refusal)
     world = _WORLDS.get(env)
     if world is None:
         process_env.mark_join("joining", env.rank, environ)

@@ -47,6 +47,7 @@ from npddp.train.cli import layout
 from npddp.train.cli.mesh import MeshEngine
 from npddp.comm.node.memory import node_ids
 from npddp.comm.transports.base import resolve_transport
+from npddp.comm.transports.mpi import mpi_missing
 from npddp.parallel import builtin as hooks
 from npddp.parallel.ddp import DistributedDataParallel
 from npddp.train.cli.inputs import dataset_name, load_data, scaling_warning
@@ -76,7 +77,8 @@ def train(argv=None) -> int:
     if cfg.resume and "backend" not in given:
         # the backend comes from the checkpoint, read once the ranks can talk: open a provisional
         # communicator this transport can run (over tcp a hand-written one), the saved one after
-        cfg = dataclasses.replace(cfg, backend="ring" if resolve_transport(cfg.transport) == "tcp" else cfg.backend)
+        cfg = dataclasses.replace(cfg, backend="ring" if resolve_transport(cfg.transport, probe=True) == "tcp"
+                                  else cfg.backend)
     elif _mpi_over_tcp(cfg):
         Printer(hint).error(_mpi_over_tcp(cfg))
         return EXIT_USAGE
@@ -95,9 +97,11 @@ def train(argv=None) -> int:
 
 def _mpi_over_tcp(cfg: Config) -> str | None:
     """The error when ``--backend mpi`` meets a job over TCP, else None."""
-    if cfg.backend != "mpi" or resolve_transport(cfg.transport) != "tcp":
+    if cfg.backend != "mpi" or resolve_transport(cfg.transport, probe=True) != "tcp":
         return None
-    why = "--transport auto chose tcp: no MPI launcher started it" if cfg.transport == "auto" else "--transport tcp"
+    missing = mpi_missing() if cfg.transport == "auto" else None
+    why = "--transport tcp" if cfg.transport != "auto" else \
+        f"--transport auto chose tcp: {f'no MPI here, {missing}' if missing else 'no MPI launcher started it'}"
     return (f"--backend mpi runs MPI's own collectives, which a job over TCP ({why}) does not have; use a "
             "hand-written backend, e.g. --backend ring or --backend auto")
 
