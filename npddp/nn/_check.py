@@ -90,7 +90,8 @@ def check_dout(layer, dout, shape: tuple) -> None:
 
 
 def cached(layer, value):
-    """Return a forward cache, or raise if backward is called before any forward."""
+    """Return a forward cache, or raise if backward has no forward that kept one."""
     if value is None:
-        raise RuntimeError(f"{layer!r}: backward called before forward")
+        raise RuntimeError(f"{layer!r}: backward called before forward (or after a forward under no_grad, "
+                           "which keeps nothing for it)")
     return value

@@ -9,7 +9,8 @@ reading q, k, v as strided views of the qkv output and writing ``P v`` straight 
 (B, T, h, d/h) layout the projection reads. ``P = r * E`` is never normalised in place: with
 ``E = exp(S - rowmax)`` and ``r = 1 / rowsum(E)``, the row scale ``r`` is applied to the
 (T, d/h) operands instead of the (T, T) ones, which saves a pass over (B, h, T, T) in each
-direction. Forward keeps the qkv output (with q pre-scaled), ``E`` and ``r``; backward holds
+direction. Forward keeps the qkv output (with q pre-scaled), ``E`` and ``r`` (under ``no_grad``
+none of them: they are freed before the output projection runs); backward holds
 at most two (B, h, T, T) arrays (``E`` and ``r dP``), overwrites them in place, and lets both
 go when it returns.
 """
@@ -76,7 +77,8 @@ class CausalSelfAttention(Module):
         yh = y.transpose(0, 2, 1, 3)                               # (B, h, T, dh) view
         np.matmul(e, v, out=yh)
         yh *= r                                                    # P v, normalising (T, dh) not (T, T)
-        self._qkv, self._e, self._r = qkv, e, r
+        self._qkv, self._e, self._r = (qkv, e, r) if self.grad_enabled else (None, None, None)
+        del qkv, q, k, v, e, r                                     # no_grad: freed before proj allocates
         return self.proj.forward(y.reshape(b, t, d))               # (B, T, d)
 
     def backward(self, dout: np.ndarray) -> np.ndarray:

@@ -5,7 +5,8 @@ Forward copies the sliding windows of the zero-padded input into a column buffer
 at once, which lands directly in NCHW.  Backward reuses the cached ``cols`` for dL/dW and
 scatters dL/dcols back onto the padded input with col2im: a loop over the kh*kw kernel
 positions, each adding one strided (B, C, Ho, Wo) block, never a loop over pixels.
-The padded-input and column buffers are kept between calls with the same input shape.
+The padded-input and column buffers are kept between calls with the same input shape (under
+``no_grad`` too: they are scratch, reused by the next forward; only backward reads ``cols``).
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ class Conv2d(Module):
         y = np.matmul(w2, cols3)                                          # (B, O, L)
         if self.bias is not None:
             np.add(y, self.bias.data[:, None], out=y)                     # (B, O, L)
-        self._x_shape = x.shape
+        self._x_shape = x.shape if self.grad_enabled else None           # the column buffer is scratch
         return y.reshape(b, self.out_channels, ho, wo)                    # (B, O, Ho, Wo)
 
     def backward(self, dout: np.ndarray) -> np.ndarray | None:

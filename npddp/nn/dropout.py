@@ -37,11 +37,11 @@ class Dropout(Module):
     def forward(self, x: np.ndarray) -> np.ndarray:
         check_float_array(self, x)
         if not self.training or self.p == 0.0:
-            self._mask = False                                            # backward: identity
+            self._mask = False if self.grad_enabled else None             # backward: identity
             return x
         draw = self._rng.random(x.shape, dtype=np.float32)                # (B, ...)
         keep = draw >= np.float32(self.p)                                 # (B, ...)
-        self._mask = keep
+        self._mask = keep if self.grad_enabled else None
         y = np.multiply(x, keep)                                          # (B, ...)
         np.multiply(y, x.dtype.type(1.0 / (1.0 - self.p)), out=y)         # (B, ...)
         return y

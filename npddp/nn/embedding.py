@@ -36,7 +36,7 @@ class Embedding(Module):
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_embeddings):
             raise ValueError(f"{self!r}: indices must lie in [0, {self.num_embeddings}), got values in "
                              f"[{idx.min()}, {idx.max()}]")
-        self._idx = idx                                            # (...)
+        self._idx = idx if self.grad_enabled else None             # (...)
         return np.take(self.weight.data, idx, axis=0)              # (..., d)
 
     def backward(self, dout: np.ndarray) -> None:

@@ -9,7 +9,8 @@
   NumPy's vectorised ``tanh`` instead of a scalar ``erf`` (several times faster).
 * ``"tanh"``: ``Phi(x) ~ (1 + tanh(sqrt(2/pi) * (x + 0.044715 x**3))) / 2`` in every dtype.
 
-Forward caches its input and ``Phi(x)``; backward computes ``dGELU/dx = Phi(x) + x * phi(x)``
+Forward caches its input and ``Phi(x)`` (under ``no_grad`` nothing: ``x * Phi(x)`` is written
+over ``Phi(x)``); backward computes ``dGELU/dx = Phi(x) + x * phi(x)``
 (``phi`` the normal density, or the derivative of the tanh formula). Pointwise work runs on
 chunks of ``CHUNK`` elements so that each of its many passes hits the cache, not memory.
 """
@@ -81,8 +82,7 @@ class GELU(Module):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         check_float_array(self, x)
-        x = np.ascontiguousarray(x)
-        self._x = x                                        # (...)
+        x = np.ascontiguousarray(x)                        # (...)
         phi = np.empty_like(x)                             # (...) Phi(x)
         xf, pf = x.reshape(-1), phi.reshape(-1)
         if self.approximate == "none" and x.dtype != np.float32:
@@ -95,7 +95,10 @@ class GELU(Module):
             for s in _chunks(xf.size):
                 n = s.stop - s.start
                 fill(xf[s], pf[s], z[:n], p[:n])
-        self._phi = phi
+        if not self.grad_enabled:                          # forward only: the output in phi's memory
+            self._x = self._phi = None
+            return np.multiply(x, phi, out=phi)            # (...)
+        self._x, self._phi = x, phi
         return np.multiply(x, phi)                         # (...)
 
     def backward(self, dout: np.ndarray) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Dense layers and pointwise activations: Linear, ReLU, Tanh, Flatten.
 
-Each ``forward`` caches its input by reference (no copy) and ``backward`` uses the input of
-the most recent ``forward``.  Parameter gradients are *added* into ``.grad`` in place (or
+Each ``forward`` caches its input by reference (no copy; nothing under ``no_grad``) and
+``backward`` uses the input of the most recent ``forward``.  Parameter gradients are *added* into ``.grad`` in place (or
 written over one that ``zero_grad`` left zero) and looked up at backward time, so a ``.grad``
 swapped for a view into a flat buffer keeps working.
 """
@@ -52,7 +52,7 @@ class Linear(Module):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         check_last_dim(self, x, self.in_features, self.dtype)
-        self._x = x                                        # (..., in)
+        self._x = x if self.grad_enabled else None         # (..., in)
         x2 = x.reshape(-1, self.in_features)               # (N, in) N = prod(...)
         y = np.matmul(x2, self.weight.data.T)              # (N, out)
         if self.bias is not None:
@@ -92,7 +92,7 @@ class ReLU(Module):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         check_float_array(self, x)
-        self._x = x                                        # (B, ...)
+        self._x = x if self.grad_enabled else None         # (B, ...)
         return np.maximum(x, 0)                            # (B, ...)
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
@@ -110,8 +110,9 @@ class Tanh(Module):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         check_float_array(self, x)
-        self._y = np.tanh(x)                               # (B, ...)
-        return self._y
+        y = np.tanh(x)                                     # (B, ...)
+        self._y = y if self.grad_enabled else None
+        return y
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         y = cached(self, self._y)                          # (B, ...)
@@ -131,7 +132,7 @@ class Flatten(Module):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         check_float_array(self, x, min_ndim=2)
-        self._shape = x.shape                              # (B, ...)
+        self._shape = x.shape if self.grad_enabled else None  # (B, ...)
         return x.reshape(x.shape[0], -1)                   # (B, prod(...))
 
     def backward(self, dout: np.ndarray) -> np.ndarray:

@@ -2,7 +2,8 @@
 
 Both average over the batch (MSE over every element), so under data parallelism each rank
 returns its local mean and DDP's average over ranks gives the global mean for equal shards.
-Losses hold no parameters and are not Modules.
+Losses hold no parameters and are not Modules. ``CrossEntropyLoss.score`` is the forward-only
+form evaluation uses: the same loss, bit for bit, and the correct count, keeping nothing.
 """
 
 from __future__ import annotations
@@ -44,22 +45,32 @@ class CrossEntropyLoss:
             raise ValueError(f"CrossEntropyLoss: targets must be in [0, {c}), got values in "
                              f"[{target.min()}, {target.max()}]")
 
-    def forward(self, logits: np.ndarray, target: np.ndarray) -> float:
-        """Mean cross-entropy over every target."""
-        self._check(logits, target)
+    @staticmethod
+    def _nll(logits: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(nll (N,), exp(z - rowmax) (N, C), its row sums (N,)) of checked logits and targets."""
         c = logits.shape[-1]
         z = logits.reshape(-1, c)                                         # (N, C)
         t = target.reshape(-1)                                            # (N,)
-        rows = np.arange(len(t))
         e = np.subtract(z, z.max(axis=1, keepdims=True))                  # (N, C) max is 0
-        picked = e[rows, t]                                               # (N,) z[target] - max
+        picked = e[np.arange(len(t)), t]                                  # (N,) z[target] - max
         np.exp(e, out=e)
         s = e.sum(axis=1)                                                 # (N,)
-        nll = np.log(s) - picked                                          # (N,)
+        return np.log(s) - picked, e, s
+
+    def forward(self, logits: np.ndarray, target: np.ndarray) -> float:
+        """Mean cross-entropy over every target."""
+        self._check(logits, target)
+        nll, e, s = self._nll(logits, target)
         np.divide(1.0, s, out=s)
         e *= s[:, None]                                                   # (N, C) softmax
-        self._probs, self._target, self._shape = e, t, logits.shape
+        self._probs, self._target, self._shape = e, target.reshape(-1), logits.shape
         return float(nll.mean())
+
+    def score(self, logits: np.ndarray, target: np.ndarray) -> tuple[float, int]:
+        """(mean cross-entropy, as ``forward`` gives it, and the ``correct`` count); keeps nothing for backward."""
+        self._check(logits, target)
+        nll, _, _ = self._nll(logits, target)
+        return float(nll.mean()), int(np.count_nonzero(logits.argmax(axis=-1) == target))
 
     def backward(self) -> np.ndarray:
         """dL/dlogits = (softmax - onehot) / N, in the logits' shape and dtype."""

@@ -27,10 +27,16 @@ Contract used by DDP:
   gather/free schedule are both built on them.
 * ``trace_layers(tracer)``: record every module's forward and backward on a timeline (see
   :mod:`npddp.util.tracing`); an untraced model gets no hooks.
+* Forward without gradients (PyTorch's ``no_grad``, per model rather than per thread): inside
+  ``with model.no_grad():`` (or after ``set_grad_enabled(False)``) every layer's ``forward``
+  computes the same bits but keeps nothing for a backward -- its caches are emptied, so each
+  activation is freed as soon as the next layer has read it -- and no gradient buffer is
+  touched; a ``backward`` then raises. Evaluation runs this way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from typing import Callable, Iterator
 
@@ -169,6 +175,7 @@ class Module:
 
     def __init__(self):
         self.training = True
+        self.grad_enabled = True   # False: forward keeps nothing for a backward (see no_grad)
         self._grad_hooks: list[Callable[[Module], None]] = []
 
     # --- structure -------------------------------------------------------------------
@@ -262,6 +269,24 @@ class Module:
         """Switch to evaluation mode."""
         return self.train(False)
 
+    def set_grad_enabled(self, mode: bool = True) -> "Module":
+        """Let forward keep what backward needs (``mode`` True) or nothing (False), here and in every sub-module."""
+        for _, module in self.named_modules():
+            module.grad_enabled = bool(mode)
+        return self
+
+    @contextlib.contextmanager
+    def no_grad(self):
+        """Within the context, forward keeps no activations and backward is refused; each module's setting comes back after."""
+        saved = [(module, module.grad_enabled) for _, module in self.named_modules()]
+        for module, _ in saved:
+            module.grad_enabled = False
+        try:
+            yield self
+        finally:
+            for module, mode in saved:
+                module.grad_enabled = mode
+
     # --- gradient-ready notifications ------------------------------------------------
     def register_grad_hook(self, fn: Callable[["Module"], None]) -> None:
         """Call ``fn(layer)`` after each leaf layer's backward inside this module."""
@@ -334,7 +359,7 @@ class Module:
 
     # --- computation -----------------------------------------------------------------
     def forward(self, x: np.ndarray) -> np.ndarray:
-        """Compute the output for ``x`` (and keep what backward needs)."""
+        """Compute the output for ``x`` (and keep what backward needs, unless ``grad_enabled`` is False)."""
         raise NotImplementedError
 
     def backward(self, dout: np.ndarray) -> np.ndarray:

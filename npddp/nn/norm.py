@@ -1,7 +1,8 @@
 """LayerNorm over the last dimension, PyTorch's formula: biased variance, ``eps`` inside the root.
 
 ``y = (x - mean) / sqrt(var + eps) * weight + bias`` for x of shape (..., d). Forward caches
-the normalised input and ``1 / sqrt(var + eps)`` per row; backward is the usual
+the normalised input and ``1 / sqrt(var + eps)`` per row (under ``no_grad`` it scales the
+normalised input in place into the output and keeps nothing); backward is the usual
 ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))`` with ``g = dout * weight``.
 """
 
@@ -38,6 +39,11 @@ class LayerNorm(Module):
         rstd = np.sqrt(var, out=var)
         np.divide(1.0, rstd, out=rstd)                           # (..., 1)
         xhat *= rstd                                             # (..., d)
+        if not self.grad_enabled:                                # forward only: y in xhat's memory
+            self._xhat = self._rstd = None
+            xhat *= self.weight.data
+            xhat += self.bias.data
+            return xhat
         self._xhat, self._rstd = xhat, rstd
         y = np.multiply(xhat, self.weight.data)                  # (..., d)
         y += self.bias.data

@@ -42,7 +42,7 @@ class MaxPool2d(Module):
         y = views[0].copy()                                                # (B, C, Ho, Wo)
         for v in views[1:]:
             np.maximum(y, v, out=y)                                        # (B, C, Ho, Wo)
-        self._x, self._y = x, y
+        self._x, self._y = (x, y) if self.grad_enabled else (None, None)
         return y
 
     def backward(self, dout: np.ndarray) -> np.ndarray:

@@ -4,13 +4,15 @@
     python -m npddp.evaluate run.h5 --split train            # its training rows
     python -m npddp.evaluate run.h5 --dataset test.npz --split all
     mpirun -n 4 python -m npddp.evaluate run.h5              # each rank evaluates rows r::4
+    python -m npddp.evaluate run.h5 --batch-size 64          # rows per forward pass (default: by memory)
 
 The model is rebuilt from the settings stored in the checkpoint (:func:`npddp.train.checkpoint.fileformat.load_model`);
 the data set, keys and --normalize default to the run's (the split into train and validation
 rows is the training run's, from the same seed). Rank 0 reads the checkpoint and broadcasts it;
 every rank reads the data set. Prints one line; exit 0, or 2 with one ``error: ...`` line
 (a missing, damaged or foreign checkpoint, unreadable data, rows that do not fit the model).
-One process needs no MPI.
+One process needs no MPI. The rows go through forward passes only, as many per pass as fit
+the working set of :mod:`npddp.train.validation` unless ``--batch-size`` says.
 """
 
 from __future__ import annotations
@@ -21,13 +23,12 @@ import sys
 
 import numpy as np
 
-from npddp.data import iterate_batches
-from npddp.nn import CrossEntropyLoss
 from npddp.process.job import EXIT_USAGE, JobError, open_communicator, run_main
 from npddp.train.agree import agree, share_text
 from npddp.train.checkpoint import fileformat
 from npddp.train.cli.inputs import load_data
 from npddp.train.models import build_model, shape_rows
+from npddp.train.validation import WORKING_SET, agreed_batch, evaluate_rows
 from npddp.util import env
 
 PROG = "python -m npddp.evaluate"
@@ -71,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--y-key", metavar="KEY", help="array of labels in an array file (default: the run's)")
     p.add_argument("--split", choices=SPLITS, default="val",
                    help="rows to evaluate: the validation or training rows of the run's split, or all (default: val)")
-    p.add_argument("--batch-size", type=int, default=1024, metavar="B", help="rows per forward pass (default: 1024)")
+    p.add_argument("--batch-size", type=int, default=None, metavar="B",
+                   help=f"rows per forward pass (default: as many as fit a {WORKING_SET >> 20} MiB working set, "
+                        "measured on the model)")
     p.add_argument("--replica", type=int, default=0, metavar="R",
                    help="with local SGD, whose parameters to use (default: rank 0's)")
     return p
@@ -106,15 +109,6 @@ def _load(comm, args):
     return model.eval(), meta, description
 
 
-def evaluate(model, X, y, rank: int, size: int, batch: int, reduce) -> np.ndarray:
-    """(loss sum, correct, rows) over all ranks; rank r evaluates rows r::size."""
-    loss_fn, sums = CrossEntropyLoss(), np.zeros(3)
-    for xb, yb in iterate_batches(X, y, np.arange(rank, len(X), size), batch):
-        logits = model.forward(xb)                                              # (b, classes)
-        sums += (loss_fn.forward(logits, yb) * len(yb), loss_fn.correct(logits, yb) / yb[0].size, len(yb))
-    return reduce(sums)
-
-
 def run(argv=None) -> int:
     """Parse, load, evaluate and print; the exit status."""
     hint = env.world_rank()
@@ -122,7 +116,7 @@ def run(argv=None) -> int:
         (lambda text, stream=None: None)
     try:
         args = build_parser().parse_args(argv)
-        if args.batch_size < 1:
+        if args.batch_size is not None and args.batch_size < 1:
             raise JobError(f"--batch-size must be a positive integer, got {args.batch_size}")
         comm = open_communicator("mpi") if env.world_size() > 1 else _Solo()
         model, meta, description = _load(comm, args)
@@ -145,8 +139,10 @@ def run(argv=None) -> int:
              "all": [(ds.X_train, ds.y_train), (ds.X_val, ds.y_val)]}[args.split]
     totals = np.zeros(3)
     for X, y in parts:
-        totals += evaluate(model, shape_rows(name, X), y, comm.rank, comm.size, args.batch_size,
-                           lambda s: comm.allreduce(np.asarray(s, dtype=np.float64)))
+        X = shape_rows(name, X)
+        batch = args.batch_size or agreed_batch(comm, model, X)
+        totals += evaluate_rows(model, X, y, comm.rank, comm.size, batch,
+                                lambda s: comm.allreduce(np.asarray(s, dtype=np.float64)))
     loss, correct, rows = totals
     loss_text = f"{loss / rows:.4f}" if rows else "nan"
     acc_text = f"{100 * correct / rows:.2f}%" if rows else "nan"

@@ -20,17 +20,18 @@ from npddp.train.checkpoint import shardwrite
 from npddp.train.agree import agree, any_rank
 from npddp.train.config import Config
 from npddp.train.cli.validate import parse_fault
-from npddp.data import BatchLoader, DistributedSampler, iterate_batches
+from npddp.data import BatchLoader, DistributedSampler
 from npddp.parallel.averaging import PeriodicModelAverager
 from npddp.util import tracing
 from npddp.process.job import EXIT_DIVERGED, EXIT_WRITE, JobError
 from npddp.train.console.metrics import TOTALS, MetricsLog, StepRecorder, add_to_totals, epoch_row
 from npddp.train.models import shape_rows
+from npddp.train.validation import agreed_batch, evaluate_rows
 from npddp.nn import CrossEntropyLoss
 from npddp.train.console.printer import Printer, epoch_line
 
-_EVAL_BATCH = 1024      # validation rows per forward pass
-_EVAL_ELEMENTS = 1 << 24  # GPT: validation sequences per forward pass hold at most this many logits
+_EVAL_BATCH = 1024      # a split model's validation rows per forward pass (through the pipeline)
+_EVAL_ELEMENTS = 1 << 24  # split GPT: validation sequences per forward pass hold at most this many logits
 
 
 class InjectedFault(RuntimeError):
@@ -79,8 +80,8 @@ class Trainer:
         self.log = MetricsLog() if comm.rank == 0 and cfg.metrics else None
         self.attrs = attrs                                  # rank 0: environment and run description
         self.totals = np.zeros(len(TOTALS))                 # running sums of the epoch in progress
-        self.eval_batch = (max(1, _EVAL_ELEMENTS // (cfg.context_length * ds.num_classes))
-                           if cfg.model == "gpt" else _EVAL_BATCH)
+        self.eval_batch = ((max(1, _EVAL_ELEMENTS // (cfg.context_length * ds.num_classes))
+                            if cfg.model == "gpt" else _EVAL_BATCH) if self.split else None)  # None: by memory
         self.epochs_done, self.batches_done, self.step = 0, 0, 0
         self.last_row: dict | None = None
         self.saved_at = -1
@@ -196,18 +197,16 @@ class Trainer:
 
     # --- steps -------------------------------------------------------------------------
     def evaluate(self) -> np.ndarray:
-        """(loss sum, correct, rows) over all ranks; rank r evaluates validation rows r::size."""
+        """(loss sum, correct, rows) over all ranks; rank r evaluates validation rows r::size, forward only."""
         if self.split:                        # through the pipeline: replica r evaluates rows r::replicas
             return self.ddp.reduce_metrics(self.ddp.evaluate(self.X_val, self.y_val, self.eval_batch, self.loss_fn))
-        net, sums = self.model, np.zeros(3)
-        idx = np.arange(self.comm.rank, len(self.X_val), self.comm.size)
-        net.eval()
-        for xb, yb in iterate_batches(self.X_val, self.y_val, idx, self.eval_batch):
-            logits = net.forward(xb)                                  # (b, classes) or (b, T, vocab)
-            sums += (self.loss_fn.forward(logits, yb) * len(yb), self.loss_fn.correct(logits, yb) / yb[0].size,
-                     len(yb))
+        net = self.model.eval()
+        if self.eval_batch is None:           # measured once, agreed over ranks
+            self.eval_batch = agreed_batch(self.comm, net, self.X_val)
+        sums = evaluate_rows(net, self.X_val, self.y_val, self.comm.rank, self.comm.size, self.eval_batch,
+                             self.ddp.reduce_metrics)
         net.train()
-        return self.ddp.reduce_metrics(sums)
+        return sums
 
     def inject(self, xb: np.ndarray) -> np.ndarray:
         """Act out ``--inject-fault`` when this is its rank and step; the batch to train on."""

@@ -181,4 +181,4 @@ def epoch_line(row: dict, epochs: int) -> str:
     return (f"epoch {row['epoch']:>{len(str(epochs))}}/{epochs}  train_loss {row['train_loss']:.4f}  "
             f"val_loss {row['val_loss']:.4f}  val_acc {100 * row['val_acc']:6.2f}%  "
             f"{row['samples_per_s']:9.0f} samples/s  compute {100 * row['compute_share']:3.0f}%  "
-            f"comm {100 * row['comm_share']:3.0f}%  ({row['train_s']:.2f} s)")
+            f"comm {100 * row['comm_share']:3.0f}%  ({row['train_s']:.2f} s, val {row['val_s']:.2f} s)")
