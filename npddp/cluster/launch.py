@@ -18,7 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from npddp.cluster.topology import DEVICE, Cluster
 from npddp.util.runinfo import library_name
@@ -41,6 +41,7 @@ class MpiLibrary:
     host_line: str            # one line of the host file: {host} {slots}
     bootstrap_env: dict       # the launcher's ssh pointed at the stand-in, and what it needs to start (always set)
     network_env: dict         # traffic between nodes on TCP (set where the caller chose nothing)
+    speed_env: dict = field(default_factory=dict)   # what it takes to reach the links' rate (likewise)
 
 
 #: The libraries ``--launcher mpi`` knows; everything that differs between them is here.
@@ -54,7 +55,10 @@ LIBRARIES = (
                "{host} slots={slots}",
                {"PRTE_MCA_plm_ssh_agent": "{stand_in}", "OMPI_ALLOW_RUN_AS_ROOT": "1",
                 "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"},
-               {"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "tcp,sm,self", "OMPI_MCA_btl_tcp_if_include": DEVICE}),
+               {"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "tcp,sm,self", "OMPI_MCA_btl_tcp_if_include": DEVICE},
+               # the tcp BTL's emulated put makes a large message wait for a control message queued behind
+               # the peer's own data on their one connection; libnbc's in-place Iallreduce is reduce + bcast
+               {"OMPI_MCA_btl_tcp_flags": "send,inplace", "OMPI_MCA_coll_libnbc_iallreduce_algorithm": "3"}),
     MpiLibrary("Intel MPI", "Intel(R) MPI", "mpiexec.hydra", "Intel(R) MPI",
                ("-f", "{hostfile}", "-ppn", "{per_node}", "-n", "{ranks}"),
                "{host}",
@@ -145,9 +149,9 @@ def write_hostfile(cluster: Cluster, lib: MpiLibrary, runtime: str, per_node: in
 
 
 def mpi_env(lib: MpiLibrary, runtime: str, environ=None) -> dict:
-    """The job's environment: the caller's, ``lib``'s bootstrap variables, its network ones unless the caller's."""
+    """The job's environment: the caller's, ``lib``'s bootstrap variables, its network and speed ones unless the caller's."""
     env = dict(os.environ if environ is None else environ)
-    for name, value in lib.network_env.items():
+    for name, value in {**lib.network_env, **lib.speed_env}.items():
         env.setdefault(name, value)
     stand_in = os.path.join(runtime, "ssh")
     env.update({name: value.format(stand_in=stand_in) for name, value in lib.bootstrap_env.items()})

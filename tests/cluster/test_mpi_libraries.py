@@ -29,7 +29,8 @@ HOST_FILES = {"MPICH": "node0:3\nnode1:3\n", "Open MPI": "node0 slots=3\nnode1 s
 ENVS = {
     "MPICH": {"UCX_TLS": "tcp,self", "FI_PROVIDER": "tcp"},
     "Open MPI": {"PRTE_MCA_plm_ssh_agent": "RUNTIME/ssh", "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "tcp,sm,self",
-                 "OMPI_MCA_btl_tcp_if_include": "eth0", "OMPI_ALLOW_RUN_AS_ROOT": "1"},
+                 "OMPI_MCA_btl_tcp_if_include": "eth0", "OMPI_ALLOW_RUN_AS_ROOT": "1",
+                 "OMPI_MCA_btl_tcp_flags": "send,inplace", "OMPI_MCA_coll_libnbc_iallreduce_algorithm": "3"},
     "Intel MPI": {"I_MPI_HYDRA_BOOTSTRAP": "ssh", "I_MPI_HYDRA_BOOTSTRAP_EXEC": "RUNTIME/ssh",
                   "I_MPI_FABRICS": "shm:ofi", "FI_PROVIDER": "tcp"},
 }
@@ -80,9 +81,9 @@ def test_each_library_gets_its_bootstrap_and_network_environment(name, tmp_path)
 @pytest.mark.parametrize("name", NAMES)
 def test_the_callers_network_choice_stands_but_the_launchers_ssh_is_always_the_stand_in(name, tmp_path):
     lib = launch.library_for(VERSIONS[name])
-    mine = {key: "mine" for key in {**lib.network_env, **lib.bootstrap_env}}
+    mine = {key: "mine" for key in {**lib.network_env, **lib.speed_env, **lib.bootstrap_env}}
     env = launch.mpi_env(lib, str(tmp_path), mine)
-    assert all(env[key] == "mine" for key in lib.network_env)
+    assert all(env[key] == "mine" for key in {**lib.network_env, **lib.speed_env})
     assert all(env[key] == value.format(stand_in=str(tmp_path / "ssh")) for key, value in lib.bootstrap_env.items())
 
 
