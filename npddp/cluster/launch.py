@@ -149,7 +149,7 @@ def write_hostfile(cluster: Cluster, lib: MpiLibrary, runtime: str, per_node: in
 
 
 def mpi_env(lib: MpiLibrary, runtime: str, environ=None) -> dict:
-    """The job's environment: the caller's, ``lib``'s bootstrap variables, its network and speed ones unless the caller's."""
+    """The job's environment: the caller's, ``lib``'s bootstrap variables, its network and speed ones unless set."""
     env = dict(os.environ if environ is None else environ)
     for name, value in {**lib.network_env, **lib.speed_env}.items():
         env.setdefault(name, value)

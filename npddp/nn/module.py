@@ -277,7 +277,7 @@ class Module:
 
     @contextlib.contextmanager
     def no_grad(self):
-        """Within the context, forward keeps no activations and backward is refused; each module's setting comes back after."""
+        """Within the context forward keeps no activations and backward is refused; each module's setting comes back."""
         saved = [(module, module.grad_enabled) for _, module in self.named_modules()]
         for module, _ in saved:
             module.grad_enabled = False

@@ -39,7 +39,7 @@ def cluster_env(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                NPDDP_CLUSTER_STATE=str(tmp_path / "state"), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    for name in {name for lib in LIBRARIES for name in {**lib.network_env, **lib.speed_env}}:   # as the harness sets them
+    for name in {name for lib in LIBRARIES for name in {**lib.network_env, **lib.speed_env}}:   # the harness's
         env.pop(name, None)
     return env
 

@@ -1,4 +1,4 @@
-"""Forward without gradients (``Module.no_grad``): the training forward's bits, no activations kept, gradients untouched."""
+"""Forward without gradients (``Module.no_grad``): the training bits, no activations kept, no gradient touched."""
 
 import tracemalloc
 
