@@ -45,8 +45,8 @@ def _peak_bytes(model, rows: np.ndarray) -> int:
 def forward_bytes_per_row(model, X: np.ndarray) -> int:
     """Bytes a row adds to the peak of a forward pass without gradients, measured on the first rows of ``X``.
 
-    The difference between passes of 2 and 4 rows (fewer if ``X`` is shorter), so what does not
-    grow with the batch (parameters gathered, masks, scratch) cancels. At least 1.
+    The difference between passes of 2 and 4 rows (fewer if ``X`` is shorter) after one unmeasured
+    pass, so what does not grow with the batch (parameters gathered, masks, scratch) cancels. At least 1.
     """
     small, large = (min(k, len(X)) for k in PROBE_ROWS)
     if large <= small:
@@ -55,6 +55,7 @@ def forward_bytes_per_row(model, X: np.ndarray) -> int:
     if not tracing:
         tracemalloc.start()
     try:
+        _peak_bytes(model, X[:small])        # a first pass makes what later ones reuse (ZeRO-3's gather buffers)
         grow = _peak_bytes(model, X[:large]) - _peak_bytes(model, X[:small])
     finally:
         if not tracing:
