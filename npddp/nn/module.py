@@ -44,7 +44,7 @@ class Parameter:
 
     def __init__(self, data: np.ndarray):
         self.data = np.ascontiguousarray(data)
-        self._grad = np.zeros_like(self.data)
+        self._grad = np.zeros(self.data.shape, self.data.dtype)   # calloc'd: no memory until written
         self._zero = False   # zero_grad was called and nothing has written the gradient since
 
     @property

@@ -13,12 +13,11 @@ import pytest
 from npddp.comm import create
 from npddp.data import BatchLoader, DistributedSampler
 from npddp.nn import CrossEntropyLoss, Linear, Sequential, cnn, gpt, mlp
-from npddp.nn.module import settle_grads
 from npddp.optim import OPTIMIZERS, SGD, AdamW, make_optimizer
 from npddp.parallel.ddp import DistributedDataParallel
 from npddp.parallel.zero import ShardedOptimizer, ZeroDataParallel, ZeroRedundancyOptimizer
 
-from tests.conftest import RUN_BACKENDS, Idle, stale_then_backward, world_raw
+from tests.conftest import RUN_BACKENDS, Idle, world_raw
 
 GLOBAL_BATCH, STEPS = 12, 3
 VOCAB, CONTEXT, FEATURES, CLASSES = 11, 6, 5, 3
@@ -217,21 +216,35 @@ def test_cnn_and_no_sync_accumulation_equal_ddp(world_comm, stage, assert_all_ra
 
 
 @pytest.mark.mpi(min_size=2)
+def test_zero2_holds_no_full_gradients_between_steps():
+    """Stage 2 over N ranks: between steps every p.grad is a read-only zero array occupying no memory; the
+    buffers a backward used are back in the pool (at most its few), and the header's bytes count the shards only."""
+    comm = create("ring", world_raw())
+    model, engine, _ = train(comm, "gpt", "float64", 2, "adamw", steps=2)
+    for p in model.parameters():
+        assert p.grad.strides == (0,) * p.grad.ndim and not p.grad.flags.writeable and not p.grad.any()
+    assert all(g.grads is None for g in engine.buckets)
+    pool = engine.buckets[0].pool
+    assert len(pool._free) <= pool.keep
+    assert engine.bytes_per_rank()["grads"] == sum(g.shard_size * 8 for g in engine.buckets)
+
+
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("via", ["model", "wrapper"])
 def test_zero2_sends_zeros_for_a_parameter_no_layer_wrote_since_zero_grad(via):
-    """The reduced shards after a lazy zero_grad equal those after zeros written eagerly."""
+    """A gradient buffer reused from the pool (last backward's values in it) sends zeros for a parameter no layer wrote."""
     comm = create("ring", world_raw())
     shards = []
-    for eager in (False, True):
-        model = Sequential(Linear(FEATURES, CLASSES, dtype=np.float64, rng=np.random.default_rng(0)), Idle())
+    for reused in (False, True):
+        idle = Idle(writes=reused)
+        model = Sequential(Linear(FEATURES, CLASSES, dtype=np.float64, rng=np.random.default_rng(0)), idle)
         engine = ZeroDataParallel(model, comm, stage=2, bucket_cap_mb=BUCKET_MB)
         x = np.full((2, FEATURES), comm.rank + 1.0)
-        if eager:                                   # zeros written, no stale values
-            model.zero_grad()
-            settle_grads(model.parameters())
-            engine.backward(np.ones_like(engine(x)))
-        else:
-            stale_then_backward(engine, model, x, via)
+        if reused:                                  # the pool now keeps buffers holding these gradients
+            engine.backward(np.ones_like(engine(x)) * 5.0)
+            idle.writes = False
+            (model if via == "model" else engine).zero_grad()
+        engine.backward(np.ones_like(engine(x)))
         shards.append(np.concatenate([g.shard.grad for g in engine.buckets]))
     np.testing.assert_array_equal(shards[0], shards[1])
 

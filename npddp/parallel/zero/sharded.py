@@ -9,6 +9,10 @@ step whole parameters, so the result equals DDP's.
 
 * Stage 2: every rank keeps all parameter values; after the step each group's shards are
   all-gathered in place (all groups in flight at once, waited for before ``step`` returns).
+  Over more than one rank the full gradients exist only while needed: a backward pre-hook on
+  every module holding parameters gives its groups gradient buffers (from a small pool), and a
+  group's buffer is freed as soon as its reduce-scatter completes (polled between layers), so
+  between steps a rank holds its gradient shards only.
 * Stage 3: a rank keeps only its shards. Every module that holds parameters gets call hooks
   (:meth:`npddp.nn.Module.register_forward_pre_hook` and its kin) around its ``forward`` and
   ``backward``, registered before the tracer's so a traced layer's time leaves the gathers
@@ -31,7 +35,7 @@ import time
 
 import numpy as np
 
-from npddp.nn.module import Module, Parameter, settle_grads
+from npddp.nn.module import Module, Parameter
 from npddp.optim import Wrapping
 from npddp.parallel.buckets import cut_buckets
 from npddp.parallel.ddp import BUCKET_CAP_MB
@@ -75,6 +79,8 @@ class ZeroDataParallel(DataParallelModule):
         self._gather_hooks: list = []   # the HookHandles of stage 3's schedule
         if stage == 3:
             self._schedule_gathers(model)
+        elif comm.size > 1:
+            self._schedule_grads(model)
         model.trace_layers(self.tracer, tracing.COMPUTE)
 
     # --- stage 3: gather before use, free after ------------------------------------------------
@@ -100,6 +106,16 @@ class ZeroDataParallel(DataParallelModule):
                                    module.register_forward_hook(_releasing(after_fwd)),
                                    module.register_backward_pre_hook(_gathering(needs, behind, grads=True)),
                                    module.register_backward_hook(_releasing(after_bwd))]
+
+    def _schedule_grads(self, model: Module) -> None:
+        """Stage 2: hook the backward of every module holding parameters to give its groups full gradients."""
+        group_of = {id(p): g for g in self.buckets for p in g.params}
+        for _, module in model.named_modules():
+            held = [v for v in vars(module).values() if isinstance(v, Parameter)]
+            needs = list({id(group_of[id(p)]): group_of[id(p)] for p in held}.values())
+            if needs:
+                self._owners.append((module, needs))
+                self._gather_hooks.append(module.register_backward_pre_hook(_granting(needs)))
 
     @contextlib.contextmanager
     def full_parameters(self):
@@ -143,11 +159,10 @@ class ZeroDataParallel(DataParallelModule):
         return dx
 
     def _polled(self, group: FlatGroup) -> None:
-        """A group's reduction found finished during backward: ZeRO-3 frees its full gradients now, not at the end."""
+        """A group's reduction found finished during backward: its full gradients are freed now, not at the end."""
         group.finish_reduce()
 
     def _start(self, group: FlatGroup) -> None:
-        settle_grads(group.params)    # a parameter no layer wrote since a lazy zero_grad sends zeros
         self.stats.comm_calls += 1
         self.stats.comm_bytes += group.padded * group.dtype.itemsize
         group.start_reduce()
@@ -184,7 +199,7 @@ class ZeroDataParallel(DataParallelModule):
         """Bytes this rank keeps between steps: parameter values and gradients (the optimizer's: its own)."""
         full = sum(g.padded * g.dtype.itemsize for g in self.buckets)
         shard = sum(g.shard_size * g.dtype.itemsize for g in self.buckets)
-        return {"params": full if self.stage == 2 else shard, "grads": full + shard if self.stage == 2 else shard}
+        return {"params": full if self.stage == 2 else shard, "grads": shard}
 
 
 class ShardedOptimizer(Wrapping):
@@ -281,6 +296,14 @@ def _gathering(needs: list[FlatGroup], prefetch: list[FlatGroup], grads: bool):
             for g in needs:
                 g.ensure_grads()
     return gather
+
+
+def _granting(needs: list[FlatGroup]):
+    """A backward pre-hook giving the groups ``needs`` full gradients (stage 2; kept while they accumulate)."""
+    def grant(module, args) -> None:
+        for g in needs:
+            g.ensure_grads()
+    return grant
 
 
 def _releasing(free: list[FlatGroup]):
