@@ -15,7 +15,7 @@ from npddp.data import BatchLoader, DistributedSampler
 from npddp.nn import CrossEntropyLoss, Linear, Sequential, cnn, gpt, mlp
 from npddp.optim import OPTIMIZERS, SGD, AdamW, make_optimizer
 from npddp.parallel.ddp import DistributedDataParallel
-from npddp.parallel.zero import ShardedOptimizer, ZeroDataParallel, ZeroRedundancyOptimizer
+from npddp.parallel.zero import ShardedInit, ShardedOptimizer, ZeroDataParallel, ZeroRedundancyOptimizer
 
 from tests.conftest import RUN_BACKENDS, Idle, world_raw
 
@@ -299,3 +299,52 @@ def test_every_stage_equals_ddp_across_epochs(world_comm, opt_name, assert_all_r
     for got in results + [want]:
         assert_ranks_agree(got)
     assert_all_ranks(not problems, f"{opt_name} {comm.name} N={comm.size}: " + "; ".join(problems))
+
+
+def _gpt_small_groups(comm, init=None):
+    """The test GPT as ZeRO-3 with small groups (built inside ``init`` when given)."""
+    if init is None:
+        return ZeroDataParallel(make_model("gpt", "float64"), comm, stage=3, bucket_cap_mb=BUCKET_MB)
+    with init:
+        model = make_model("gpt", "float64")
+    return ZeroDataParallel(model, comm, stage=3, bucket_cap_mb=BUCKET_MB, init=init)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_zero3_sharded_construction_equals_the_whole_build_bit_for_bit():
+    """Built inside ShardedInit, every rank's shards are those of the model built whole; trained, they stay equal."""
+    comm = create("ring", world_raw())
+    whole, sharded = _gpt_small_groups(comm), _gpt_small_groups(comm, ShardedInit(comm))
+    for a, b in zip(whole.buckets, sharded.buckets):
+        assert a.shard.data.tobytes() == b.shard.data.tobytes()
+    with sharded.full_parameters():
+        built = sharded.module.state_dict()
+    plain = make_model("gpt", "float64").state_dict()
+    assert list(built) == list(plain) and all(built[k].tobytes() == plain[k].tobytes() for k in plain)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_zero3_sharded_construction_never_holds_the_whole_model(assert_all_ranks):
+    """A rank's traced memory while the model is built stays near 1/N of it (plus one parameter being drawn), and
+    while the engine regroups it near its shards of values and gradients: the whole model never exists on a rank."""
+    import tracemalloc
+    comm = create("ring", world_raw())
+    build = partial(gpt, VOCAB, CONTEXT, d_model=64, num_layers=6, num_heads=2, d_ff=128, dtype=np.float64, seed=3)
+    whole = build().num_bytes()
+    init = ShardedInit(comm)
+    tracemalloc.start()
+    try:
+        with init:
+            model = build()
+        _, built = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        engine = ZeroDataParallel(model, comm, stage=3, bucket_cap_mb=0.05, init=init)
+        _, regrouped = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    params = engine.module.parameters()
+    assert init.held_bytes() == 0 and all(p.data.strides == (0,) * p.data.ndim for p in params)
+    drawn = 3 * max(p.data.nbytes for p in params) + 64 * 1024    # a parameter drawn (float64, scaled, cast)
+    shards = sum(g.shard_size * 8 for g in engine.buckets)         # values; their gradients as much again
+    assert_all_ranks(built < whole / comm.size + drawn and built < 0.75 * whole and regrouped < 2 * shards + drawn,
+                     f"peak {built} bytes while building, {regrouped} while regrouping; whole model {whole}")

@@ -56,7 +56,7 @@ class FlatGroup:
                  "shard", "reports", "pending", "work", "gather_work", "live", "reduced", "_owned", "_dtype", "pool", "_sharded_grads")
 
     def __init__(self, index: int, params: list[Parameter], comm, sharded_values: bool = False, pool=None,
-                 sharded_grads: bool | None = None):
+                 sharded_grads: bool | None = None, source=None):
         self.index, self.params, self.comm = index, params, comm
         self.pool = BufferPool() if pool is None else pool
         size, rank = comm.size, comm.rank
@@ -66,8 +66,8 @@ class FlatGroup:
         self.padded = self.shard_size * size
         self.offsets = np.cumsum([0] + [p.data.size for p in params]).tolist()
         values = np.zeros(self.padded, dtype=dtype)        # (padded,)
-        for p, lo in zip(params, self.offsets):
-            values[lo:lo + p.data.size] = p.data.reshape(-1)
+        for p, lo in zip(params, self.offsets):   # source: a ShardedInit's regrouping (collective)
+            values[lo:lo + p.data.size] = p.data.reshape(-1) if source is None else source(p)
         mine = slice(rank * self.shard_size, (rank + 1) * self.shard_size)
         self.grads = None
         self._sharded_grads = (size > 1 or sharded_values) if sharded_grads is None else sharded_grads

@@ -48,12 +48,18 @@ STAGES = (2, 3)
 
 
 class ZeroDataParallel(DataParallelModule):
-    """Data parallelism with sharded gradients and optimizer state (stage 2) and parameters (stage 3)."""
+    """Data parallelism with sharded gradients and optimizer state (stage 2) and parameters (stage 3).
+
+    ``init``: the :class:`~npddp.parallel.zero.construct.ShardedInit` the model was built in (no
+    rank then holds the whole model, and rank 0's values are not broadcast: every rank built the
+    same values); None: a model built whole on every rank, rank 0's values broadcast.
+    """
 
     sync = "overlap"
     comm_hook_state = None   # no comm hook: buckets are reduce-scattered, not all-reduced
 
-    def __init__(self, model: Module, comm, stage: int = 2, bucket_cap_mb: float = BUCKET_CAP_MB, tracer=None):
+    def __init__(self, model: Module, comm, stage: int = 2, bucket_cap_mb: float = BUCKET_CAP_MB, tracer=None,
+                 init=None):
         if stage not in STAGES:
             raise ValueError(f"stage must be one of {STAGES} (stage 1 is ZeroRedundancyOptimizer over DDP), "
                              f"got {shown(stage)}")
@@ -67,11 +73,17 @@ class ZeroDataParallel(DataParallelModule):
         self._sync_enabled = True
         self._params = model.parameters()
         self._check_same_model()
-        for p in self._params:
-            comm.broadcast(p.data, root=0)
+        if init is None:
+            for p in self._params:
+                comm.broadcast(p.data, root=0)
+        elif init.comm.size != comm.size or init.comm.rank != comm.rank:
+            raise ValueError(f"init was built over {init.comm.size} ranks (this is rank {init.comm.rank}), the engine's "
+                             f"communicator has {comm.size} (rank {comm.rank}); pass the same communicator to both")
         groups = cut_buckets(self._params, self.bucket_cap_mb * 2**20)
-        pool = BufferPool()   # ZeRO-3: a couple of freed buffers reused by the next gathers
-        self.buckets = [FlatGroup(i, ps, comm, sharded_values=stage == 3, pool=pool) for i, ps in enumerate(groups)]
+        pool = BufferPool()   # a couple of freed buffers reused by the next gathers and backwards
+        source = None if init is None else init.full
+        self.buckets = [FlatGroup(i, ps, comm, sharded_values=stage == 3, pool=pool, source=source)
+                        for i, ps in enumerate(groups)]
         self._layer_buckets = self._map_leaf_layers(model)
         self._in_backward = False
         model.register_grad_hook(self._on_layer_done)
