@@ -348,3 +348,21 @@ def test_zero3_sharded_construction_never_holds_the_whole_model(assert_all_ranks
     shards = sum(g.shard_size * 8 for g in engine.buckets)         # values; their gradients as much again
     assert_all_ranks(built < whole / comm.size + drawn and built < 0.75 * whole and regrouped < 2 * shards + drawn,
                      f"peak {built} bytes while building, {regrouped} while regrouping; whole model {whole}")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_zero3_prefetches_the_next_group_while_the_current_one_computes():
+    """When a module runs forward or backward, the next group its pass needs is already gathered or in flight."""
+    comm = create("ring", world_raw())
+    engine = _gpt_small_groups(comm)
+    seen = []
+    for i, (module, _) in enumerate(engine._owners):   # registered after the engine's: they run once it has gathered
+        for step, add in ((+1, module.register_forward_pre_hook), (-1, module.register_backward_pre_hook)):
+            ahead = engine._next_groups(i, step)
+            add(lambda m, a, ahead=ahead: seen.append(all(g.live or g.gather_work is not None for g in ahead)))
+    X, Y = make_data("gpt", "float64")
+    loss = CrossEntropyLoss()
+    loss.forward(engine(X[0, :2]), Y[0, :2])
+    engine.backward(loss.backward())
+    assert len(seen) == 2 * len(engine._owners) and all(seen)
+    assert sum(bool(engine._next_groups(i, +1)) for i in range(len(engine._owners))) > 3

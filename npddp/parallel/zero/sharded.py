@@ -16,8 +16,10 @@ step whole parameters, so the result equals DDP's.
 * Stage 3: a rank keeps only its shards. Every module that holds parameters gets call hooks
   (:meth:`npddp.nn.Module.register_forward_pre_hook` and its kin) around its ``forward`` and
   ``backward``, registered before the tracer's so a traced layer's time leaves the gathers
-  out: before it runs, the groups of its parameters are
-  gathered (the next module's groups are prefetched while it computes); after the last
+  out: before it runs, the groups of its parameters are gathered, and the gather of the next
+  group the pass needs (forward: the next in definition order, backward: the one before)
+  starts, so it arrives while the current group's modules compute (FSDP's forward and
+  backward prefetch); after the last
   module that uses a group (in definition order) has run forward, or the first has run
   backward, the group is freed again. Tied weights keep their group alive between their uses.
   Full gradients exist only from a group's first backward until its reduce-scatter completes
@@ -112,12 +114,23 @@ class ZeroDataParallel(DataParallelModule):
         for i, (module, needs) in enumerate(self._owners):
             after_fwd = [g for g in needs if last[g.index] == i]
             after_bwd = [g for g in needs if first[g.index] == i]
-            ahead = self._owners[i + 1][1] if i + 1 < len(self._owners) else []
-            behind = self._owners[i - 1][1] if i > 0 else []
+            ahead, behind = self._next_groups(i, +1), self._next_groups(i, -1)
             self._gather_hooks += [module.register_forward_pre_hook(_gathering(needs, ahead, grads=False)),
                                    module.register_forward_hook(_releasing(after_fwd)),
                                    module.register_backward_pre_hook(_gathering(needs, behind, grads=True)),
                                    module.register_backward_hook(_releasing(after_bwd))]
+
+    def _next_groups(self, i: int, step: int) -> list[FlatGroup]:
+        """The groups the pass (forward: ``step`` +1, backward: -1) needs next after module ``i``'s own: those of the
+        first module beyond ``i`` that uses a group ``i`` does not (what to prefetch while ``i``'s groups compute)."""
+        mine = {g.index for g in self._owners[i][1]}
+        j = i + step
+        while 0 <= j < len(self._owners):
+            new = [g for g in self._owners[j][1] if g.index not in mine]
+            if new:
+                return new
+            j += step
+        return []
 
     def _schedule_grads(self, model: Module) -> None:
         """Stage 2: hook the backward of every module holding parameters to give its groups full gradients."""
