@@ -11,8 +11,8 @@ ZeroDataParallel), then trains ``--warmup`` untimed and ``--steps`` timed steps 
 ``--batch`` random sequences per rank; a step is as slow as its slowest rank (max over ranks),
 rows give the median. Columns: Psi parameters; the issue's formula for bytes of parameters +
 gradients + optimizer state per rank (float32 AdamW: DDP 16 Psi, ZeRO-1 8 Psi + 8 Psi/N, ZeRO-2
-4 Psi + 12 Psi/N, ZeRO-3 16 Psi/N); what this implementation holds between steps (ZeRO-2 keeps
-the full gradients the Parameters contract allocates, so 8 Psi + 12 Psi/N); the peak RSS of the
+4 Psi + 12 Psi/N, ZeRO-3 16 Psi/N); what this implementation holds between steps (the formula:
+ZeRO-2 keeps gradient shards only, ZeRO-3 builds the model sharded); the peak RSS of the
 largest rank; step time and its ratio to stage 0 at the same N (separate jobs, one after
 another). ``--paired`` adds, per stage > 0, a job that trains the stage and DDP side by side on
 two copies of the model, steps interleaved, and reports the median of the per-step ratios: the
@@ -28,6 +28,7 @@ if not __package__:  # run by path: the repository root stands in for this folde
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import resource  # noqa: E402
@@ -55,7 +56,7 @@ def worker(args) -> None:
     from npddp.nn import CrossEntropyLoss, gpt
     from npddp.optim import AdamW
     from npddp.parallel.ddp import DistributedDataParallel
-    from npddp.parallel.zero import ShardedOptimizer, ZeroDataParallel, ZeroRedundancyOptimizer
+    from npddp.parallel.zero import ShardedInit, ShardedOptimizer, ZeroDataParallel, ZeroRedundancyOptimizer
     from npddp.train.sharding import CheckpointedOptimizer, bytes_per_rank
 
     comm = create(args.backend)
@@ -63,10 +64,12 @@ def worker(args) -> None:
     d_model, d_ff, layers, heads = _preset(args.size)
 
     def build(stage: int):
-        model = gpt(vocab, args.context, d_model=d_model, num_layers=layers, num_heads=heads, d_ff=d_ff,
-                    dtype=np.float32, seed=0)
+        init = ShardedInit(comm) if stage == 3 else None      # ZeRO-3: no rank builds the whole model
+        with init or contextlib.nullcontext():
+            model = gpt(vocab, args.context, d_model=d_model, num_layers=layers, num_heads=heads, d_ff=d_ff,
+                        dtype=np.float32, seed=0)
         if stage >= 2:
-            engine = ZeroDataParallel(model, comm, stage=stage, bucket_cap_mb=args.bucket_mb)
+            engine = ZeroDataParallel(model, comm, stage=stage, bucket_cap_mb=args.bucket_mb, init=init)
             return model, engine, CheckpointedOptimizer(ShardedOptimizer(engine, AdamW, lr=1e-4), comm)
         engine = DistributedDataParallel(model, comm, bucket_cap_mb=args.bucket_mb)
         return model, engine, (CheckpointedOptimizer(ZeroRedundancyOptimizer(engine.parameters(), AdamW, comm,

@@ -32,11 +32,17 @@ Contract used by DDP:
   computes the same bits but keeps nothing for a backward -- its caches are emptied, so each
   activation is freed as soon as the next layer has read it -- and no gradient buffer is
   touched; a ``backward`` then raises. Evaluation runs this way.
+* ``building(sink)``: a context within which every Parameter made hands its initial values to
+  ``sink(parameter, values)`` instead of keeping them, in the order the parameters are made;
+  the sink sets what the parameter holds (ZeRO-3 keeps this rank's part and leaves
+  placeholders that occupy no memory, so no rank ever holds the whole model). Scoped to the
+  ``with`` block and to the thread or task that entered it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import itertools
 from typing import Callable, Iterator
 
@@ -49,9 +55,13 @@ class Parameter:
     __slots__ = ("data", "_grad", "_zero")
 
     def __init__(self, data: np.ndarray):
-        self.data = np.ascontiguousarray(data)
-        self._grad = np.zeros_like(self.data)
         self._zero = False   # zero_grad was called and nothing has written the gradient since
+        sink = _SINK.get()
+        if sink is not None:   # inside building(sink): the sink sets data and grad
+            sink(self, np.asarray(data))
+            return
+        self.data = np.ascontiguousarray(data)
+        self._grad = np.zeros(self.data.shape, self.data.dtype)   # calloc'd: no memory until written
 
     @property
     def grad(self) -> np.ndarray:
@@ -92,6 +102,21 @@ class Parameter:
 
     def __repr__(self) -> str:
         return f"Parameter(shape={self.data.shape}, dtype={self.data.dtype})"
+
+
+_SINK: contextvars.ContextVar = contextvars.ContextVar("npddp_parameter_sink", default=None)
+
+
+@contextlib.contextmanager
+def building(sink: Callable[[Parameter, np.ndarray], None]):
+    """Within this context every new Parameter calls ``sink(parameter, values)``, which sets its data and grad."""
+    if not callable(sink):
+        raise TypeError(f"building: the sink must be callable, got {type(sink).__name__}")
+    token = _SINK.set(sink)
+    try:
+        yield sink
+    finally:
+        _SINK.reset(token)
 
 
 class HookHandle:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from functools import partial
 
 from npddp.optim import Wrapping, make_optimizer
-from npddp.parallel.zero import ShardedOptimizer, ZeroDataParallel, ZeroRedundancyOptimizer
+from npddp.parallel.zero import ShardedInit, ShardedOptimizer, ZeroDataParallel, ZeroRedundancyOptimizer
 from npddp.train.console.printer import format_bytes
 
 
@@ -63,10 +63,16 @@ def shard_optimizer(cfg, engine, comm) -> CheckpointedOptimizer:
     return CheckpointedOptimizer(ZeroRedundancyOptimizer(engine.parameters(), factory, comm, **defaults), comm)
 
 
-def build(cfg, model, comm, tracer):
-    """``(engine, optimizer)`` for ``cfg.zero`` in 2..3: sharded gradients (and parameters)."""
+def construction(cfg, comm) -> ShardedInit | None:
+    """``--zero 3``: the context to build the model in, each rank keeping its part only; None otherwise."""
+    return ShardedInit(comm) if cfg.zero == 3 else None
+
+
+def build(cfg, model, comm, tracer, init: ShardedInit | None = None):
+    """``(engine, optimizer)`` for ``cfg.zero`` in 2..3: sharded gradients (and parameters); ``init``: what
+    :func:`construction` gave, the model built inside it."""
     factory, defaults = _defaults(cfg)
-    engine = ZeroDataParallel(model, comm, stage=cfg.zero, bucket_cap_mb=cfg.bucket_mb, tracer=tracer)
+    engine = ZeroDataParallel(model, comm, stage=cfg.zero, bucket_cap_mb=cfg.bucket_mb, tracer=tracer, init=init)
     return engine, CheckpointedOptimizer(ShardedOptimizer(engine, factory, **defaults), comm)
 
 

@@ -117,11 +117,13 @@ class Trainer:
 
     def check_parameters(self, collective: bool) -> None:
         """The parameters must be finite on every rank (``collective``: agree through one all-reduce)."""
-        params = self.ddp.parameters()
+        shards = self.cfg.zero == 3             # this rank's shard of every group: the values it keeps
+        params = self.ddp.shard_parameters() if shards else self.ddp.parameters()
         with np.errstate(over="ignore", invalid="ignore"):
             bad = _nonfinite([p.data for p in params])
         if (any_rank(self.comm, bad is not None) if collective else bad is not None):
-            what = (f"parameter {self.names[bad]!r} {_what(params[bad].data)}" if bad is not None
+            name = f"this rank's shard of parameter group {bad}" if shards else f"parameter {self.names[bad]!r}"
+            what = (f"{name} {_what(params[bad].data)}" if bad is not None
                     else "a parameter on another rank is not finite")
             raise self.diverged(what, self.step)
 
@@ -163,7 +165,8 @@ class Trainer:
     def save(self, status: str = "running") -> None:
         """Check the parameters, then write metrics and checkpoint of the current position (collective)."""
         traced = self.ddp.tracer.clock()
-        with self.ddp.full_parameters():       # ZeRO-3 gathers the parameters here
+        gather = self.cfg.zero != 3             # ZeRO-3 checks its shards and writes a shard file: nothing gathered
+        with self.ddp.full_parameters() if gather else contextlib.nullcontext():
             self.check_parameters(collective=True)
             sharded = (bool(self.cfg.zero) and not self.split and self.cfg.checkpoint is not None
                        and self.saved_at != self.step)     # a split run's checkpoint is the whole model's

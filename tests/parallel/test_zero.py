@@ -13,12 +13,11 @@ import pytest
 from npddp.comm import create
 from npddp.data import BatchLoader, DistributedSampler
 from npddp.nn import CrossEntropyLoss, Linear, Sequential, cnn, gpt, mlp
-from npddp.nn.module import settle_grads
 from npddp.optim import OPTIMIZERS, SGD, AdamW, make_optimizer
 from npddp.parallel.ddp import DistributedDataParallel
-from npddp.parallel.zero import ShardedOptimizer, ZeroDataParallel, ZeroRedundancyOptimizer
+from npddp.parallel.zero import ShardedInit, ShardedOptimizer, ZeroDataParallel, ZeroRedundancyOptimizer
 
-from tests.conftest import RUN_BACKENDS, Idle, stale_then_backward, world_raw
+from tests.conftest import RUN_BACKENDS, Idle, world_raw
 
 GLOBAL_BATCH, STEPS = 12, 3
 VOCAB, CONTEXT, FEATURES, CLASSES = 11, 6, 5, 3
@@ -217,21 +216,35 @@ def test_cnn_and_no_sync_accumulation_equal_ddp(world_comm, stage, assert_all_ra
 
 
 @pytest.mark.mpi(min_size=2)
+def test_zero2_holds_no_full_gradients_between_steps():
+    """Stage 2 over N ranks: between steps every p.grad is a read-only zero array occupying no memory; the
+    buffers a backward used are back in the pool (at most its few), and the header's bytes count the shards only."""
+    comm = create("ring", world_raw())
+    model, engine, _ = train(comm, "gpt", "float64", 2, "adamw", steps=2)
+    for p in model.parameters():
+        assert p.grad.strides == (0,) * p.grad.ndim and not p.grad.flags.writeable and not p.grad.any()
+    assert all(g.grads is None for g in engine.buckets)
+    pool = engine.buckets[0].pool
+    assert len(pool._free) <= pool.keep
+    assert engine.bytes_per_rank()["grads"] == sum(g.shard_size * 8 for g in engine.buckets)
+
+
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("via", ["model", "wrapper"])
 def test_zero2_sends_zeros_for_a_parameter_no_layer_wrote_since_zero_grad(via):
-    """The reduced shards after a lazy zero_grad equal those after zeros written eagerly."""
+    """A gradient buffer reused from the pool (last backward's values in it) sends zeros for a parameter no layer wrote."""
     comm = create("ring", world_raw())
     shards = []
-    for eager in (False, True):
-        model = Sequential(Linear(FEATURES, CLASSES, dtype=np.float64, rng=np.random.default_rng(0)), Idle())
+    for reused in (False, True):
+        idle = Idle(writes=reused)
+        model = Sequential(Linear(FEATURES, CLASSES, dtype=np.float64, rng=np.random.default_rng(0)), idle)
         engine = ZeroDataParallel(model, comm, stage=2, bucket_cap_mb=BUCKET_MB)
         x = np.full((2, FEATURES), comm.rank + 1.0)
-        if eager:                                   # zeros written, no stale values
-            model.zero_grad()
-            settle_grads(model.parameters())
-            engine.backward(np.ones_like(engine(x)))
-        else:
-            stale_then_backward(engine, model, x, via)
+        if reused:                                  # the pool now keeps buffers holding these gradients
+            engine.backward(np.ones_like(engine(x)) * 5.0)
+            idle.writes = False
+            (model if via == "model" else engine).zero_grad()
+        engine.backward(np.ones_like(engine(x)))
         shards.append(np.concatenate([g.shard.grad for g in engine.buckets]))
     np.testing.assert_array_equal(shards[0], shards[1])
 
@@ -286,3 +299,70 @@ def test_every_stage_equals_ddp_across_epochs(world_comm, opt_name, assert_all_r
     for got in results + [want]:
         assert_ranks_agree(got)
     assert_all_ranks(not problems, f"{opt_name} {comm.name} N={comm.size}: " + "; ".join(problems))
+
+
+def _gpt_small_groups(comm, init=None):
+    """The test GPT as ZeRO-3 with small groups (built inside ``init`` when given)."""
+    if init is None:
+        return ZeroDataParallel(make_model("gpt", "float64"), comm, stage=3, bucket_cap_mb=BUCKET_MB)
+    with init:
+        model = make_model("gpt", "float64")
+    return ZeroDataParallel(model, comm, stage=3, bucket_cap_mb=BUCKET_MB, init=init)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_zero3_sharded_construction_equals_the_whole_build_bit_for_bit():
+    """Built inside ShardedInit, every rank's shards are those of the model built whole; trained, they stay equal."""
+    comm = create("ring", world_raw())
+    whole, sharded = _gpt_small_groups(comm), _gpt_small_groups(comm, ShardedInit(comm))
+    for a, b in zip(whole.buckets, sharded.buckets):
+        assert a.shard.data.tobytes() == b.shard.data.tobytes()
+    with sharded.full_parameters():
+        built = sharded.module.state_dict()
+    plain = make_model("gpt", "float64").state_dict()
+    assert list(built) == list(plain) and all(built[k].tobytes() == plain[k].tobytes() for k in plain)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_zero3_sharded_construction_never_holds_the_whole_model(assert_all_ranks):
+    """A rank's traced memory while the model is built stays near 1/N of it (plus one parameter being drawn), and
+    while the engine regroups it near its shards of values and gradients: the whole model never exists on a rank."""
+    import tracemalloc
+    comm = create("ring", world_raw())
+    build = partial(gpt, VOCAB, CONTEXT, d_model=64, num_layers=6, num_heads=2, d_ff=128, dtype=np.float64, seed=3)
+    whole = build().num_bytes()
+    init = ShardedInit(comm)
+    tracemalloc.start()
+    try:
+        with init:
+            model = build()
+        _, built = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        engine = ZeroDataParallel(model, comm, stage=3, bucket_cap_mb=0.05, init=init)
+        _, regrouped = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    params = engine.module.parameters()
+    assert init.held_bytes() == 0 and all(p.data.strides == (0,) * p.data.ndim for p in params)
+    drawn = 3 * max(p.data.nbytes for p in params) + 64 * 1024    # a parameter drawn (float64, scaled, cast)
+    shards = sum(g.shard_size * 8 for g in engine.buckets)         # values; their gradients as much again
+    assert_all_ranks(built < whole / comm.size + drawn and built < 0.75 * whole and regrouped < 2 * shards + drawn,
+                     f"peak {built} bytes while building, {regrouped} while regrouping; whole model {whole}")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_zero3_prefetches_the_next_group_while_the_current_one_computes():
+    """When a module runs forward or backward, the next group its pass needs is already gathered or in flight."""
+    comm = create("ring", world_raw())
+    engine = _gpt_small_groups(comm)
+    seen = []
+    for i, (module, _) in enumerate(engine._owners):   # registered after the engine's: they run once it has gathered
+        for step, add in ((+1, module.register_forward_pre_hook), (-1, module.register_backward_pre_hook)):
+            ahead = engine._next_groups(i, step)
+            add(lambda m, a, ahead=ahead: seen.append(all(g.live or g.gather_work is not None for g in ahead)))
+    X, Y = make_data("gpt", "float64")
+    loss = CrossEntropyLoss()
+    loss.forward(engine(X[0, :2]), Y[0, :2])
+    engine.backward(loss.backward())
+    assert len(seen) == 2 * len(engine._owners) and all(seen)
+    assert sum(bool(engine._next_groups(i, +1)) for i in range(len(engine._owners))) > 3

@@ -67,6 +67,16 @@ def test_zero3_frees_values_and_gradients_between_uses():
     assert held["params"] == held["grads"] == sum(g.shard_size * 8 for g in engine.buckets)
 
 
+def test_zero2_on_one_rank_keeps_one_gradient_copy():
+    """One rank: the shard is the whole group, so every p.grad is a view into the shard's gradient (DDP's memory)."""
+    comm = create("ring", MPI.COMM_SELF)
+    model, engine, _ = train(comm, "gpt", "float64", 2, "adamw", steps=1)
+    for g in engine.buckets:
+        assert all(np.shares_memory(p.grad, g.shard.grad) for p in g.params)
+    held = engine.bytes_per_rank()
+    assert held["grads"] == sum(g.padded * 8 for g in engine.buckets)
+
+
 def test_state_dict_before_consolidation_is_a_clear_error():
     comm = create("ring", MPI.COMM_SELF)
     _, engine, opt = train(comm, "mlp", "float64", 2, "adamw", steps=1)

@@ -10,10 +10,13 @@ as it would step the whole parameters.
 
 * reduce: ``ireduce_scatter(grads, "avg", out=shard.grad)``: the average of the rank's shard;
 * gather: ``iallgather(shard.data, out=values)``, in place (the shard is the rank's own row);
-* ZeRO-3 frees the values between uses (:meth:`release`): every ``p.data`` then reads as a
-  read-only array of zeros that occupies no memory, and :meth:`start_gather` brings them back;
-  the full gradients exist only from the first backward that needs them (:meth:`ensure_grads`)
-  until their reduction has completed.
+* with sharded gradients (ZeRO-2 and 3 over more than one rank) the full gradients exist only
+  from the first backward that needs them (:meth:`ensure_grads`) until their reduction has
+  completed; between uses every ``p.grad`` reads as a read-only array of zeros that occupies no
+  memory. On one rank the shard is the whole group, so ZeRO-2's ``p.grad`` are views into the
+  shard's gradient itself and the reduction is nothing (the memory of DDP);
+* ZeRO-3 also frees the values between uses (:meth:`release`): every ``p.data`` then reads as
+  zeros that occupy no memory, and :meth:`start_gather` brings them back.
 """
 
 from __future__ import annotations
@@ -50,9 +53,10 @@ class FlatGroup:
     """Parameters of one dtype as padded flat values and gradients, with this rank's shard."""
 
     __slots__ = ("index", "params", "comm", "numel", "padded", "shard_size", "offsets", "values", "grads",
-                 "shard", "reports", "pending", "work", "gather_work", "live", "reduced", "_owned", "_dtype", "pool")
+                 "shard", "reports", "pending", "work", "gather_work", "live", "reduced", "_owned", "_dtype", "pool", "_sharded_grads")
 
-    def __init__(self, index: int, params: list[Parameter], comm, sharded_values: bool = False, pool=None):
+    def __init__(self, index: int, params: list[Parameter], comm, sharded_values: bool = False, pool=None,
+                 sharded_grads: bool | None = None, source=None):
         self.index, self.params, self.comm = index, params, comm
         self.pool = BufferPool() if pool is None else pool
         size, rank = comm.size, comm.rank
@@ -62,25 +66,29 @@ class FlatGroup:
         self.padded = self.shard_size * size
         self.offsets = np.cumsum([0] + [p.data.size for p in params]).tolist()
         values = np.zeros(self.padded, dtype=dtype)        # (padded,)
-        for p, lo in zip(params, self.offsets):
-            values[lo:lo + p.data.size] = p.data.reshape(-1)
+        for p, lo in zip(params, self.offsets):   # source: a ShardedInit's regrouping (collective)
+            values[lo:lo + p.data.size] = p.data.reshape(-1) if source is None else source(p)
         mine = slice(rank * self.shard_size, (rank + 1) * self.shard_size)
         self.grads = None
+        self._sharded_grads = (size > 1 or sharded_values) if sharded_grads is None else sharded_grads
         if sharded_values:   # ZeRO-3: only the shard is kept; values and gradients exist while needed
             self._owned = values[mine].copy()               # (shard_size,)
             self.values = None
             del values
             for p in params:
                 p.data = _absent(p.data.shape, dtype)
-                p.grad = _absent(p.data.shape, dtype)       # ZeRO-3 starts from zero gradients
         else:
             self._owned, self.values = None, values
-            self.grads = np.zeros(self.padded, dtype=dtype)    # (padded,)
+            self._bind(values)
+        self.shard = Parameter(self._owned if sharded_values else values[mine])
+        if self._sharded_grads:   # gradients start as zeros that occupy no memory; a backward gets real ones
+            for p in params:
+                p.grad = _absent(p.data.shape, dtype)
+        else:                     # one rank, values kept: every p.grad a view into the shard's gradient (the group)
+            self.grads = self.shard.grad                    # (padded,)
             for p, lo in zip(params, self.offsets):
                 self.grads[lo:lo + p.data.size] = p.grad.reshape(-1)
                 p.grad = self.grads[lo:lo + p.data.size].reshape(p.data.shape)
-            self._bind(values)
-        self.shard = Parameter(self._owned if sharded_values else values[mine])
         self.reports = self.pending = len(params)
         self.work = self.gather_work = None
         self.live = not sharded_values
@@ -103,15 +111,18 @@ class FlatGroup:
 
     # --- gradients ---------------------------------------------------------------------------
     def ensure_grads(self) -> None:
-        """ZeRO-3: give the parameters zeroed full gradients to accumulate into (before a backward uses them)."""
+        """Sharded gradients: give the parameters full gradients, zero by ``zero_grad``, for a backward to write."""
         if self.grads is None:
             self.grads = self.pool.take(self.padded, self._dtype)
-            self.grads[...] = 0
+            self.grads[self.numel:] = 0                       # the padding; the rest is written or settled
             for p, lo in zip(self.params, self.offsets):
                 p.grad = self.grads[lo:lo + p.data.size].reshape(p.data.shape)
+                p.zero_grad()                                 # lazily: the backward overwrites, a read settles
 
     def drop_grads(self) -> None:
-        """ZeRO-3: free the full gradients (once reduced into the shard); ``p.grad`` reads as zeros."""
+        """Sharded gradients: free the full ones (once reduced into the shard); ``p.grad`` reads as zeros."""
+        if not self._sharded_grads:
+            return
         if self.grads is not None:
             self.pool.give(self.grads)
         self.grads = None
@@ -119,17 +130,21 @@ class FlatGroup:
             p.grad = _absent(p.data.shape, self._dtype)
 
     def start_reduce(self) -> None:
-        """Begin reducing the gradients into this rank's shard."""
+        """Begin reducing the gradients into this rank's shard (one rank, values kept: they are the shard already)."""
         self.ensure_grads()
-        self.work = self.comm.ireduce_scatter(self.grads, "avg", out=self.shard.grad)   # summed, scaled by 1/N once
+        for p in self.params:     # a parameter no layer wrote since zero_grad sends zeros
+            p.settle()
+        if self.grads is self.shard.grad:
+            self.work = _DONE
+        else:
+            self.work = self.comm.ireduce_scatter(self.grads, "avg", out=self.shard.grad)   # summed, scaled by 1/N once
 
     def finish_reduce(self) -> None:
-        """Wait for the reduction: the shard's gradient is the average over ranks (ZeRO-3: full ones freed)."""
+        """Wait for the reduction: the shard's gradient is the average over ranks (sharded: full ones freed)."""
         self.work.wait()
         self.work = None
         self.reduced = True
-        if self._owned is not None:
-            self.drop_grads()
+        self.drop_grads()
 
     # --- values ------------------------------------------------------------------------------
     def start_gather(self) -> None:
@@ -172,6 +187,22 @@ class FlatGroup:
     def state_pieces(self, flat: np.ndarray) -> list[np.ndarray]:
         """Split a gathered ``(padded,)`` array into this group's parameters' shapes (views)."""
         return [flat[lo:lo + p.data.size].reshape(p.data.shape) for p, lo in zip(self.params, self.offsets)]
+
+
+class _Done:
+    """The work of a reduction that had nothing to do (one rank, the gradients already the shard's)."""
+
+    __slots__ = ()
+
+    def test(self) -> bool:
+        """Always complete."""
+        return True
+
+    def wait(self) -> None:
+        """Nothing to wait for."""
+
+
+_DONE = _Done()
 
 
 def _absent(shape, dtype) -> np.ndarray:

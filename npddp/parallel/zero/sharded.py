@@ -9,11 +9,17 @@ step whole parameters, so the result equals DDP's.
 
 * Stage 2: every rank keeps all parameter values; after the step each group's shards are
   all-gathered in place (all groups in flight at once, waited for before ``step`` returns).
+  Over more than one rank the full gradients exist only while needed: a backward pre-hook on
+  every module holding parameters gives its groups gradient buffers (from a small pool), and a
+  group's buffer is freed as soon as its reduce-scatter completes (polled between layers), so
+  between steps a rank holds its gradient shards only.
 * Stage 3: a rank keeps only its shards. Every module that holds parameters gets call hooks
   (:meth:`npddp.nn.Module.register_forward_pre_hook` and its kin) around its ``forward`` and
   ``backward``, registered before the tracer's so a traced layer's time leaves the gathers
-  out: before it runs, the groups of its parameters are
-  gathered (the next module's groups are prefetched while it computes); after the last
+  out: before it runs, the groups of its parameters are gathered, and the gather of the next
+  group the pass needs (forward: the next in definition order, backward: the one before)
+  starts, so it arrives while the current group's modules compute (FSDP's forward and
+  backward prefetch); after the last
   module that uses a group (in definition order) has run forward, or the first has run
   backward, the group is freed again. Tied weights keep their group alive between their uses.
   Full gradients exist only from a group's first backward until its reduce-scatter completes
@@ -31,7 +37,7 @@ import time
 
 import numpy as np
 
-from npddp.nn.module import Module, Parameter, settle_grads
+from npddp.nn.module import Module, Parameter
 from npddp.optim import Wrapping
 from npddp.parallel.buckets import cut_buckets
 from npddp.parallel.ddp import BUCKET_CAP_MB
@@ -44,12 +50,18 @@ STAGES = (2, 3)
 
 
 class ZeroDataParallel(DataParallelModule):
-    """Data parallelism with sharded gradients and optimizer state (stage 2) and parameters (stage 3)."""
+    """Data parallelism with sharded gradients and optimizer state (stage 2) and parameters (stage 3).
+
+    ``init``: the :class:`~npddp.parallel.zero.construct.ShardedInit` the model was built in (no
+    rank then holds the whole model, and rank 0's values are not broadcast: every rank built the
+    same values); None: a model built whole on every rank, rank 0's values broadcast.
+    """
 
     sync = "overlap"
     comm_hook_state = None   # no comm hook: buckets are reduce-scattered, not all-reduced
 
-    def __init__(self, model: Module, comm, stage: int = 2, bucket_cap_mb: float = BUCKET_CAP_MB, tracer=None):
+    def __init__(self, model: Module, comm, stage: int = 2, bucket_cap_mb: float = BUCKET_CAP_MB, tracer=None,
+                 init=None):
         if stage not in STAGES:
             raise ValueError(f"stage must be one of {STAGES} (stage 1 is ZeroRedundancyOptimizer over DDP), "
                              f"got {shown(stage)}")
@@ -63,11 +75,17 @@ class ZeroDataParallel(DataParallelModule):
         self._sync_enabled = True
         self._params = model.parameters()
         self._check_same_model()
-        for p in self._params:
-            comm.broadcast(p.data, root=0)
+        if init is None:
+            for p in self._params:
+                comm.broadcast(p.data, root=0)
+        elif init.comm.size != comm.size or init.comm.rank != comm.rank:
+            raise ValueError(f"init was built over {init.comm.size} ranks (this is rank {init.comm.rank}), the engine's "
+                             f"communicator has {comm.size} (rank {comm.rank}); pass the same communicator to both")
         groups = cut_buckets(self._params, self.bucket_cap_mb * 2**20)
-        pool = BufferPool()   # ZeRO-3: a couple of freed buffers reused by the next gathers
-        self.buckets = [FlatGroup(i, ps, comm, sharded_values=stage == 3, pool=pool) for i, ps in enumerate(groups)]
+        pool = BufferPool()   # a couple of freed buffers reused by the next gathers and backwards
+        source = None if init is None else init.full
+        self.buckets = [FlatGroup(i, ps, comm, sharded_values=stage == 3, pool=pool, source=source)
+                        for i, ps in enumerate(groups)]
         self._layer_buckets = self._map_leaf_layers(model)
         self._in_backward = False
         model.register_grad_hook(self._on_layer_done)
@@ -75,6 +93,8 @@ class ZeroDataParallel(DataParallelModule):
         self._gather_hooks: list = []   # the HookHandles of stage 3's schedule
         if stage == 3:
             self._schedule_gathers(model)
+        elif comm.size > 1:
+            self._schedule_grads(model)
         model.trace_layers(self.tracer, tracing.COMPUTE)
 
     # --- stage 3: gather before use, free after ------------------------------------------------
@@ -94,12 +114,33 @@ class ZeroDataParallel(DataParallelModule):
         for i, (module, needs) in enumerate(self._owners):
             after_fwd = [g for g in needs if last[g.index] == i]
             after_bwd = [g for g in needs if first[g.index] == i]
-            ahead = self._owners[i + 1][1] if i + 1 < len(self._owners) else []
-            behind = self._owners[i - 1][1] if i > 0 else []
+            ahead, behind = self._next_groups(i, +1), self._next_groups(i, -1)
             self._gather_hooks += [module.register_forward_pre_hook(_gathering(needs, ahead, grads=False)),
                                    module.register_forward_hook(_releasing(after_fwd)),
                                    module.register_backward_pre_hook(_gathering(needs, behind, grads=True)),
                                    module.register_backward_hook(_releasing(after_bwd))]
+
+    def _next_groups(self, i: int, step: int) -> list[FlatGroup]:
+        """The groups the pass (forward: ``step`` +1, backward: -1) needs next after module ``i``'s own: those of the
+        first module beyond ``i`` that uses a group ``i`` does not (what to prefetch while ``i``'s groups compute)."""
+        mine = {g.index for g in self._owners[i][1]}
+        j = i + step
+        while 0 <= j < len(self._owners):
+            new = [g for g in self._owners[j][1] if g.index not in mine]
+            if new:
+                return new
+            j += step
+        return []
+
+    def _schedule_grads(self, model: Module) -> None:
+        """Stage 2: hook the backward of every module holding parameters to give its groups full gradients."""
+        group_of = {id(p): g for g in self.buckets for p in g.params}
+        for _, module in model.named_modules():
+            held = [v for v in vars(module).values() if isinstance(v, Parameter)]
+            needs = list({id(group_of[id(p)]): group_of[id(p)] for p in held}.values())
+            if needs:
+                self._owners.append((module, needs))
+                self._gather_hooks.append(module.register_backward_pre_hook(_granting(needs)))
 
     @contextlib.contextmanager
     def full_parameters(self):
@@ -143,11 +184,10 @@ class ZeroDataParallel(DataParallelModule):
         return dx
 
     def _polled(self, group: FlatGroup) -> None:
-        """A group's reduction found finished during backward: ZeRO-3 frees its full gradients now, not at the end."""
+        """A group's reduction found finished during backward: its full gradients are freed now, not at the end."""
         group.finish_reduce()
 
     def _start(self, group: FlatGroup) -> None:
-        settle_grads(group.params)    # a parameter no layer wrote since a lazy zero_grad sends zeros
         self.stats.comm_calls += 1
         self.stats.comm_bytes += group.padded * group.dtype.itemsize
         group.start_reduce()
@@ -184,7 +224,7 @@ class ZeroDataParallel(DataParallelModule):
         """Bytes this rank keeps between steps: parameter values and gradients (the optimizer's: its own)."""
         full = sum(g.padded * g.dtype.itemsize for g in self.buckets)
         shard = sum(g.shard_size * g.dtype.itemsize for g in self.buckets)
-        return {"params": full if self.stage == 2 else shard, "grads": full + shard if self.stage == 2 else shard}
+        return {"params": full if self.stage == 2 else shard, "grads": shard}
 
 
 class ShardedOptimizer(Wrapping):
@@ -281,6 +321,14 @@ def _gathering(needs: list[FlatGroup], prefetch: list[FlatGroup], grads: bool):
             for g in needs:
                 g.ensure_grads()
     return gather
+
+
+def _granting(needs: list[FlatGroup]):
+    """A backward pre-hook giving the groups ``needs`` full gradients (stage 2; kept while they accumulate)."""
+    def grant(module, args) -> None:
+        for g in needs:
+            g.ensure_grads()
+    return grant
 
 
 def _releasing(free: list[FlatGroup]):

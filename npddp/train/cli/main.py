@@ -28,6 +28,7 @@ on one rank, with status N.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import signal
@@ -111,11 +112,11 @@ def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
     cfg, comm, ckpt, saved, picked = _settle_config(cfg, given, comm)
     n_threads, why = threads.resolve(cfg.threads)
     threads.apply(n_threads)
-    settings, ds, model, dropouts, model_text = _inputs_and_model(cfg, comm)
+    settings, ds, model, dropouts, model_text, init = _inputs_and_model(cfg, comm)
     env = _environment(cfg, comm, n_threads)
     attrs = {**env, "config": settings, "model": model_text,
              "parameters": model.num_parameters(), "dataset_rows": [ds.n_train, ds.n_val]}
-    ddp, optimizer = _engine(cfg, model, comm, dropouts)
+    ddp, optimizer = _engine(cfg, model, comm, dropouts, init)
     if layout.is_split(cfg):
         model = ddp.stage                          # this rank's part; the checkpoint holds the whole model
     trainer = Trainer(cfg, comm, out, ds, model, dropouts, ddp, optimizer, attrs)
@@ -170,15 +171,18 @@ def _settle_config(cfg: Config, given: dict, comm):
 def _inputs_and_model(cfg: Config, comm):
     """The data set and model, and the output paths checked; JobError (usage) alike on every rank.
 
-    Returns ``(settings, ds, model, dropouts, model_text)``.
+    Returns ``(settings, ds, model, dropouts, model_text, init)``; ``init``: the ShardedInit a ``--zero 3``
+    model was built in (each rank holding its part only), else None.
     """
     settings = {**cfg.as_dict(), "dataset": dataset_name(cfg.as_dict())}
     ds, message = load_data(settings)
     model = dropouts = model_text = None
+    init = sharding.construction(cfg, comm)
     if ds is not None:
         rank = 0 if layout.is_split(cfg) else comm.rank      # split: one process's dropout streams
         try:
-            model, dropouts, model_text = build_model(settings, ds.input_shape, ds.num_classes, rank)
+            with init or contextlib.nullcontext():
+                model, dropouts, model_text = build_model(settings, ds.input_shape, ds.num_classes, rank)
         except (ValueError, TypeError) as exc:
             message = f"--model {cfg.model}: {exc}"
         if not message and layout.is_split(cfg):
@@ -194,17 +198,17 @@ def _inputs_and_model(cfg: Config, comm):
     message = agree(comm, message)
     if message:
         raise JobError(message, EXIT_USAGE)
-    return settings, ds, model, dropouts, model_text
+    return settings, ds, model, dropouts, model_text, init
 
 
-def _engine(cfg: Config, model, comm, dropouts):
+def _engine(cfg: Config, model, comm, dropouts, init=None):
     """The data-parallel wrapper (DDP with its comm hook, a ZeRO stage, or a split model's engine) and its optimizer."""
     if layout.is_split(cfg):
         engine = MeshEngine(cfg, comm, model, dropouts)
         return engine, engine.make_optimizer(cfg)
     tracer = tracing.Tracer(cfg.trace, comm, cfg.trace_steps) if cfg.trace else None  # None: $NPDDP_TRACE
     if cfg.zero >= 2:
-        return sharding.build(cfg, model, comm, tracer)
+        return sharding.build(cfg, model, comm, tracer, init)
     ddp = DistributedDataParallel(model, comm, sync=cfg.sync, bucket_cap_mb=cfg.bucket_mb, tracer=tracer)
     ddp.register_comm_hook(*hooks.build(cfg.comm_hook, comm, topk_ratio=cfg.topk_ratio,
                                         powersgd_rank=cfg.powersgd_rank,
