@@ -268,6 +268,55 @@ def test_by_default_every_rank_raises_on_a_mismatch_naming_the_field_and_the_com
     assert_all_ranks(not problems, "; ".join(problems[:4]), world)
 
 
+#: Rooted calls and empty buffers, where a rank may receive from no peer: name -> (the field that differs, the call
+#: as rank ``who`` makes it). Every rank makes its own rank's call; "every rank its own root": all differ.
+ROOTED = {
+    "broadcast, every rank its own root": ("root", lambda comm, who: comm.broadcast(np.ones(3, np.float32), root=who)),
+    "broadcast, the last rank another root": (
+        "root", lambda comm, who: comm.broadcast(np.ones(3, np.float32), root=int(who == comm.size - 1))),
+    "scatter, every rank its own root": ("root", lambda comm, who: comm.scatter(np.ones((comm.size, 2), np.float32),
+                                                                                  root=who)),
+    "gather, every rank its own root": ("root", lambda comm, who: comm.gather(np.ones(2, np.float32), root=who)),
+    "gather, the root's buffer empty": ("count", lambda comm, who: comm.gather(np.ones(3 * (who > 0), np.float32))),
+    "gather, a non-root's buffer empty": (
+        "count", lambda comm, who: comm.gather(np.ones(3 * (who < comm.size - 1), np.float32))),
+    "scatter, the root's blocks empty": (
+        "count", lambda comm, who: comm.scatter(np.ones((comm.size, 3 * (who > 0)), np.float32))),
+    "scatter, a non-root's blocks empty": (
+        "count", lambda comm, who: comm.scatter(np.ones((comm.size, 3 * (who < comm.size - 1)), np.float32))),
+}
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("known", [False, True], ids=["new-shapes", "known-shapes"])
+@pytest.mark.parametrize("backend", RUN_BACKENDS, ids=lambda b: f"{b}-backend")
+def test_a_differing_root_or_empty_buffer_raises_on_every_rank_in_that_call(backend, known, world, assert_all_ranks,
+                                                                            monkeypatch):
+    """A rank that believes it is the root, or has nothing to move, still compares its signature with every peer's:
+    each rank raises in the call itself, naming the field, within seconds (``known``: every rank first makes every
+    rank's call, so the mismatched one goes plain under its signature's index)."""
+    import time
+    monkeypatch.delenv("NPDDP_CHECK_ARGS", raising=False)
+    monkeypatch.delenv("NPDDP_DEBUG", raising=False)
+    problems = []
+    for name, (field, call) in ROOTED.items():
+        comm = create(backend, world.fresh(), timeout=30)
+        if known:
+            for who in range(comm.size):
+                call(comm, who)
+        started, error = time.monotonic(), None
+        try:
+            call(comm, comm.rank)
+        except CollectiveMismatchError as exc:
+            error = str(exc)
+        took = time.monotonic() - started
+        if error is None:
+            problems.append(f"{name}: no CollectiveMismatchError on rank {comm.rank}")
+        elif f"differing fields: {field}" not in error or took > 10:
+            problems.append(f"{name}: after {took:.1f} s, an error that does not name {field}: {error}")
+    assert_all_ranks(not problems, "; ".join(problems[:4]), world)
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("backend", RUN_BACKENDS, ids=lambda b: f"{b}-backend")
 def test_with_the_check_off_matching_calls_give_the_same_results(backend, world, assert_all_ranks):

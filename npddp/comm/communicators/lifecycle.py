@@ -120,8 +120,12 @@ class CallLifecycle(Backend):
             raise self.mismatch(call.number, peer, mine, (theirs[0], call.number, *theirs[2:]))
 
     def _signed_empty(self, call) -> None:
-        """A signed collective with nothing to move on this rank still trades signatures with every peer, so a rank
-        that passed a non-empty buffer meets a mismatch instead of waiting for messages that never come.
+        """Trade this call's signature with every peer (while ``check_args`` is on): a signed collective with
+        nothing to move on this rank, so a rank that passed a non-empty buffer meets a mismatch instead of waiting
+        for messages that never come, and every rooted one (``broadcast``, ``gather``, ``scatter``) before its data,
+        since a rank that believes it is the root (or sends only) would otherwise compare with no peer. Under a
+        signature's index the messages are empty and a peer that passed other arguments sends under another tag
+        (found by :meth:`stray_message`); either way every rank compares with every peer and raises.
 
         Every receive is tested in turn: the peers that passed a buffer send only where their schedule
         goes, and the first such message must be checked whichever peer it comes from."""
