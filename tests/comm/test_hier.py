@@ -47,6 +47,8 @@ def test_a_hier_mismatch_raises_on_every_rank_of_every_node_within_seconds(backe
     import os
     monkeypatch.delenv("NPDDP_CHECK_ARGS", raising=False)
     per_node = int(os.environ.get("NPDDP_RANKS_PER_NODE") or world.size)
+    if per_node >= world.size and "node" in case.split("(")[0]:
+        pytest.skip("one node: every rank would pass the same count")
     comm = _hier_comm(backend, world, tmp_path)
     x = np.ones(CASES[case](world.rank, world.size, per_node), dtype=np.float32)
     started, error = time.monotonic(), None

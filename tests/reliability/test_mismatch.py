@@ -318,6 +318,34 @@ def test_a_differing_root_or_empty_buffer_raises_on_every_rank_in_that_call(back
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("backend", ["ring", "auto"])
+def test_a_groups_error_names_the_rank_in_the_group_and_in_the_world(backend, world, assert_all_ranks):
+    """A split in reverse order numbers its ranks apart from the world's: its errors say which is which."""
+    comm = create(backend, world.fresh(), timeout=30)
+    child = comm.split(0, key=-comm.rank)                   # child rank = size - 1 - world rank
+    error = ""
+    try:
+        child.allreduce(np.ones(5 + (comm.rank == 0), dtype=np.float32))
+    except CollectiveMismatchError as exc:
+        error = str(exc)
+    label = (f"[rank {world.rank}] " if child.rank == world.rank   # the middle rank of an odd size: one number
+             else f"[rank {child.rank} of the group (world rank {world.rank})] ")
+    assert_all_ranks(error.startswith(label), f"expected {label!r}, got {error!r}", world)
+
+
+def test_a_rank_is_named_in_its_group_and_in_the_world_only_where_they_differ():
+    from types import SimpleNamespace
+
+    from npddp.comm.engine.call import rank_label
+    world = SimpleNamespace(rank=3, size=4, world_rank=3, world_size=4)
+    group = SimpleNamespace(rank=1, size=2, world_rank=3, world_size=4)
+    view = SimpleNamespace(rank=0, size=2, inner=group)     # a reordered view of the group
+    bare = SimpleNamespace(rank=2, size=3)                  # a user's transport that names no world
+    assert [rank_label(t) for t in (world, group, view, bare)] == [
+        "rank 3", "rank 1 of the group (world rank 3)", "rank 0 of the group (world rank 3)", "rank 2"]
+
+
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("backend", RUN_BACKENDS, ids=lambda b: f"{b}-backend")
 def test_with_the_check_off_matching_calls_give_the_same_results(backend, world, assert_all_ranks):
     on, off = create(backend, world.fresh(), check_args=True), create(backend, world.fresh(), check_args=False)

@@ -168,8 +168,8 @@ class Call(Deadline):
 
 
 def rank_label(transport) -> str:
-    """This rank as errors name it: ``rank 3`` in the job's world, ``rank 1 of the group (world rank 3)`` in a group
-    (a split, hier's group across nodes), whose ranks are numbered apart from the world's."""
+    """This rank as errors name it: ``rank 3`` in the job's world (or where the group's number is the world's),
+    ``rank 1 of the group (world rank 3)`` in a group (a split, hier's group across nodes) numbered apart from it."""
     base = transport
     while getattr(base, "inner", None) is not None:   # a reordered view of a group
         base = base.inner
