@@ -268,6 +268,83 @@ def test_by_default_every_rank_raises_on_a_mismatch_naming_the_field_and_the_com
     assert_all_ranks(not problems, "; ".join(problems[:4]), world)
 
 
+#: Rooted calls and empty buffers, where a rank may receive from no peer: name -> (the field that differs, the call
+#: as rank ``who`` makes it). Every rank makes its own rank's call; "every rank its own root": all differ.
+ROOTED = {
+    "broadcast, every rank its own root": ("root", lambda comm, who: comm.broadcast(np.ones(3, np.float32), root=who)),
+    "broadcast, the last rank another root": (
+        "root", lambda comm, who: comm.broadcast(np.ones(3, np.float32), root=int(who == comm.size - 1))),
+    "scatter, every rank its own root": ("root", lambda comm, who: comm.scatter(np.ones((comm.size, 2), np.float32),
+                                                                                  root=who)),
+    "gather, every rank its own root": ("root", lambda comm, who: comm.gather(np.ones(2, np.float32), root=who)),
+    "gather, the root's buffer empty": ("count", lambda comm, who: comm.gather(np.ones(3 * (who > 0), np.float32))),
+    "gather, a non-root's buffer empty": (
+        "count", lambda comm, who: comm.gather(np.ones(3 * (who < comm.size - 1), np.float32))),
+    "scatter, the root's blocks empty": (
+        "count", lambda comm, who: comm.scatter(np.ones((comm.size, 3 * (who > 0)), np.float32))),
+    "scatter, a non-root's blocks empty": (
+        "count", lambda comm, who: comm.scatter(np.ones((comm.size, 3 * (who < comm.size - 1)), np.float32))),
+}
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("known", [False, True], ids=["new-shapes", "known-shapes"])
+@pytest.mark.parametrize("backend", RUN_BACKENDS, ids=lambda b: f"{b}-backend")
+def test_a_differing_root_or_empty_buffer_raises_on_every_rank_in_that_call(backend, known, world, assert_all_ranks,
+                                                                            monkeypatch):
+    """A rank that believes it is the root, or has nothing to move, still compares its signature with every peer's:
+    each rank raises in the call itself, naming the field, within seconds (``known``: every rank first makes every
+    rank's call, so the mismatched one goes plain under its signature's index)."""
+    import time
+    monkeypatch.delenv("NPDDP_CHECK_ARGS", raising=False)
+    monkeypatch.delenv("NPDDP_DEBUG", raising=False)
+    problems = []
+    for name, (field, call) in ROOTED.items():
+        comm = create(backend, world.fresh(), timeout=30)
+        if known:
+            for who in range(comm.size):
+                call(comm, who)
+        started, error = time.monotonic(), None
+        try:
+            call(comm, comm.rank)
+        except CollectiveMismatchError as exc:
+            error = str(exc)
+        took = time.monotonic() - started
+        if error is None:
+            problems.append(f"{name}: no CollectiveMismatchError on rank {comm.rank}")
+        elif f"differing fields: {field}" not in error or took > 10:
+            problems.append(f"{name}: after {took:.1f} s, an error that does not name {field}: {error}")
+    assert_all_ranks(not problems, "; ".join(problems[:4]), world)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("backend", ["ring", "auto"])
+def test_a_groups_error_names_the_rank_in_the_group_and_in_the_world(backend, world, assert_all_ranks):
+    """A split in reverse order numbers its ranks apart from the world's: its errors say which is which."""
+    comm = create(backend, world.fresh(), timeout=30)
+    child = comm.split(0, key=-comm.rank)                   # child rank = size - 1 - world rank
+    error = ""
+    try:
+        child.allreduce(np.ones(5 + (comm.rank == 0), dtype=np.float32))
+    except CollectiveMismatchError as exc:
+        error = str(exc)
+    label = (f"[rank {world.rank}] " if child.rank == world.rank   # the middle rank of an odd size: one number
+             else f"[rank {child.rank} of the group (world rank {world.rank})] ")
+    assert_all_ranks(error.startswith(label), f"expected {label!r}, got {error!r}", world)
+
+
+def test_a_rank_is_named_in_its_group_and_in_the_world_only_where_they_differ():
+    from types import SimpleNamespace
+
+    from npddp.comm.engine.call import rank_label
+    world = SimpleNamespace(rank=3, size=4, world_rank=3, world_size=4)
+    group = SimpleNamespace(rank=1, size=2, world_rank=3, world_size=4)
+    view = SimpleNamespace(rank=0, size=2, inner=group)     # a reordered view of the group
+    bare = SimpleNamespace(rank=2, size=3)                  # a user's transport that names no world
+    assert [rank_label(t) for t in (world, group, view, bare)] == [
+        "rank 3", "rank 1 of the group (world rank 3)", "rank 0 of the group (world rank 3)", "rank 2"]
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("backend", RUN_BACKENDS, ids=lambda b: f"{b}-backend")
 def test_with_the_check_off_matching_calls_give_the_same_results(backend, world, assert_all_ranks):

@@ -21,7 +21,7 @@ import numpy as np
 from npddp.comm import checks as c
 from npddp.comm import signature as sg
 from npddp.comm.base import Backend
-from npddp.comm.engine.call import Call, TagSequence
+from npddp.comm.engine.call import Call, TagSequence, rank_label
 from npddp.comm.engine.deadline import Overdue
 from npddp.comm.engine.signed import AbortWatch, Signer
 from npddp.comm.engine.work import P2PWork
@@ -42,6 +42,10 @@ class CallLifecycle(Backend):
         self._failure: str | None = None   # why this communicator is unusable
         self._stranded: list = []           # buffers and handles abandoned requests may still touch
         self._empty = np.empty(0, dtype=np.uint8)
+        #: hier's group across nodes: (a weak reference to the hier communicator, its rank of each of this one's
+        #: ranks); its aborts are this one's too, both ways, so a rank waiting on either hears one found on the other
+        self.parent: tuple | None = None
+        self._who = rank_label(transport)
 
     @property
     def check_args(self) -> bool:
@@ -90,22 +94,46 @@ class CallLifecycle(Backend):
             return signer.open(self, operation, self._tags.count, tag, key, buf, op, root)
         return Call(self, operation, self._tags.count, tag)
 
+    def who(self) -> str:
+        """This rank as its errors name it: ``rank 3``, or ``rank 1 of the group (world rank 3)`` in a group."""
+        return self._who
+
     def mismatch(self, number: int, peer: int, mine, theirs) -> sg.CollectiveMismatchError:
         """After ``peer``'s signature differed from this rank's: tell every rank, close; return the error to raise."""
         text = sg.message(number, self._rank, mine, peer, theirs)
-        found = np.concatenate(([self._rank, peer], mine, theirs)).astype(np.int64)
-        self.watch.tell_all(found, min(self._timeout, 5.0))
+        self.abort(text, np.concatenate(([self._rank, peer], mine, theirs)).astype(np.int64))
+        return sg.CollectiveMismatchError(f"[{self.who()}] {text}; this communicator is now closed")
+
+    def abort(self, text: str, found: np.ndarray) -> None:
+        """Tell every rank of abort ``found`` (finder, peer, both signatures; this communicator's ranks), and those
+        of a parent (hier's, its ranks named as there); close this communicator (and the parent) with ``text``."""
+        if self.watch is not None:
+            self.watch.tell_all(found, min(self._timeout, 5.0))
         self._abandon_all(text, [], found)
-        return sg.CollectiveMismatchError(f"[rank {self._rank}] {text}; this communicator is now closed")
+        parent = self.parent[0]() if self.parent is not None else None
+        if parent is not None:
+            ranks = self.parent[1]
+            if parent._failure is None:
+                row = found.copy()
+                row[:2] = ranks[int(found[0])], ranks[int(found[1])]
+                mine, theirs = row[2:2 + sg.WORDS], row[2 + sg.WORDS:]
+                parent.abort(sg.message(int(mine[1]), int(row[0]), mine, int(row[1]), theirs, found_by=int(row[0])),
+                             row)
 
     def heard_abort(self) -> None:
-        """CollectiveMismatchError (and close) if a peer has told this rank of a mismatch; the abort is passed on
-        to every rank, so a rank waiting on this one hears it even if the first copy to it was lost."""
+        """CollectiveMismatchError (and close) if a peer (or a parent's) has told this rank of a mismatch; the
+        abort is passed on to every rank, so a rank waiting on this one hears it even if the first copy was lost."""
         text = self.watch.heard()
         if text is not None and self._failure is None:
-            self.watch.tell_all(self.watch.found, min(self._timeout, 5.0))
-            self._abandon_all(text, [], None)
-            raise sg.CollectiveMismatchError(f"[rank {self._rank}] {text}; this communicator is now closed")
+            self.abort(text, self.watch.found)
+            raise sg.CollectiveMismatchError(f"[{self.who()}] {text}; this communicator is now closed")
+        parent = self.parent[0]() if self.parent is not None and self._failure is None else None
+        if parent is not None and parent.watch is not None:   # a wait across nodes: the node's aborts too
+            try:
+                parent.heard_abort()
+            except sg.CollectiveMismatchError as exc:
+                self._abandon_all(str(exc), [], None)
+                raise
 
     def stray_message(self, call) -> None:
         """CollectiveMismatchError (and close) if a peer's message for ``call``, which has waited long, came under
@@ -120,8 +148,12 @@ class CallLifecycle(Backend):
             raise self.mismatch(call.number, peer, mine, (theirs[0], call.number, *theirs[2:]))
 
     def _signed_empty(self, call) -> None:
-        """A signed collective with nothing to move on this rank still trades signatures with every peer, so a rank
-        that passed a non-empty buffer meets a mismatch instead of waiting for messages that never come.
+        """Trade this call's signature with every peer (while ``check_args`` is on): a signed collective with
+        nothing to move on this rank, so a rank that passed a non-empty buffer meets a mismatch instead of waiting
+        for messages that never come, and every rooted one (``broadcast``, ``gather``, ``scatter``) before its data,
+        since a rank that believes it is the root (or sends only) would otherwise compare with no peer. Under a
+        signature's index the messages are empty and a peer that passed other arguments sends under another tag
+        (found by :meth:`stray_message`); either way every rank compares with every peer and raises.
 
         Every receive is tested in turn: the peers that passed a buffer send only where their schedule
         goes, and the first such message must be checked whichever peer it comes from."""
@@ -162,7 +194,7 @@ class CallLifecycle(Backend):
 
     def fail(self, call: Call, exc: Exception, recvs=(), sends=(), keep=None) -> ConnectionError:
         """After a peer's connection broke during ``call``: abandon everything; return the error to raise."""
-        error = ConnectionError(f"[rank {self._rank}] {call.describe()}: {exc}; this communicator is now unusable")
+        error = ConnectionError(f"[{self.who()}] {call.describe()}: {exc}; this communicator is now unusable")
         self._abandon_all(str(error), [*recvs, *sends], keep)
         return error
 

@@ -31,13 +31,12 @@ class NaiveCommunicator(P2PCommunicator):
         c.check_buffer(buf)
         root = c.check_rank(root, self._size)
         call = self._begin("broadcast", None, buf, None, root)
+        self._signed_empty(call)   # the root receives nothing: it compares its signature with every peer's first
         if buf.size and self._size > 1:
             if self._rank == root:
                 call.transfer(sends=[(buf, dest) for dest in range(self._size) if dest != root])
             else:
                 call.transfer(recvs=[(buf, root)])
-        else:
-            self._signed_empty(call)
         return buf
 
     def reduce_scatter(self, buf, op="sum"):

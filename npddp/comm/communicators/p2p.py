@@ -131,8 +131,8 @@ class P2PCommunicator(CallLifecycle):
         c.check_buffer(buf)
         root = c.check_rank(root, self._size)
         call = self._begin("broadcast", None, buf, None, root)
+        self._signed_empty(call)   # a root receives nothing: it compares its signature with every peer's first
         if buf.size == 0 or self._size == 1:
-            self._signed_empty(call)
             return buf
         if buf.nbytes >= self.chain_bytes and self._size > 2:
             self._chain_broadcast(call, buf.reshape(-1), root)
@@ -223,6 +223,7 @@ class P2PCommunicator(CallLifecycle):
         c.check_buffer(buf, writable=False)
         root = c.check_rank(root, self._size)
         call = self._begin("gather", None, buf, None, root)
+        self._signed_empty(call)   # the others receive nothing: every rank compares signatures with every peer first
         if self._rank != root:
             if buf.size:
                 call.transfer(sends=[(buf, root)])
@@ -239,6 +240,7 @@ class P2PCommunicator(CallLifecycle):
         c.check_stacked(buf, self._size)
         root = c.check_rank(root, self._size)
         call = self._begin("scatter", None, buf, None, root)
+        self._signed_empty(call)   # the root receives nothing: every rank compares signatures with every peer first
         out = np.empty(buf.shape[1:], dtype=buf.dtype)
         if self._rank == root:
             rows = buf.reshape(self._size, -1)  # (size, block size)

@@ -184,4 +184,4 @@ def hier_possible(nodes: list) -> bool:
 def _hier_path(comm, nodes: list, timeout: float):
     """hier's node-then-network all-reduce on ``comm``'s own calls (collective: the node group and the group across)."""
     local = NodeGroup(comm, [r for r in range(comm.size) if nodes[r] == nodes[comm.rank]], comm._begin("setup"))
-    return Hier(local, across_nodes(comm.transport, nodes, partial(type(comm), timeout=timeout, shared_memory=False)))
+    return Hier(local, across_nodes(comm, nodes, partial(type(comm), timeout=timeout, shared_memory=False)))

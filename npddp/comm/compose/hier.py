@@ -16,6 +16,8 @@ the tests exercise the path between nodes on one machine.
 
 from __future__ import annotations
 
+import weakref
+
 from npddp.comm import checks as c
 from npddp.comm.communicators.p2p import P2PCommunicator
 from npddp.comm.node.shm import ShmCommunicator, ShmWork
@@ -26,10 +28,18 @@ def even_nodes(nodes: list) -> bool:
     return len({nodes.count(n) for n in set(nodes)}) == 1
 
 
-def across_nodes(transport, nodes: list, inter):
-    """The communicator joining local rank i of every node (collective): ``inter(split transport)``."""
+def across_nodes(parent, nodes: list, inter):
+    """The communicator joining local rank i of every node (collective): ``inter(split of parent's transport)``.
+
+    It and ``parent`` share their aborts (``parent`` on the child): a mismatch one node's ranks find
+    at their node barrier reaches the ranks of the other nodes, which wait across nodes, and one found
+    across nodes reaches the node's ranks waiting at its barrier."""
     index = [sum(1 for q in range(r) if nodes[q] == nodes[r]) for r in range(len(nodes))]  # local index
-    return inter(transport.split(index))
+    child = inter(parent.transport.split(index))
+    # child rank -> parent's; a weak reference, so no cycle keeps either alive past its last use (their shared
+    # memory and contexts go when their users drop them, on every rank alike)
+    child.parent = (weakref.ref(parent), [r for r in range(len(nodes)) if index[r] == index[parent.rank]])
+    return child
 
 
 class Hier:
@@ -54,7 +64,7 @@ class HierCommunicator(ShmCommunicator):
         """``inter(transport)``: the communicator across nodes over the transport joining local rank i of every node."""
         super().__init__(transport, timeout, "hier")
         self.nodes = len(set(self._nodes))
-        self.inter = across_nodes(transport, self._nodes, inter) if self.nodes > 1 else None
+        self.inter = across_nodes(self, self._nodes, inter) if self.nodes > 1 else None
         self.path = Hier(self.node, self.inter)
         self._inter = inter
 

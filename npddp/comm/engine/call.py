@@ -163,8 +163,20 @@ class Call(Deadline):
             waits.append("to send to " + _ranks(send_to))
         if arrive:
             waits.append("for " + _ranks(arrive) + " to arrive")
-        return TimeoutError(timeout_text(f"[rank {self.owner.rank}] {self.describe()}", self.owner.timeout,
+        return TimeoutError(timeout_text(f"[{self.owner.who()}] {self.describe()}", self.owner.timeout,
                                          " and ".join(waits) or "for its peers"))
+
+
+def rank_label(transport) -> str:
+    """This rank as errors name it: ``rank 3`` in the job's world (or where the group's number is the world's),
+    ``rank 1 of the group (world rank 3)`` in a group (a split, hier's group across nodes) numbered apart from it."""
+    base = transport
+    while getattr(base, "inner", None) is not None:   # a reordered view of a group
+        base = base.inner
+    world_rank, world_size = getattr(base, "world_rank", transport.rank), getattr(base, "world_size", transport.size)
+    if world_rank == transport.rank and world_size == transport.size:
+        return f"rank {transport.rank}"
+    return f"rank {transport.rank} of the group (world rank {world_rank})"
 
 
 def _ranks(ranks: Sequence[int]) -> str:

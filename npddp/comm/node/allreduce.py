@@ -45,6 +45,16 @@ def _reduce_in_order(views: list, dst: np.ndarray, ufunc) -> None:
         ufunc(dst, v, out=dst)
 
 
+def _abort_row(call, me: int, peer: int, word: int) -> np.ndarray:
+    """The abort of a size word ``word`` of ``peer`` that differs from this call's (engine.signed.ABORT_WORDS)."""
+    sig = call.signature
+    nbytes, theirs = sg.unpack(word)
+    dtype = theirs[2]
+    theirs[1], theirs[5] = call.number, sig[5]
+    theirs[3] = nbytes // np.dtype(c.DTYPES[dtype]).itemsize if 0 <= dtype < len(c.DTYPES) else -1
+    return np.array([me, peer, sig[0], call.number, *sig[2:], *theirs], dtype=np.int64)
+
+
 class NodeGroup(NodeSegments):
     """This node's ranks within a communicator: the all-reduce's steps over their shared segments."""
 
@@ -119,13 +129,16 @@ class NodeGroup(NodeSegments):
             fields.update(["count"] if their_bytes != nbytes else [])
             parts.append(f"rank {r} called {sg.describe(sig)} of {their_bytes} bytes" if signed
                          else f"rank {r} {their_bytes} bytes")
-        error = sg.CollectiveMismatchError(
-            f"[rank {me}] {call.describe()}: the ranks passed different sizes, dtypes or ops: "
-            + ", ".join(parts) + f" but rank {me} called " + (f"{sg.describe(mine)} of " if signed else "")
-            + f"{nbytes} bytes; differing fields: {', '.join(f for f in sg.FIELDS if f in fields) or 'count'}"
-            + "; every rank must pass the same shape, dtype and op; this communicator is now closed")
-        self.comm._abandon_all(str(error), [], None)
-        raise error
+        text = (f"{call.describe()}: the ranks passed different sizes, dtypes or ops: "
+                + ", ".join(parts) + f" but rank {me} called " + (f"{sg.describe(mine)} of " if signed else "")
+                + f"{nbytes} bytes; differing fields: {', '.join(f for f in sg.FIELDS if f in fields) or 'count'}"
+                + "; every rank must pass the same shape, dtype and op")
+        if signed:   # every rank of the communicator hears it (hier: the other nodes, which never see this node's line)
+            peer = min(theirs)
+            self.comm.abort(text, _abort_row(call, me, peer, theirs[peer]))
+        else:
+            self.comm._abandon_all(text, [], None)
+        raise sg.CollectiveMismatchError(f"[{self.comm.who()}] {text}; this communicator is now closed")
 
     def reserve(self, barriers: int) -> int:
         """Number the next ``barriers`` node barriers; return the first."""

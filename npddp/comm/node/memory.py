@@ -35,6 +35,7 @@ import platform
 import secrets
 import socket
 import threading
+import time
 from functools import partial
 
 import numpy as np
@@ -159,8 +160,24 @@ def create_segment(comm, local: list[int], nbytes: int, call) -> Segment:
             os.close(fd)
     call.transfer(sends=[(status, leader)])
     if segment is None:
+        _abort_first(comm)
         raise OSError(f"rank {me} could not map shared segment {file} made by rank {leader}")
     return segment
+
+
+#: Seconds a rank that could not map a segment waits for a peer's abort (the leader removes the file when it hears one).
+ABORT_GRACE_S = 2.0
+
+
+def _abort_first(comm) -> None:
+    """Raise a peer's abort (CollectiveMismatchError) if one arrives within ``ABORT_GRACE_S``: a leader that heard one
+    while this rank mapped removed the file, and the mismatch, not the missing file, is the error to report."""
+    if comm.watch is None:
+        return
+    expires = time.monotonic() + ABORT_GRACE_S
+    while time.monotonic() < expires:
+        comm.heard_abort()
+        time.sleep(0.001)
 
 
 class NodeSync:

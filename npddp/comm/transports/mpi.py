@@ -200,6 +200,8 @@ class MPITransport:
         #: The largest tag the library takes (``MPI_TAG_UB``: at least 32767; 2**29 - 1 or more in MPICH, Open MPI
         #: and Intel MPI), which bounds the shape indices the argument check folds into tags.
         self.tag_bound = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+        #: This process's place in the job (errors name a group's rank with it: npddp.comm.engine.call.rank_label).
+        self.world_rank, self.world_size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
         self._status, self._any_tag, self._new_status, self._byte = MPI.Status(), MPI.ANY_TAG, MPI.Status, MPI.BYTE
 
     def isend(self, buf: np.ndarray, dest: int, tag: int) -> MPIRequest:

@@ -124,6 +124,8 @@ class TCPTransport:
         self.rank, self.size = ranks.index(world.rank), len(ranks)
         self._peers = [world.peers[r] for r in ranks]
         self.hosts = [world.hosts[r] for r in ranks]
+        #: This process's place in the job (errors name a group's rank with it: npddp.comm.engine.call.rank_label).
+        self.world_rank, self.world_size = world.rank, world.size
 
     def isend(self, buf: np.ndarray, dest: int, tag: int) -> TCPRequest:
         """Queue a frame of ``buf``'s bytes (and its dtype) to ``dest``; written now as far as the socket takes it."""
