@@ -1,0 +1,79 @@
+"""What the fuzzer may meet and not fail on: bugs being fixed now (KNOWN_OPEN), limits the docs state (LIMITS).
+
+A rule names the perturbations it covers. ``KNOWN_OPEN`` entries are open bugs: a finding they
+cover is reported as known, and ``--known-open skip`` (the default) does not even run the programs
+they cover. Remove an entry once its fix is merged: the fuzzer then fails on what it covered.
+``LIMITS`` are the cases docs/comm.md lists as not caught by the argument check ("Not caught"):
+there a perturbed program may end in ``TimeoutError`` instead of the mismatch error, on every rank
+(never in a silent difference); ``--limits skip`` (the default) does not run them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from npddp.comm import BACKENDS
+
+from tests.fuzz.program import Program, is_outstanding_at
+
+#: The hand-written backends (every one but MPI's own collectives).
+HAND_WRITTEN = tuple(b for b in BACKENDS if b != "mpi")
+#: Backends whose all-reduce on one node goes through shared memory and its size word.
+SHARED_MEMORY = ("shm", "hier", "auto")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A set of perturbed programs: by the perturbation's field, the perturbed op's kind, backend, transport, mode."""
+
+    name: str
+    what: str
+    fields: tuple
+    kinds: tuple = ()            # the perturbed op's blocking kind; () any
+    backends: tuple = ()         # () any
+    transports: tuple = ()       # () any
+    modes: tuple = ()            # plain, debug, thread; () any
+    empty: bool = False          # only where one side of a count perturbation is 0
+    overlapping: bool = False    # only where a non-blocking call is still open when the perturbed op starts
+
+    def covers(self, program: Program, transport: str | None = None) -> bool:
+        """True when ``program``'s perturbation is one of this rule's (any transport when ``transport`` is None)."""
+        p = program.perturbation
+        if p is None or p.field not in self.fields:
+            return False
+        op = program.ops[p.index]
+        if self.kinds and op.base not in self.kinds:
+            return False
+        if (self.backends and program.backend not in self.backends) or (self.modes and program.mode not in self.modes):
+            return False
+        if transport is not None and self.transports and transport not in self.transports:
+            return False
+        if self.empty and 0 not in (op.count, p.op.count):
+            return False
+        return not self.overlapping or is_outstanding_at(program, p.index)
+
+
+#: Open bugs others are fixing now (issue #44); each entry goes once its fix is merged.
+KNOWN_OPEN = (
+    Rule("root-unchecked", "#44 item 1: the hand-written backends never compare root",
+         ("root",), backends=HAND_WRITTEN, modes=("plain", "thread")),
+    Rule("empty-rooted", "#44 item 2: an empty gather/scatter buffer skips the argument check",
+         ("count",), kinds=("gather", "scatter"), backends=HAND_WRITTEN, modes=("plain", "thread"), empty=True),
+    Rule("p2p-unchecked", "#44 item 5: recv compares neither the sender's dtype nor its length",
+         ("p2p-dtype", "p2p-longer")),
+)
+
+#: What docs/comm.md ("The argument check", "Not caught") says still ends in the timeout; NPDDP_DEBUG=1 checks them.
+LIMITS = (
+    Rule("overlapping", "an indexed call whose peer's mismatched message sits behind another unreceived message "
+         "(non-blocking calls that overlap)", ("dtype", "count", "op", "root", "order"),
+         modes=("plain", "thread"), overlapping=True),
+    Rule("shm-count", "the shared-memory all-reduce: an empty buffer against a non-empty one, or a count that "
+         "grows the node's staging area", ("count",), kinds=("allreduce",), backends=SHARED_MEMORY,
+         modes=("plain", "thread")),
+)
+
+
+def matching(rules, program: Program, transport: str | None = None):
+    """The first rule of ``rules`` covering ``program`` (None if none)."""
+    return next((r for r in rules if r.covers(program, transport)), None)
