@@ -92,6 +92,16 @@ def _reproducer(args, transport, nproc, entry, number=None) -> str:
             f"--known-open {args.known_open} --limits {args.limits}{' --same-job' if args.same_job else ''})")
 
 
+def _ends(program, files) -> str:
+    """How each rank ended: ``0 ok``, ``1 TimeoutError@3`` (the exception and the op index), ``2 -`` (no file)."""
+    parts = []
+    for rank in range(program.size):
+        data = files.get(rank)
+        e = None if data is None else data["error"]
+        parts.append(f"{rank} " + ("-" if data is None else "ok" if e is None else f"{e['type']}@{e['index']}"))
+    return ", ".join(parts)
+
+
 def _verdict(args, transport, program, files, missing):
     verdict = judge(program, transport, files, missing)
     if verdict.outcome == "known" and args.known_open == "fail":
@@ -136,7 +146,8 @@ def main(argv=None) -> int:
             per_config[(transport, nproc)] += 1
             if verdict.outcome in ("finding", "known"):
                 line = (f"{verdict.outcome.upper()} {verdict.cls}{' [' + verdict.rule + ']' if verdict.rule else ''} "
-                        f"{transport} N={nproc} {entry[1]} ({program.mode}): {verdict.detail}\n  reproduce: "
+                        f"{transport} N={nproc} {entry[1]} ({program.mode}): {verdict.detail}\n  ranks: {_ends(program, files)}"
+                        f"\n  reproduce: "
                         f"{_reproducer(args, transport, nproc, entry, job)}")
                 if verdict.failed and args.confirm and len(programs) > 1:
                     files, missing = jobs.run(transport, nproc, [entry], args.timeout, wall)[0]

@@ -135,7 +135,7 @@ class Rank:
         buf = x
         if op.place == "alias":
             out[me] = x
-            buf = out[me]
+            buf = out[me, ...]              # a view, 0-d included
         work = comm.iallgather(buf, out)
         self.pending[index] = (work, lambda got: (got, [
             None if out is None or got is out else "wait() did not return out",

@@ -70,9 +70,6 @@ def _perturbed(program: Program, transport: str, files: dict, found: list) -> st
     if quiet:
         found.append(("silent", f"ranks {quiet} finished without an error; perturbed: rank {p.rank} op {p.index} "
                                 f"{program.ops[p.index].kind} {p.field}"))
-    early = {r: e for r, e in errors.items() if e["index"] < p.index and e["index"] >= 0}
-    if early:
-        found.append(("error", "before the perturbed op: " + _first_error(early, lambda e: True)))
     timeouts = {r: e for r, e in errors.items() if e["timeout"]}
     others = {r: e for r, e in errors.items() if not e["mismatch"] and not e["timeout"]}
     if others:

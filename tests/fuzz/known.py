@@ -33,7 +33,7 @@ class Rule:
     backends: tuple = ()         # () any
     transports: tuple = ()       # () any
     modes: tuple = ()            # plain, debug, thread; () any
-    empty: bool = False          # only where one side of a count perturbation is 0
+    empty: bool = False          # only where an op involved (of ``kinds``) has no elements
     overlapping: bool = False    # only where a non-blocking call is still open when the perturbed op starts
 
     def covers(self, program: Program, transport: str | None = None) -> bool:
@@ -41,14 +41,16 @@ class Rule:
         p = program.perturbation
         if p is None or p.field not in self.fields:
             return False
-        op = program.ops[p.index]
-        if self.kinds and op.base not in self.kinds:
-            return False
+        involved = program.ops[p.index:p.index + 2] if p.field == "order" else (program.ops[p.index], p.op)
+        if self.kinds:
+            involved = [op for op in involved if op.base in self.kinds]
+            if not involved:
+                return False
         if (self.backends and program.backend not in self.backends) or (self.modes and program.mode not in self.modes):
             return False
         if transport is not None and self.transports and transport not in self.transports:
             return False
-        if self.empty and 0 not in (op.count, p.op.count):
+        if self.empty and all(op.count for op in involved):
             return False
         return not self.overlapping or is_outstanding_at(program, p.index)
 
@@ -58,7 +60,8 @@ KNOWN_OPEN = (
     Rule("root-unchecked", "#44 item 1: the hand-written backends never compare root",
          ("root",), backends=HAND_WRITTEN, modes=("plain", "thread")),
     Rule("empty-rooted", "#44 item 2: an empty gather/scatter buffer skips the argument check",
-         ("count",), kinds=("gather", "scatter"), backends=HAND_WRITTEN, modes=("plain", "thread"), empty=True),
+         ("count", "dtype", "order"), kinds=("gather", "scatter"), backends=HAND_WRITTEN, modes=("plain", "thread"),
+         empty=True),
     Rule("p2p-unchecked", "#44 item 5: recv compares neither the sender's dtype nor its length",
          ("p2p-dtype", "p2p-longer")),
 )
