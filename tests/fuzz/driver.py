@@ -16,7 +16,7 @@ from collections import Counter
 from npddp.comm import BACKENDS
 
 from tests.fuzz import jobs, known
-from tests.fuzz.judge import judge
+from tests.fuzz.judge import SLOW_S, judge
 from tests.fuzz.program import generate
 
 TRANSPORTS = ("mpi", "tcp")
@@ -44,6 +44,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--perturb", choices=("mix", "on", "off"), default="mix",
                    help="perturb one rank's arguments in half of the programs, all, or none")
     p.add_argument("--timeout", type=float, default=10.0, help="NPDDP_TIMEOUT of the jobs, seconds (default: 10)")
+    p.add_argument("--slow", type=float, default=SLOW_S,
+                   help=f"a mismatch error later than this after its call started is a finding (default: {SLOW_S:g} s)")
     p.add_argument("--known-open", choices=("skip", "allow", "fail"), default="skip",
                    help="programs covered by KNOWN_OPEN: not run (default), run and reported as known, or run as "
                         "any other (fail on them)")
@@ -103,7 +105,7 @@ def _ends(program, files) -> str:
 
 
 def _verdict(args, transport, program, files, missing):
-    verdict = judge(program, transport, files, missing)
+    verdict = judge(program, transport, files, missing, args.slow)
     if verdict.outcome == "known" and args.known_open == "fail":
         return verdict.__class__("finding", verdict.cls, verdict.detail, verdict.rule)
     return verdict

@@ -62,7 +62,7 @@ def _problems(program: Program, files: dict, found: list) -> None:
             found.append(("ranks-differ", f"op {index} {program.ops[index].kind}: digests by rank {digests}"))
 
 
-def _perturbed(program: Program, transport: str, files: dict, found: list) -> str:
+def _perturbed(program: Program, transport: str, files: dict, found: list, slow_s: float) -> str:
     """Findings of a perturbed collective; returns ``limit`` where a documented limit explains a timeout."""
     p = program.perturbation
     errors = {r: d["error"] for r, d in files.items() if d["error"]}
@@ -79,7 +79,7 @@ def _perturbed(program: Program, transport: str, files: dict, found: list) -> st
         if rule is not None and not quiet and not others:
             return rule.name
         found.append(("timeout", _first_error(timeouts, lambda e: True)))
-    slow = {r: e for r, e in errors.items() if e["mismatch"] and e["elapsed"] > SLOW_S}
+    slow = {r: e for r, e in errors.items() if e["mismatch"] and e["elapsed"] > slow_s}
     if slow:
         found.append(("slow", _first_error(slow, lambda e: True) + f" (after {max(e['elapsed'] for e in slow.values())} s)"))
     return ""
@@ -105,9 +105,10 @@ def _p2p(program: Program, files: dict, found: list) -> None:
             found.append(("timeout" if e["timeout"] else "error", _first_error({rank: e}, lambda e: True)))
 
 
-def judge(program: Program, transport: str, files: dict, missing: str = "") -> Verdict:
+def judge(program: Program, transport: str, files: dict, missing: str = "", slow_s: float = SLOW_S) -> Verdict:
     """The verdict on ``program`` run over ``transport``: ``files`` maps each rank that wrote its file to it;
-    ``missing`` says why the others did not (``hang`` or ``crash`` and a detail)."""
+    ``missing`` says why the others did not (``hang`` or ``crash`` and a detail); a mismatch error later than
+    ``slow_s`` seconds after its call started is a finding."""
     found: list = []
     if missing:
         cls, _, detail = missing.partition(":")
@@ -123,7 +124,7 @@ def judge(program: Program, transport: str, files: dict, missing: str = "") -> V
     elif p.field in P2P_FIELDS:
         _p2p(program, files, found)
     elif files:
-        limit = _perturbed(program, transport, files, found)
+        limit = _perturbed(program, transport, files, found, slow_s)
     if not found:
         return Verdict("limit", rule=limit) if limit else Verdict("ok" if p is None else "mismatch")
     cls, detail = min(found, key=lambda f: CLASSES.index(f[0]))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from npddp.comm import BACKENDS
 
-from tests.fuzz.program import Program, is_outstanding_at
+from tests.fuzz.program import NONBLOCKING, Program, is_outstanding_at
 
 #: The hand-written backends (every one but MPI's own collectives).
 HAND_WRITTEN = tuple(b for b in BACKENDS if b != "mpi")
@@ -35,6 +35,7 @@ class Rule:
     modes: tuple = ()            # plain, debug, thread; () any
     empty: bool = False          # only where an op involved (of ``kinds``) has no elements
     overlapping: bool = False    # only where a non-blocking call is still open when the perturbed op starts
+    nonblocking: bool = False    # only where a non-blocking call starts at or before the perturbed op
 
     def covers(self, program: Program, transport: str | None = None) -> bool:
         """True when ``program``'s perturbation is one of this rule's (any transport when ``transport`` is None)."""
@@ -52,10 +53,15 @@ class Rule:
             return False
         if self.empty and all(op.count for op in involved):
             return False
+        if self.nonblocking and not any(op.kind in NONBLOCKING for op in program.ops[:p.index + 2]):
+            return False
         return not self.overlapping or is_outstanding_at(program, p.index)
 
 
-#: Open bugs others are fixing now (issue #44); each entry goes once its fix is merged.
+#: Every field a perturbation of a collective changes.
+COLLECTIVE_FIELDS = ("dtype", "count", "op", "root", "order")
+
+#: Open bugs: issue #44's items being fixed now, and what the fuzzer found since; each entry goes once its fix is merged.
 KNOWN_OPEN = (
     Rule("root-unchecked", "#44 item 1: the hand-written backends never compare root",
          ("root",), backends=HAND_WRITTEN, modes=("plain", "thread")),
@@ -64,6 +70,11 @@ KNOWN_OPEN = (
          empty=True),
     Rule("p2p-unchecked", "#44 item 5: recv compares neither the sender's dtype nor its length",
          ("p2p-dtype", "p2p-longer")),
+    Rule("thread-abort", "fuzzer: with progress='thread', a rank whose non-blocking call the thread drives times "
+         "out instead of raising the mismatch a peer found", COLLECTIVE_FIELDS, modes=("thread",), nonblocking=True),
+    Rule("shm-empty-silent", "fuzzer: shared-memory all-reduce, one rank's buffer empty: the others raise the "
+         "mismatch, the empty rank goes on without an error (its next barrier too)", ("count",),
+         kinds=("allreduce",), backends=SHARED_MEMORY, modes=("plain", "thread"), empty=True),
 )
 
 #: What docs/comm.md ("The argument check", "Not caught") says still ends in the timeout; NPDDP_DEBUG=1 checks them.
