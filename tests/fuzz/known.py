@@ -82,6 +82,9 @@ LIMITS = (
     Rule("overlapping", "an indexed call whose peer's mismatched message sits behind another unreceived message "
          "(non-blocking calls that overlap)", ("dtype", "count", "op", "root", "order"),
          modes=("plain", "thread"), overlapping=True),
+    Rule("never-reach", "a rank that calls a collective whose messages never reach a rank that would check them "
+         "(gather against scatter): two calls swapped, one of them rooted", ("order",),
+         kinds=("broadcast", "gather", "scatter"), modes=("plain", "thread")),
     Rule("shm-count", "the shared-memory all-reduce: an empty buffer against a non-empty one, or a count that "
          "grows the node's staging area", ("count",), kinds=("allreduce",), backends=SHARED_MEMORY,
          modes=("plain", "thread")),
