@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -35,11 +36,15 @@ def digest(a) -> str | None:
     return hashlib.blake2b(f"{a.dtype.str}{a.shape}".encode() + a.tobytes(), digest_size=8).hexdigest()
 
 
+class PollHang(Exception):
+    """A loop of ``Work.test()`` that neither completed nor raised within the timeout and a margin."""
+
+
 class Rank:
     """The state of one program on one rank: its communicators, open handles, and what it recorded."""
 
-    def __init__(self, program: Program, rank: int):
-        self.program, self.rank = program, rank
+    def __init__(self, program: Program, rank: int, timeout: float):
+        self.program, self.rank, self.timeout = program, rank, timeout
         self.comms: dict = {}
         self.pending: dict = {}       # start index -> (work, check(got) -> [problems], result holder)
         self.records: list = []       # [index, digest, problem or None, group]
@@ -182,6 +187,12 @@ class Rank:
 
     def wait(self, index, op):
         work, check, members = self.pending.pop(op.handle)
+        if op.place == "poll":              # the loop of the docs' example: test() until done, then wait()
+            limit = time.monotonic() + 1.5 * self.timeout + 5
+            while not work.test():
+                if time.monotonic() > limit:
+                    raise PollHang(f"test() still False {1.5 * self.timeout + 5:g} s after it began (neither "
+                                   "done nor an error, past the timeout)")
         result, problems = check(work.wait())
         self.record(op.handle, self.program.ops[op.handle], result, problems, members)
 
@@ -239,9 +250,15 @@ class Rank:
         return oracle.compare(buf, want, buf.dtype, True)
 
 
+def _where(e: BaseException) -> str:
+    """The innermost frame of ``e``'s traceback inside npddp, as ``path:line``."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if "/npddp/" in f.filename]
+    return f"{frames[-1].filename.rsplit('/npddp/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
+
+
 def run(program: Program, rank: int, timeout: float) -> dict:
     """Run ``program`` as ``rank``; what happened, as the driver reads it."""
-    state = Rank(program, rank)
+    state = Rank(program, rank, timeout)
     error, started = None, time.monotonic()
     index = -1
     try:
@@ -254,7 +271,7 @@ def run(program: Program, rank: int, timeout: float) -> dict:
             try:
                 getattr(state, op.kind)(index, op)
             except Exception as e:  # noqa: BLE001 - every failure is what the driver judges
-                error = {"index": index, "type": type(e).__name__, "module": type(e).__module__,
+                error = {"index": index, "type": type(e).__name__, "module": type(e).__module__, "where": _where(e),
                          "mismatch": isinstance(e, CollectiveMismatchError), "timeout": isinstance(e, TimeoutError),
                          "value": isinstance(e, (ValueError, TypeError)), "message": str(e)[:400], "elapsed": round(time.monotonic() - began, 3)}
                 break

@@ -41,7 +41,8 @@ class Verdict:
 
 def _first_error(errors: dict, test) -> str:
     rank, e = next((r, e) for r, e in sorted(errors.items()) if test(e))
-    return f"rank {rank} at op {e['index']}: {e['module']}.{e['type']}: {e['message'][:160]}"
+    where = f" (npddp/{e['where']})" if e.get("where") else ""
+    return f"rank {rank} at op {e['index']}: {e['module']}.{e['type']}{where}: {e['message'][:160]}"
 
 
 def _problems(program: Program, files: dict, found: list) -> None:
@@ -70,6 +71,9 @@ def _perturbed(program: Program, transport: str, files: dict, found: list, slow_
     if quiet:
         found.append(("silent", f"ranks {quiet} finished without an error; perturbed: rank {p.rank} op {p.index} "
                                 f"{program.ops[p.index].kind} {p.field}"))
+    polls = {r: e for r, e in errors.items() if e["type"] == "PollHang"}
+    if polls:
+        found.append(("hang", _first_error(polls, lambda e: True)))
     timeouts = {r: e for r, e in errors.items() if e["timeout"]}
     others = {r: e for r, e in errors.items() if not e["mismatch"] and not e["timeout"]}
     if others:
@@ -119,7 +123,8 @@ def judge(program: Program, transport: str, files: dict, missing: str = "", slow
     if p is None:
         errors = {r: d["error"] for r, d in files.items() if d["error"]}
         if errors:
-            cls = "timeout" if any(e["timeout"] for e in errors.values()) else "error"
+            cls = ("hang" if any(e["type"] == "PollHang" for e in errors.values()) else
+                   "timeout" if any(e["timeout"] for e in errors.values()) else "error")
             found.append((cls, _first_error(errors, lambda e: True)))
     elif p.field in P2P_FIELDS:
         _p2p(program, files, found)

@@ -36,6 +36,7 @@ class Rule:
     empty: bool = False          # only where an op involved (of ``kinds``) has no elements
     overlapping: bool = False    # only where a non-blocking call is still open when the perturbed op starts
     nonblocking: bool = False    # only where a non-blocking call starts at or before the perturbed op
+    polled: bool = False         # only where a non-blocking call is finished by a loop of test()
 
     def covers(self, program: Program, transport: str | None = None) -> bool:
         """True when ``program``'s perturbation is one of this rule's (any transport when ``transport`` is None)."""
@@ -55,6 +56,8 @@ class Rule:
             return False
         if self.nonblocking and not any(op.kind in NONBLOCKING for op in program.ops[:p.index + 2]):
             return False
+        if self.polled and not any(op.kind == "wait" and op.place == "poll" for op in program.ops):
+            return False
         return not self.overlapping or is_outstanding_at(program, p.index)
 
 
@@ -72,9 +75,13 @@ KNOWN_OPEN = (
          ("p2p-dtype", "p2p-longer")),
     Rule("thread-abort", "fuzzer: with progress='thread', a rank whose non-blocking call the thread drives times "
          "out instead of raising the mismatch a peer found", COLLECTIVE_FIELDS, modes=("thread",), nonblocking=True),
-    Rule("shm-empty-silent", "fuzzer: shared-memory all-reduce, one rank's buffer empty: the others raise the "
-         "mismatch, the empty rank goes on without an error (its next barrier too)", ("count",),
-         kinds=("allreduce",), backends=SHARED_MEMORY, modes=("plain", "thread"), empty=True),
+    Rule("test-ignores-abort", "fuzzer: Work.test() of a hand-written backend neither raises the mismatch a peer "
+         "found nor times out: a `while not work.test()` loop spins forever", COLLECTIVE_FIELDS,
+         backends=HAND_WRITTEN, modes=("plain",), nonblocking=True, polled=True),
+    Rule("shm-empty", "fuzzer: shared-memory all-reduce with an empty buffer skips the check: every rank empty "
+         "with different dtypes or ops: no error; one rank empty: the others raise, the empty one goes on without "
+         "an error (its next barrier too)", ("count", "dtype", "op"), kinds=("allreduce",), backends=SHARED_MEMORY,
+         modes=("plain", "thread"), empty=True),
 )
 
 #: What docs/comm.md ("The argument check", "Not caught") says still ends in the timeout; NPDDP_DEBUG=1 checks them.

@@ -41,7 +41,7 @@ class Op:
     shape: tuple = (0,)          # scatter: one block's shape (the buffer is (size, *shape))
     op: str = "sum"
     root: int = 0                # taken modulo the communicator's size
-    place: str = "in"            # in | out | alias (out is buf) ; iallgather alias: buf is out[rank]
+    place: str = "in"            # in | out | alias (out is buf); iallgather alias: buf is out[rank]; wait: in | poll
     handle: int = -1             # wait/test: the index of the non-blocking op they finish
     values: str = "exact"        # exact: small integers (no rounding anywhere) | random
     messages: tuple = ()         # p2p: (src, dst, tag, dtype, count) per message, world ranks
@@ -187,7 +187,7 @@ def _base_ops(rng: random.Random, size: int) -> list:
         comm = rng.choice(comms) if rng.random() < 0.3 else 0
         if open_handles and roll < 0.20:
             h = open_handles.pop(rng.randrange(len(open_handles)))
-            ops.append(Op("wait", comm=ops[h].comm, handle=h))
+            ops.append(Op("wait", comm=ops[h].comm, handle=h, place=rng.choice(("in", "in", "poll"))))
         elif open_handles and roll < 0.27:
             h = rng.choice(open_handles)
             ops.append(Op("test", comm=ops[h].comm, handle=h))
@@ -203,7 +203,7 @@ def _base_ops(rng: random.Random, size: int) -> list:
         else:
             ops.append(_collective(rng, rng.choice(COLLECTIVES), size, comm))
     rng.shuffle(open_handles)
-    ops.extend(Op("wait", comm=ops[h].comm, handle=h) for h in open_handles)
+    ops.extend(Op("wait", comm=ops[h].comm, handle=h, place=rng.choice(("in", "in", "poll"))) for h in open_handles)
     ops.append(Op("barrier"))
     return ops
 
@@ -256,7 +256,7 @@ def _perturb(rng: random.Random, ops: list, size: int):
     end = index + (2 if field == "order" else 1)
     kept = ops[:end]
     waited = {op.handle for op in kept if op.kind == "wait"}
-    kept += [Op("wait", comm=op.comm, handle=i) for i, op in enumerate(kept)
+    kept += [Op("wait", comm=op.comm, handle=i, place=rng.choice(("in", "poll"))) for i, op in enumerate(kept)
              if op.kind in NONBLOCKING and i not in waited]
     kept.append(Op("barrier"))
     changed = None if field == "order" else _changed(rng, ops[index], field, size)
