@@ -82,6 +82,9 @@ KNOWN_OPEN = (
          "memory path (shm; auto and hier on one node): it waits at the node barrier, its peers for its messages: "
          "every rank times out instead of raising", ("order",), kinds=("allreduce",), backends=SHARED_MEMORY,
          modes=("plain", "thread")),
+    Rule("poll-behind", "fuzzer: auto over MPI at N = 4, no perturbation: a loop of test() on an iallreduce started "
+         "after an iallgather that is still open never ends (wait() would); the docs' `while not work.test()`",
+         ()),
     Rule("shm-empty", "fuzzer: shared-memory all-reduce with an empty buffer skips the check: every rank empty "
          "with different dtypes or ops: no error; one rank empty: the others raise, the empty one goes on without "
          "an error (its next barrier too)", ("count", "dtype", "op"), kinds=("allreduce",), backends=SHARED_MEMORY,
@@ -100,6 +103,11 @@ LIMITS = (
          "grows the node's staging area", ("count",), kinds=("allreduce",), backends=SHARED_MEMORY,
          modes=("plain", "thread")),
 )
+
+
+def is_open(name: str) -> bool:
+    """True while a ``KNOWN_OPEN`` rule of that name is listed."""
+    return any(r.name == name for r in KNOWN_OPEN)
 
 
 def matching(rules, program: Program, transport: str | None = None):

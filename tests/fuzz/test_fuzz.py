@@ -90,6 +90,16 @@ def test_the_judge_names_silent_differences_differing_ranks_and_timeouts():
     assert judge(plain, "tcp", _files([None]), "hang: no end after 40 s").cls == "hang"
 
 
+def test_every_kept_finding_names_a_rule_and_its_program_still_has_the_shape_it_had():
+    names = {r.name for r in known.KNOWN_OPEN}
+    for f in FINDINGS:
+        program = generate(f.seed, f.nproc, f.backend, f.perturbed)
+        assert (program.perturbation is not None) == f.perturbed, f
+        rule = known.matching(known.KNOWN_OPEN, program, f.transport)
+        assert rule is None or rule.name == f.rule, (f, rule)
+        assert f.rule in names or rule is None, f
+
+
 def test_known_open_rules_cover_their_cases_and_skip_moves_them_out_of_the_run():
     gather = Op("gather", shape=(0,), root=0)
     rooted = Program(1, 3, "ring", "plain", (gather, Op("barrier")),
@@ -119,17 +129,15 @@ def test_every_kept_finding_passes_once_its_rule_is_gone():
     groups = defaultdict(list)
     skipped = []
     for f in FINDINGS:
-        program = generate(f.seed, f.nproc, f.backend, f.perturbed)
-        rule = known.matching(known.KNOWN_OPEN, program, f.transport)
-        if rule is not None:
-            skipped.append(f"{f.seed} ({rule.name})")
+        if known.is_open(f.rule):
+            skipped.append(f"{f.seed} ({f.rule})")
             continue
         groups[(f.transport, f.nproc)].append(f)
     failed = []
     for (transport, nproc), found in groups.items():
         entries = [[f.seed, f.backend, f.perturbed] for f in found]
         for f, (files, missing) in zip(found, jobs.run(transport, nproc, entries, SHORT_TIMEOUT_S, 2 * SHORT_TIMEOUT_S)):
-            verdict = judge(generate(f.seed, nproc, f.backend, f.perturbed), transport, files, missing)
+            verdict = judge(generate(f.seed, nproc, f.backend, f.perturbed), transport, files, missing, 30.0)
             if verdict.failed:
                 failed.append(f"{f.seed} {transport} N={nproc} {f.backend}: {verdict.cls}: {verdict.detail}")
     assert not failed, "\n".join(failed)
