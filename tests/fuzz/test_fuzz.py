@@ -112,7 +112,7 @@ def test_known_open_rules_cover_their_cases_and_skip_moves_them_out_of_the_run()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("transport", sorted(SHORT))
+@pytest.mark.parametrize("transport", sorted(SHORT), ids=lambda t: f"over-{t}")   # not "mpi": pytest-mpi skips it
 def test_a_short_fuzzing_run_finds_nothing_unknown(transport, capsys):
     nproc, programs = SHORT[transport]
     seed = os.environ.get("NPDDP_FUZZ_SEED", "0")
