@@ -82,8 +82,8 @@ KNOWN_OPEN = (
          "memory path (shm; auto and hier on one node): it waits at the node barrier, its peers for its messages: "
          "every rank times out instead of raising", ("order",), kinds=("allreduce",), backends=SHARED_MEMORY,
          modes=("plain", "thread")),
-    Rule("poll-behind", "fuzzer: auto over MPI (N = 2, 4), no perturbation: a loop of test() on an iallreduce started "
-         "after an iallgather that is still open never ends (wait() would); the docs' `while not work.test()`",
+    Rule("poll-behind", "fuzzer: auto and shm, both transports, no perturbation: a loop of test() on a non-blocking call "
+         "started after another one still open never ends (wait() would); the docs' `while not work.test()`",
          ()),
     Rule("shm-empty", "fuzzer: shared-memory all-reduce with an empty buffer skips the check: every rank empty "
          "with different dtypes or ops: no error; one rank empty: the others raise, the empty one goes on without "

@@ -18,9 +18,9 @@ from tests.fuzz.findings import FINDINGS
 from tests.fuzz.judge import judge
 from tests.fuzz.program import Op, Perturbation, Program, generate
 
-#: The short run: per transport, one job of this many ranks and programs (two per backend); the timeout is long, as
+#: The short run: per transport, one job of this many ranks and programs (four per backend); the timeout is long, as
 #: the machine may be loaded: a program that meets it is a finding anyway.
-SHORT = {"mpi": (3, 18), "tcp": (4, 16)}
+SHORT = {"mpi": (3, 36), "tcp": (4, 32)}
 SHORT_TIMEOUT_S = 60
 
 
