@@ -28,6 +28,8 @@ FINDINGS = (
     Finding(509219159649, 4, "mpi", "auto", False, "poll-behind", "iallgather then iallreduce open; a test() loop on "
             "the iallreduce: every rank still polling 20 s later (NPDDP_TIMEOUT=10)"),
     Finding(280155983271, 2, "mpi", "auto", False, "poll-behind", "the same at N = 2: both ranks still polling"),
+    Finding(990948307448, 4, "tcp", "auto", False, "poll-behind", "auto over TCP: every rank still polling 95 s "
+            "later (NPDDP_TIMEOUT=60)"),
     Finding(500746381172, 2, "tcp", "shm", False, "poll-behind", "shm over TCP: both ranks still polling"),
     Finding(201335299568, 2, "mpi", "naive", True, "test-ignores-abort", "rank 0 raises the mismatch, rank 1's "
             "test() loop is still False 20 s later"),

@@ -37,9 +37,12 @@ class Rule:
     overlapping: bool = False    # only where a non-blocking call is still open when the perturbed op starts
     nonblocking: bool = False    # only where a non-blocking call starts at or before the perturbed op
     polled: bool = False         # only where a non-blocking call is finished by a loop of test()
+    behind: bool = False         # any program (perturbed or not) polling a call started after another still open
 
     def covers(self, program: Program, transport: str | None = None) -> bool:
         """True when ``program``'s perturbation is one of this rule's (any transport when ``transport`` is None)."""
+        if self.behind:
+            return (not self.backends or program.backend in self.backends) and _polls_behind(program)
         p = program.perturbation
         if p is None or p.field not in self.fields:
             return False
@@ -84,7 +87,7 @@ KNOWN_OPEN = (
          modes=("plain", "thread")),
     Rule("poll-behind", "fuzzer: auto and shm, both transports, no perturbation: a loop of test() on a non-blocking call "
          "started after another one still open never ends (wait() would); the docs' `while not work.test()`",
-         ()),
+         (), backends=SHARED_MEMORY, behind=True),
     Rule("shm-empty", "fuzzer: shared-memory all-reduce with an empty buffer skips the check: every rank empty "
          "with different dtypes or ops: no error; one rank empty: the others raise, the empty one goes on without "
          "an error (its next barrier too)", ("count", "dtype", "op"), kinds=("allreduce",), backends=SHARED_MEMORY,
@@ -103,6 +106,18 @@ LIMITS = (
          "grows the node's staging area", ("count",), kinds=("allreduce",), backends=SHARED_MEMORY,
          modes=("plain", "thread")),
 )
+
+
+def _polls_behind(program: Program) -> bool:
+    """True when a loop of test() finishes a non-blocking call while one started before it on its communicator is open."""
+    waited_at = {op.handle: i for i, op in enumerate(program.ops) if op.kind == "wait"}
+    for i, op in enumerate(program.ops):
+        if op.kind == "wait" and op.place == "poll":
+            h = op.handle
+            if any(o.kind in NONBLOCKING and o.comm == program.ops[h].comm and waited_at.get(j, len(program.ops)) > i
+                   for j, o in enumerate(program.ops[:h])):
+                return True
+    return False
 
 
 def is_open(name: str) -> bool:
