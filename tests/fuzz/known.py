@@ -69,13 +69,6 @@ COLLECTIVE_FIELDS = ("dtype", "count", "op", "root", "order")
 
 #: Open bugs: issue #44's items being fixed now, and what the fuzzer found since; each entry goes once its fix is merged.
 KNOWN_OPEN = (
-    Rule("root-unchecked", "#44 item 1: the hand-written backends never compare root",
-         ("root",), backends=HAND_WRITTEN, modes=("plain", "thread")),
-    Rule("empty-rooted", "#44 item 2: an empty gather/scatter buffer skips the argument check",
-         ("count", "dtype", "order"), kinds=("gather", "scatter"), backends=HAND_WRITTEN, modes=("plain", "thread"),
-         empty=True),
-    Rule("p2p-unchecked", "#44 item 5: recv compares neither the sender's dtype nor its length",
-         ("p2p-dtype", "p2p-longer")),
     Rule("thread-abort", "fuzzer: with progress='thread', a rank whose non-blocking call the thread drives times "
          "out instead of raising the mismatch a peer found", COLLECTIVE_FIELDS, modes=("thread",), nonblocking=True),
     Rule("test-ignores-abort", "fuzzer: Work.test() of a hand-written backend neither raises the mismatch a peer "
