@@ -132,20 +132,23 @@ class Call(Deadline):
             self.owner.strand(rreqs + sreqs, (recvs, sends))
             raise
 
-    def exchange(self, got, send, peer: int) -> None:
-        """Receive ``got`` from and send ``send`` to ``peer`` under this call's tag; wait for both."""
+    def exchange(self, got, send, peer: int, dest: int | None = None) -> None:
+        """Receive ``got`` from ``peer`` and send ``send`` to ``dest`` (default: ``peer``) under this call's tag; wait
+        for both."""
         transport, tag = self.transport, self.tag
+        if dest is None:
+            dest = peer
         recv = transport.irecv(got, peer, tag)
-        sent = transport.isend(send, peer, tag)
+        sent = transport.isend(send, dest, tag)
         try:
             self.wait(recv)
             self.wait(sent)
         except Overdue:
-            raise self.owner.give_up(self, [(recv, peer)], [(sent, peer)], (got, send)) from None
+            raise self.owner.give_up(self, [(recv, peer)], [(sent, dest)], (got, send)) from None
         except ConnectionError as exc:
-            raise self.owner.fail(self, exc, [(recv, peer)], [(sent, peer)], (got, send)) from None
+            raise self.owner.fail(self, exc, [(recv, peer)], [(sent, dest)], (got, send)) from None
         except Exception:   # a mismatch found while waiting
-            self.owner.strand([(recv, peer), (sent, peer)], (got, send))
+            self.owner.strand([(recv, peer), (sent, dest)], (got, send))
             raise
 
     def describe(self) -> str:

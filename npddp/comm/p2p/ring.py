@@ -27,6 +27,10 @@ units for an all-reduce). Four counters describe the whole state:
 
 ``_advance`` posts everything the counters allow, then completes the oldest receive, and
 repeats; non-blocking, it returns as soon as that receive has not arrived yet.
+
+A blocking call whose pass has one chunk per step (:meth:`Ring.run`, taken when no other call of
+the communicator is in flight) runs the steps one after another instead, with the same messages
+in the same order and no state machine: a small call's cost is then its messages and adds.
 """
 
 from __future__ import annotations
@@ -116,6 +120,33 @@ class Ring:
     def start(self, call, src, dst, ufunc, result, phase: str = "allreduce"):
         """Start the state machine for flat ``src`` -> flat ``dst`` (``phase``: which part of the pass)."""
         return RingWork(call, self.ctx, src, dst, ufunc, self.plan(src.size, src.itemsize, phase), result)
+
+    def run(self, call, src, dst, ufunc) -> None:
+        """A blocking all-reduce: a pass of one chunk per step runs step by step, each step's receive and send
+        completed before the next (the same messages in the same order as :class:`RingWork`'s, with no state
+        machine); a longer pass runs the state machine to completion."""
+        plan = self.plan(src.size, src.itemsize)
+        if plan.nchunk != 1:
+            RingWork(call, self.ctx, src, dst, ufunc, plan, dst).wait()
+            return
+        ctx = self.ctx
+        left, right = (ctx.rank - 1) % ctx.size, (ctx.rank + 1) % ctx.size
+        pool, half = ctx.scratch, plan.reduce_units
+        raw = pool.acquire(plan.scratch_elems * src.itemsize)
+        scratch = np.frombuffer(raw, dtype=src.dtype, count=plan.scratch_elems)  # (window * slot,)
+        scale = call.take_scale()
+        try:
+            for u in range(half):   # reduce-scatter: what arrives is reduced into this rank's partial
+                region, got = dst[plan.recv[u]], scratch[plan.scratch[u]]
+                call.exchange(got, (src if u == 0 else dst)[plan.send[u]], left, right)
+                ufunc(region if src is dst else src[plan.recv[u]], got, out=region)
+            if scale:
+                np.multiply(region, scale, out=region)
+            for u in range(half, plan.nunits):   # all-gather: the reduced blocks pass on
+                call.exchange(dst[plan.recv[u]], dst[plan.send[u]], left, right)
+        finally:
+            del scratch
+            pool.release(raw)
 
 
 class RingWork(P2PWork):

@@ -135,11 +135,11 @@ class MPIRequest:
             if self._status is None:
                 self._done = self._request.Test()
             else:
-                from mpi4py import MPI
                 try:
                     self._done = self._request.Test(self._status)
-                except MPI.Exception as exc:
-                    if exc.Get_error_class() != MPI.ERR_TRUNCATE:
+                except Exception as exc:   # mpi4py is looked up here only, not at every poll
+                    from mpi4py import MPI
+                    if not isinstance(exc, MPI.Exception) or exc.Get_error_class() != MPI.ERR_TRUNCATE:
                         raise
                     self._done = True
                     status = self._status
