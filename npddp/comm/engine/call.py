@@ -140,9 +140,11 @@ class Call(Deadline):
             dest = peer
         recv = transport.irecv(got, peer, tag)
         sent = transport.isend(send, dest, tag)
-        try:
-            self.wait(recv)
-            self.wait(sent)
+        try:   # a request already complete (a short message often is) costs one test, no wait loop
+            if not recv.test():
+                self.wait(recv)
+            if not sent.test():
+                self.wait(sent)
         except Overdue:
             raise self.owner.give_up(self, [(recv, peer)], [(sent, dest)], (got, send)) from None
         except ConnectionError as exc:
