@@ -64,6 +64,7 @@ from npddp.util.atomicfile import target_problem
 from npddp.util.runinfo import library_name
 
 from benchmarks import _common as bc
+from benchmarks.columns import RAW
 from benchmarks import results
 
 PROG = "mpi_algorithms.py"
@@ -345,7 +346,8 @@ def dump_rows(path) -> tuple[list[dict], np.ndarray, dict]:
 
 
 def merge(runs: list[Run]) -> tuple[list[dict], np.ndarray, dict]:
-    """Every run's rows, the ``mpi`` backend's renamed ``mpi:<algorithm>``, its rounds pooled; raw times; attributes."""
+    """Every run's rows, the ``mpi`` backend's renamed ``mpi:<algorithm>`` (the bare ``raw`` loop's ``raw:<algorithm>``),
+    its rounds pooled; raw times; attributes."""
     rows, raws, meta = [], [], {}
     for run in runs:
         mine, mine_raw = [], []
@@ -355,6 +357,8 @@ def merge(runs: list[Run]) -> tuple[list[dict], np.ndarray, dict]:
             for row in part:
                 if row["backend"] == "mpi":
                     row["backend"] = row["algorithm"] = run.backend
+                elif row["backend"] == RAW:   # the same forced algorithm in a bare mpi4py loop: raw:<algorithm>
+                    row["backend"] = row["algorithm"] = RAW + run.backend[len("mpi"):]
             mine += part
             mine_raw += list(raw)
         pooled, pooled_raw = pool(mine, mine_raw)

@@ -23,13 +23,16 @@ VERSIONS = {"MPICH": "MPICH Version:      5.0.2\nMPICH Release date: Fri Sep 25\
 SIZES = ["-b", "1K", "-e", "4K", "-f", "4"]
 
 
-def sweep_rows(backends, times, n=2, wrong=0, dtype="float32"):
-    """allreduce.py's rows (its own row()) for ``backends`` at 1K and 4K; ``times[backend]``: median seconds."""
+def sweep_rows(backends, times, n=2, wrong=0, dtype="float32", raw=True):
+    """allreduce.py's rows (its own row()) for ``backends`` at 1K and 4K; ``times[backend]``: median seconds
+    (the ``raw`` row beside ``mpi`` takes mpi's time; ``raw=False`` leaves it out, as dumps made before it did)."""
     cfg = ar.parse_config(["--backends", ",".join(backends), *SIZES, "--dtype", dtype], verbose=False)
     rows = []
     for count in ar.sizes(cfg, n):
         for g in ar.groups(cfg):
-            t = times[g.backend] * count / 256
+            if g.backend == "raw" and not raw:
+                continue
+            t = times.get(g.backend, times.get("mpi", 1e-5)) * count / 256   # the raw row: as fast as mpi
             rows.append(ar.row(cfg, g, g.backend, n, int(count), t * np.array([0.95, 1.0, 1.05]), wrong))
     return rows
 
@@ -187,10 +190,12 @@ def test_runs_merge_into_one_dump_with_failures_reported(tmp_path, monkeypatch, 
     assert "timed out after 7 s" in lines["mpi:smp"] and "failed (exit 139)" in lines["mpi:nb"]
     assert "#   | Segmentation fault" in out
     df, meta = results.read_table(path), results.read_meta(path)
-    assert list(dict.fromkeys(df["backend"])) == ["mpi:default", "ring", "mpi:tree", "mpi:ring"]  # the table's order
+    backends = list(dict.fromkeys(df["backend"]))
+    assert [b for b in backends if not b.startswith("raw:")] == ["mpi:default", "ring", "mpi:tree", "mpi:ring"]  # order
+    assert {b for b in backends if b.startswith("raw:")} == {"raw:default", "raw:tree", "raw:ring"}  # bare loops
     assert (df["algorithm"][df["backend"].str.startswith("mpi:")] == df["backend"][df["backend"].str.startswith(
         "mpi:")]).all()
-    assert int(df["wrong"].sum()) == 5 * 4 and results.read_raw(path, "time_s").shape == (len(df), 3)
+    assert int(df["wrong"].sum()) == 5 * 8 and results.read_raw(path, "time_s").shape == (len(df), 3)
     assert meta["mpi_family"] == "MPICH" and meta["mpi_library"] == "MPICH Version: 5.0.2"
     record = {r["backend"]: r for r in json.loads(meta["mpi_algorithms"])}
     assert record["mpi:smp"]["status"] == "timed out after 7 s" and record["mpi:ring"]["honoured"] is True
@@ -220,8 +225,9 @@ def test_two_algorithms_under_the_active_mpi_end_to_end(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     df, meta = results.read_table(path), results.read_meta(path)
-    assert set(df["backend"]) == {"mpi:default", "mpi:ring", "mpi:recursive_doubling"}
-    assert int(df["wrong"].sum()) == 0 and len(df) == 3 * 2 * 2        # runs x sizes x places
+    forced = ("default", "ring", "recursive_doubling")
+    assert set(df["backend"]) == {f"{kind}:{name}" for kind in ("mpi", "raw") for name in forced}
+    assert int(df["wrong"].sum()) == 0 and len(df) == 3 * 2 * 2 * 2    # runs x (mpi, raw) x sizes x places
     assert meta["mpi_library"].startswith(meta["mpi_family"].split()[0])
     print(f"end to end: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
 
@@ -229,12 +235,13 @@ def test_two_algorithms_under_the_active_mpi_end_to_end(tmp_path, capsys):
 # ----------------------------------------------------------------------------- the report
 
 def test_the_report_draws_mpi_algorithms_from_a_separate_dump_beside_npddps(tmp_path, capsys):
-    ours = write_sweep(tmp_path / "ar.h5", sweep_rows(["mpi", "ring"], {"mpi": 1e-5, "ring": 2e-5}))
-    theirs_rows = sweep_rows(["mpi", "ring", "rd"], {"mpi": 1e-5, "ring": 3e-5, "rd": 4e-5})
+    ours = write_sweep(tmp_path / "ar.h5", sweep_rows(["mpi", "ring"], {"mpi": 1e-5, "ring": 2e-5}, raw=False))
+    theirs_rows = sweep_rows(["mpi", "ring", "rd"], {"mpi": 1e-5, "ring": 3e-5, "rd": 4e-5}, raw=False)
     for r in theirs_rows:
         r["backend"] = r["algorithm"] = {"mpi": "mpi:default", "ring": "mpi:ring", "rd": "mpi:tree"}[r["backend"]]
     theirs = write_sweep(tmp_path / "mpialg.h5", theirs_rows)
-    other_dtype = write_sweep(tmp_path / "f64.h5", sweep_rows(["mpi"], {"mpi": 1e-5}, dtype="float64"), dtype="float64")
+    other_dtype = write_sweep(tmp_path / "f64.h5", sweep_rows(["mpi"], {"mpi": 1e-5}, dtype="float64", raw=False),
+                              dtype="float64")
     assert report.main([str(ours), str(theirs), str(other_dtype), "--outdir", str(tmp_path / "plots")]) == 0
     written = sorted(p.name for p in (tmp_path / "plots").iterdir())
     assert written == ["ar+mpialg_busbw.png", "ar+mpialg_ratio.png", "f64_busbw.png", "projection.png"]
