@@ -81,10 +81,6 @@ KNOWN_OPEN = (
     Rule("poll-behind", "fuzzer: auto and shm, both transports, no perturbation: a loop of test() on a non-blocking call "
          "started after another one still open never ends (wait() would); the docs' `while not work.test()`",
          (), backends=SHARED_MEMORY, behind=True),
-    Rule("shm-empty", "fuzzer: shared-memory all-reduce with an empty buffer skips the check: every rank empty "
-         "with different dtypes or ops: no error; one rank empty: the others raise, the empty one goes on without "
-         "an error (its next barrier too)", ("count", "dtype", "op"), kinds=("allreduce",), backends=SHARED_MEMORY,
-         modes=("plain", "thread"), empty=True),
 )
 
 #: What docs/comm.md ("The argument check", "Not caught") says still ends in the timeout; NPDDP_DEBUG=1 checks them.
@@ -95,9 +91,6 @@ LIMITS = (
     Rule("never-reach", "a rank that calls a collective whose messages never reach a rank that would check them "
          "(gather against scatter): two calls swapped, one of them rooted", ("order",),
          kinds=("broadcast", "gather", "scatter"), modes=("plain", "thread")),
-    Rule("shm-count", "the shared-memory all-reduce: an empty buffer against a non-empty one, or a count that "
-         "grows the node's staging area", ("count",), kinds=("allreduce",), backends=SHARED_MEMORY,
-         modes=("plain", "thread")),
 )
 
 

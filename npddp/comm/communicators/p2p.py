@@ -100,9 +100,10 @@ class P2PCommunicator(CallLifecycle):
         scale = c.average_scale(op, buf, self._size)
         call = self._begin(operation, None, buf, op)
         call.scale = scale
-        if self._size == 1 or buf.size == 0:
-            if getattr(self, "node", None) is None:   # the shared-memory path never reads the transport
-                self._signed_empty(call)
+        # an empty buffer on the shared-memory path still meets the node's ranks at its barrier, where the sizes,
+        # dtypes and ops are compared (that path never reads the transport, so no signature trade)
+        if self._size == 1 or (buf.size == 0 and getattr(self, "node", None) is None):
+            self._signed_empty(call)
             if dst is not buf:
                 np.copyto(dst, buf)
             return DoneWork(dst)

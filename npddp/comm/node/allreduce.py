@@ -206,9 +206,23 @@ class NodeGroup(NodeSegments):
         """
         at_src = self._place(src)
         at_dst = at_src if dst is src else self._place(dst)
-        if at_src[0] == STAGED or at_dst[0] == STAGED:
+        if (at_src[0] == STAGED or at_dst[0] == STAGED) and src.nbytes > self.big:
+            for work in tuple(call.owner._active):   # node barriers count up in call order
+                work.wait()
+            self.agree_on_size(call, src.nbytes)
             self.ensure_staging(call, src.nbytes)
         return at_src, at_dst
+
+    def agree_on_size(self, call, nbytes: int) -> None:
+        """One node barrier comparing this call's size word before the staging area grows (an exchange every rank
+        of the node must join): a peer that passed another count meets it at its own first barrier, and both raise
+        CollectiveMismatchError instead of waiting for each other."""
+        seq, word = self.reserve(1), self.size_word()
+        value = self.size_value(call, nbytes)
+        self.publish_size(word, value)
+        self.sync.arrive(seq)
+        self.wait(call, seq)
+        self.check_sizes(call, word, value)
 
     def _place(self, buf) -> tuple[int, int]:
         at = self.locate(buf)
