@@ -135,17 +135,20 @@ class CallLifecycle(Backend):
                 self._abandon_all(str(exc), [], None)
                 raise
 
-    def stray_message(self, call) -> None:
+    def stray_message(self, call, silent: bool = False, still=None) -> None:
         """CollectiveMismatchError (and close) if a peer's message for ``call``, which has waited long, came under
-        another signature's index (:meth:`~npddp.comm.engine.signed.Signer.stray`)."""
+        another signature's index (:meth:`~npddp.comm.engine.signed.Signer.stray`; ``silent``: under any tag, for a
+        call that moves no message; ``still()``, if given, says whether one found still counts)."""
         signer = self.signer
         if signer is None or not signer.limit or self._failure is not None:
             return
-        found = signer.stray(call, self.transport)
-        if found is not None:
+        found = signer.stray(call, self.transport, silent)
+        if found is not None and (still is None or still()):
             peer, theirs = found
             mine = (call.signature[0], call.number, *call.signature[2:])
-            raise self.mismatch(call.number, peer, mine, (theirs[0], call.number, *theirs[2:]))
+            if theirs != sg.UNKNOWN:
+                theirs = (theirs[0], call.number, *theirs[2:])
+            raise self.mismatch(call.number, peer, mine, theirs)
 
     def _signed_empty(self, call) -> None:
         """Trade this call's signature with every peer (while ``check_args`` is on): a signed collective with

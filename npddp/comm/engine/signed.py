@@ -324,16 +324,24 @@ class Signer:
         shapes[key] = shape
         return shape
 
-    def stray(self, call, transport) -> tuple | None:
-        """``(peer, its signature)`` of a peer's message that arrived for ``call`` under another index, or None."""
+    def stray(self, call, transport, silent: bool = False) -> tuple | None:
+        """``(peer, its signature)`` of a peer's message that arrived for ``call`` under another index, or None.
+
+        ``silent``: ``call`` sends and receives no message at all (the shared-memory all-reduce), so a peer's
+        message for it under any tag, its own included, is one: its signature :data:`~npddp.comm.signature.UNKNOWN`
+        where the tag carries no index (the peer's call was signed in full)."""
         mine, signatures = call.tag, self.signatures
         for peer in range(transport.size):
             if peer == transport.rank:
                 continue
             for tag in transport.unmatched_tags(peer):
+                if tag & CALL_MASK != mine & CALL_MASK or (tag == mine and not silent):
+                    continue
                 index = tag >> INDEX_SHIFT
-                if tag & CALL_MASK == mine & CALL_MASK and tag != mine and 0 < index < len(signatures):
+                if 0 < index < len(signatures):
                     return peer, signatures[index]
+                if silent:
+                    return peer, sg.UNKNOWN
         return None
 
 

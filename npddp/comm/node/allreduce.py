@@ -27,6 +27,8 @@ same steps as a state machine for calls that overlap.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from npddp.comm import checks as c
@@ -159,11 +161,21 @@ class NodeGroup(NodeSegments):
         """Wait for node barrier ``seq``; the communicator's TimeoutError (naming who is late) or ConnectionError."""
         self.waiting = seq
         try:
-            self.sync.wait(seq, call)
+            self.sync.wait(seq, call, partial(self.watch, call, seq))
         except Overdue:
             raise self.comm.give_up(call, [], []) from None
         except ConnectionError as exc:
             raise self.comm.fail(call, exc) from None
+
+    def watch(self, call, seq: int) -> None:
+        """While waiting at node barrier ``seq`` for ``call``: CollectiveMismatchError on a peer's message for it.
+
+        The node's calls move no message over the transport, so a peer's message numbered as this call
+        means that peer called another collective (two calls swapped, say): it waits for this rank's
+        messages as this rank waits at the barrier. Unless the barrier has completed meanwhile: a peer
+        past it may already send for this call's next step (a staging area's exchange)."""
+        if call.signature is not None and self.comm.watch is not None:
+            self.comm.stray_message(call, True, lambda: not self.sync.arrived(seq))
 
     def late(self, active) -> list[int]:
         """Ranks that have not reached the barrier the oldest call in ``active`` (else a blocking call) waits for."""
@@ -214,9 +226,10 @@ class NodeGroup(NodeSegments):
         return at_src, at_dst
 
     def agree_on_size(self, call, nbytes: int) -> None:
-        """One node barrier comparing this call's size word before the staging area grows (an exchange every rank
-        of the node must join): a peer that passed another count meets it at its own first barrier, and both raise
-        CollectiveMismatchError instead of waiting for each other."""
+        """One node barrier comparing this call's size word: before the staging area grows (an exchange every rank
+        of the node must join), where a peer that passed another count meets it at its own first barrier, and as
+        shm's barrier, which a peer's all-reduce meets; both raise CollectiveMismatchError instead of waiting for
+        each other or reading stale slots."""
         seq, word = self.reserve(1), self.size_word()
         value = self.size_value(call, nbytes)
         self.publish_size(word, value)

@@ -40,7 +40,7 @@ from functools import partial
 
 import numpy as np
 
-from npddp.comm.engine.deadline import CLOCK_EVERY, wait_until
+from npddp.comm.engine.deadline import CLOCK_EVERY, SPIN_ROUNDS, wait_until
 from npddp.comm.node.names import SHM_DIR, job_id, segment_name
 from npddp.util import variables
 
@@ -228,8 +228,9 @@ class NodeSync:
             self.check_alive()
         return False
 
-    def wait(self, seq: int, call) -> None:
-        """Block until every rank has reached barrier ``seq``; Overdue past ``call``'s deadline."""
+    def wait(self, seq: int, call, watch=None) -> None:
+        """Block until every rank has reached barrier ``seq``; Overdue past ``call``'s deadline. ``watch()``, if
+        given, runs at each clock read once the wait naps (it raises to end the wait)."""
         if self.arrived(seq):
             return
         if self.spread:
@@ -237,8 +238,11 @@ class NodeSync:
         rounds = iter(range(1, 1 << 62))
 
         def every() -> None:  # one liveness check every _LIVENESS_EVERY clock reads
-            if not next(rounds) % _LIVENESS_EVERY:
+            n = next(rounds)
+            if not n % _LIVENESS_EVERY:
                 self.check_alive()
+            if watch is not None and n >= SPIN_ROUNDS:
+                watch()
         wait_until(partial(self.arrived, seq), call.overdue, every)
 
     def leave_shared_cpu(self, seq: int) -> bool:

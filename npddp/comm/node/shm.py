@@ -10,6 +10,8 @@ which is what lets the barriers of overlapping calls count up one sequence.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from npddp.comm import checks as c
@@ -89,7 +91,7 @@ class ShmWork(P2PWork):
 
     def _arrived(self, seq: int, block: bool) -> bool:
         if block:
-            self._node.sync.wait(seq, self._call)
+            self._node.sync.wait(seq, self._call, partial(self._node.watch, self._call, seq))
             return True
         return self._node.sync.poll(seq)   # a dead peer is named even when only tested (progress thread)
 
@@ -151,13 +153,11 @@ class ShmCommunicator(P2PCommunicator):
         return self.node.allreduce
 
     def barrier(self) -> None:
-        """Every rank announces its arrival in its control line, then waits for all the others'."""
+        """Every rank announces its arrival (and the barrier's size word) in its control line, then waits for all the
+        others' and compares their words."""
         for work in tuple(self._active):  # node barriers count up in call order: finish earlier calls first
             work.wait()
-        call = self._begin("barrier")
-        seq = self.node.reserve(1)
-        self.node.sync.arrive(seq)
-        self.node.wait(call, seq)
+        self.node.agree_on_size(self._begin("barrier"), 0)   # a size word of its own: a peer in an all-reduce raises
 
 
 def node_group(comm, call) -> NodeGroup | None:
