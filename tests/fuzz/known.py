@@ -69,18 +69,10 @@ COLLECTIVE_FIELDS = ("dtype", "count", "op", "root", "order")
 
 #: Open bugs: issue #44's items being fixed now, and what the fuzzer found since; each entry goes once its fix is merged.
 KNOWN_OPEN = (
-    Rule("thread-abort", "fuzzer: with progress='thread', a rank whose non-blocking call the thread drives times "
-         "out instead of raising the mismatch a peer found", COLLECTIVE_FIELDS, modes=("thread",), nonblocking=True),
-    Rule("test-ignores-abort", "fuzzer: Work.test() of a hand-written backend neither raises the mismatch a peer "
-         "found nor times out: a `while not work.test()` loop spins forever", COLLECTIVE_FIELDS,
-         backends=HAND_WRITTEN, modes=("plain",), nonblocking=True, polled=True),
     Rule("shm-vs-messages", "fuzzer: two calls swapped on one rank, one of them an all-reduce that takes the shared-"
          "memory path (shm; auto and hier on one node): it waits at the node barrier, its peers for its messages: "
          "every rank times out instead of raising", ("order",), kinds=("allreduce",), backends=SHARED_MEMORY,
          modes=("plain", "thread")),
-    Rule("poll-behind", "fuzzer: auto and shm, both transports, no perturbation: a loop of test() on a non-blocking call "
-         "started after another one still open never ends (wait() would); the docs' `while not work.test()`",
-         (), backends=SHARED_MEMORY, behind=True),
     Rule("shm-empty", "fuzzer: shared-memory all-reduce with an empty buffer skips the check: every rank empty "
          "with different dtypes or ops: no error; one rank empty: the others raise, the empty one goes on without "
          "an error (its next barrier too)", ("count", "dtype", "op"), kinds=("allreduce",), backends=SHARED_MEMORY,
