@@ -37,9 +37,11 @@ class ThreadedWork:
 
     def test(self) -> bool:
         """True once the thread has completed it; the error the thread met (a peer's mismatch, the timeout) raises."""
+        if not self.done.is_set():   # (read first: the thread sets the error, then done)
+            return False
         if self.error is not None:
             raise self.error
-        return self.done.is_set()
+        return True
 
     def wait(self) -> np.ndarray:
         """Block until complete; return the result. The thread's own test() raises at the call's deadline; this
