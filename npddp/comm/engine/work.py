@@ -66,6 +66,8 @@ class P2PWork:
     def _step(self) -> None:
         """Advance as far as possible without blocking (no clock read); complete it if done."""
         if not self._done:
+            if self._abandoned:
+                raise self._call.owner.unusable()
             try:
                 if self._advance(False):
                     self._complete()
