@@ -75,9 +75,9 @@ def _job_plan(args, number: int):
         perturbed = {"on": True, "off": False}.get(args.perturb, rng.random() < 0.5)
         entry = [rng.getrandbits(40), backends[len(programs) % len(backends)], perturbed]
         program = generate(entry[0], nproc, entry[1], entry[2])
-        if args.known_open == "skip" and known.matching(known.KNOWN_OPEN, program):
+        if args.known_open == "skip" and known.matching(known.KNOWN_OPEN, program, transport):
             continue
-        if args.limits == "skip" and known.matching(known.LIMITS, program):
+        if args.limits == "skip" and known.matching(known.LIMITS, program, transport):
             continue
         programs.append(entry)
     return transport, nproc, programs

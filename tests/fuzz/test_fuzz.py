@@ -103,14 +103,17 @@ def test_every_kept_finding_names_a_rule_and_its_program_still_has_the_shape_it_
 def test_known_open_rules_cover_their_cases_and_skip_moves_them_out_of_the_run():
     swapped = Program(1, 3, "shm", "plain", (Op("allreduce", shape=(3,)), Op("barrier")),
                       Perturbation(2, 0, "order"))
-    assert known.matching(known.KNOWN_OPEN, swapped).name == "shm-vs-messages"
-    assert known.matching(known.KNOWN_OPEN, Program(1, 3, "mpi", "plain", swapped.ops, swapped.perturbation)) is None
+    assert known.matching(known.KNOWN_OPEN, swapped) is None   # fixed: the fuzzer runs these
+    retyped = Program(1, 2, "ring", "plain", (Op("p2p", messages=((0, 1, 5, "float32", 4),)),),
+                      Perturbation(0, 0, "p2p-dtype", Op("p2p", messages=((0, 1, 5, "int32", 4),))))
+    assert known.matching(known.LIMITS, retyped, "mpi").name == "p2p-dtype-mpi"
+    assert known.matching(known.LIMITS, retyped, "tcp") is None   # TCP frames carry the dtype: refused, so fuzzed
     rooted = Program(1, 3, "ring", "plain", (Op("gather", shape=(0,), root=0), Op("barrier")),
                      Perturbation(2, 0, "root", Op("gather", shape=(0,), root=1)))
     assert known.matching(known.KNOWN_OPEN, rooted) is None     # #44 items 1 and 2 are fixed: the fuzzer runs these
     args = driver.parser().parse_args(["--programs", "30", "--nproc", "3", "--transport", "tcp"])
     _, _, programs = driver._job_plan(args, 0)
-    assert not any(known.matching(known.KNOWN_OPEN + known.LIMITS, generate(s, 3, b, p)) for s, b, p in programs)
+    assert not any(known.matching(known.KNOWN_OPEN + known.LIMITS, generate(s, 3, b, p), "tcp") for s, b, p in programs)
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from npddp.comm.engine.call import Call
-from npddp.comm.engine.deadline import Overdue, wait_until
+from npddp.comm.engine.deadline import CLOCK_EVERY, Overdue, wait_until
 
 
 class P2PWork:
@@ -22,16 +22,20 @@ class P2PWork:
     if ``block``) and return True once it is complete, and ``_requests()``: the outstanding
     receive and send requests with their peers. While a handle is waited on and other handles
     of the same communicator are outstanding, all of them are polled, so handles may be waited
-    on in any order without deadlock.
+    on in any order without deadlock. ``test()`` moves on the handles started before it too (a
+    call may need them: shared memory's node barriers count in call order), and every
+    ``CLOCK_EVERY`` tests reads its call's clock as a wait does: a peer's abort raises its
+    CollectiveMismatchError, and a loop of tests past the deadline raises the TimeoutError.
     """
 
-    __slots__ = ("_call", "_active", "_result", "_done", "_abandoned")
+    __slots__ = ("_call", "_active", "_result", "_done", "_abandoned", "_tests")
 
     def __init__(self, call: Call, result: np.ndarray):
         self._call = call
         self._active = call.owner._active
         self._result = result
         self._done = self._abandoned = False
+        self._tests = 0   # test() calls that found it incomplete
         self._active.append(self)
 
     def _advance(self, block: bool) -> bool:
@@ -59,8 +63,8 @@ class P2PWork:
         except ConnectionError as exc:
             raise self._call.owner.fail(self._call, exc) from None
 
-    def test(self) -> bool:
-        """Advance as far as possible without blocking; True once complete."""
+    def _step(self) -> None:
+        """Advance as far as possible without blocking (no clock read); complete it if done."""
         if not self._done:
             if self._abandoned:
                 raise self._call.owner.unusable()
@@ -69,12 +73,36 @@ class P2PWork:
                     self._complete()
             except ConnectionError as exc:
                 raise self._call.owner.fail(self._call, exc) from None
+
+    def test(self) -> bool:
+        """Advance this call and those started before it as far as possible without blocking; True once complete.
+
+        Every ``CLOCK_EVERY`` tests that find it incomplete read the call's clock: a peer's abort raises its
+        CollectiveMismatchError, and past the deadline (started at the first read) a TimeoutError."""
+        if self._done:
+            return True
+        if self._abandoned:
+            raise self._call.owner.unusable()
+        for work in tuple(self._active):   # the earlier calls first: this one may wait on them
+            if work is self:
+                break
+            work._step()
+        self._step()
+        if not self._done:
+            self._tests += 1
+            if not self._tests % CLOCK_EVERY:
+                call = self._call
+                try:
+                    if call.overdue():
+                        raise call.owner.give_up(call, *self._requests())
+                except ConnectionError as exc:
+                    raise call.owner.fail(call, exc) from None
         return self._done
 
     def _test_all(self) -> bool:
-        """Test every handle of the communicator (any may be the one a peer waits on); True once this one is done."""
+        """Advance every handle of the communicator (any may be the one a peer waits on); True once this one is done."""
         for work in tuple(self._active):
-            work.test()
+            work._step()
         return self._done
 
     def wait(self) -> np.ndarray:

@@ -22,31 +22,36 @@ import numpy as np
 
 PROGRESS = ("caller", "thread")
 _IDLE_S = 0.0005  # seconds between two sweeps over outstanding handles
+_GRACE_S = 2.0    # seconds a wait past the timeout still gives the thread to report the call's own error
 
 
 class ThreadedWork:
-    """Handle of an all-reduce the progress thread drives; ``wait()`` sleeps until it is done."""
+    """Handle of a non-blocking call the progress thread drives; ``wait()`` sleeps until it is done."""
 
-    __slots__ = ("inner", "done", "error", "_owner")
+    __slots__ = ("inner", "done", "error", "operation", "_owner")
 
-    def __init__(self, owner, inner):
-        self._owner, self.inner = owner, inner
+    def __init__(self, owner, inner, operation: str):
+        self._owner, self.inner, self.operation = owner, inner, operation
         self.done = threading.Event()
         self.error: BaseException | None = None
 
     def test(self) -> bool:
-        """True once the thread has completed it."""
+        """True once the thread has completed it; the error the thread met (a peer's mismatch, the timeout) raises."""
+        if not self.done.is_set():   # (read first: the thread sets the error, then done)
+            return False
         if self.error is not None:
             raise self.error
-        return self.done.is_set()
+        return True
 
     def wait(self) -> np.ndarray:
-        """Block (at most the communicator's timeout) until complete; return the result."""
+        """Block until complete; return the result. The thread's own test() raises at the call's deadline; this
+        waits the communicator's timeout and a grace for that error before it names the call itself."""
         timeout = self._owner.timeout
-        if not self.done.wait(None if timeout == float("inf") else timeout):
-            raise TimeoutError(f"[rank {self._owner.rank}] {self._owner.name} iallreduce did not complete within "
-                               f"{timeout:g} s (driven by the progress thread): a peer crashed, hangs, or called a "
-                               "different collective")
+        if timeout != float("inf") and not self.done.wait(timeout + min(timeout, _GRACE_S)):
+            raise TimeoutError(f"[rank {self._owner.rank}] {self._owner.name} {self.operation} did not complete "
+                               f"within {timeout:g} s (driven by the progress thread): a peer crashed, hangs, or "
+                               "called a different collective")
+        self.done.wait()
         if self.error is not None:
             raise self.error
         return self.inner.wait()
@@ -86,24 +91,21 @@ class ThreadedCommunicator:
     def iallreduce(self, buf, op="sum") -> ThreadedWork:
         """Start the all-reduce; the progress thread drives it from now on."""
         with self.lock:
-            work = ThreadedWork(self, self.inner.iallreduce(buf, op))
-            self._works.append(work)
-        self._wake.set()
-        return work
+            return self._driven(self.inner.iallreduce(buf, op), "iallreduce")
 
     def ireduce_scatter(self, buf, op="sum", out=None) -> ThreadedWork:
         """Start the reduce-scatter; the progress thread drives it from now on."""
         with self.lock:
-            return self._driven(self.inner.ireduce_scatter(buf, op, out))
+            return self._driven(self.inner.ireduce_scatter(buf, op, out), "ireduce_scatter")
 
     def iallgather(self, buf, out=None) -> ThreadedWork:
         """Start the all-gather; the progress thread drives it from now on."""
         with self.lock:
-            return self._driven(self.inner.iallgather(buf, out))
+            return self._driven(self.inner.iallgather(buf, out), "iallgather")
 
-    def _driven(self, inner) -> ThreadedWork:
-        """Hand ``inner`` to the progress thread (the caller holds the lock)."""
-        work = ThreadedWork(self, inner)
+    def _driven(self, inner, operation: str) -> ThreadedWork:
+        """Hand ``inner`` (a call of ``operation``) to the progress thread (the caller holds the lock)."""
+        work = ThreadedWork(self, inner, operation)
         self._works.append(work)
         self._wake.set()
         return work
