@@ -100,12 +100,7 @@ class ZeroDataParallel(DataParallelModule):
     # --- stage 3: gather before use, free after ------------------------------------------------
     def _schedule_gathers(self, model: Module) -> None:
         """Hook forward/backward of every module holding parameters with the gather/free schedule."""
-        group_of = {id(p): g for g in self.buckets for p in g.params}
-        for _, module in model.named_modules():
-            held = [v for v in vars(module).values() if isinstance(v, Parameter)]
-            needs = list({id(group_of[id(p)]): group_of[id(p)] for p in held}.values())
-            if needs:
-                self._owners.append((module, needs))
+        self._owners += self._holders(model)
         first, last = {}, {}
         for i, (_, needs) in enumerate(self._owners):
             for g in needs:
@@ -134,13 +129,20 @@ class ZeroDataParallel(DataParallelModule):
 
     def _schedule_grads(self, model: Module) -> None:
         """Stage 2: hook the backward of every module holding parameters to give its groups full gradients."""
+        for module, needs in self._holders(model):
+            self._owners.append((module, needs))
+            self._gather_hooks.append(module.register_backward_pre_hook(_granting(needs)))
+
+    def _holders(self, model: Module) -> list:
+        """(module, the groups its own parameters lie in) for every module holding parameters, in module order."""
         group_of = {id(p): g for g in self.buckets for p in g.params}
+        out = []
         for _, module in model.named_modules():
             held = [v for v in vars(module).values() if isinstance(v, Parameter)]
             needs = list({id(group_of[id(p)]): group_of[id(p)] for p in held}.values())
             if needs:
-                self._owners.append((module, needs))
-                self._gather_hooks.append(module.register_backward_pre_hook(_granting(needs)))
+                out.append((module, needs))
+        return out
 
     @contextlib.contextmanager
     def full_parameters(self):
