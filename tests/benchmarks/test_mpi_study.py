@@ -70,7 +70,7 @@ def test_one_node_smoke_run_merges_mpis_and_npddps_backends_and_the_report_reads
                    "time_p90_s", "wrong"):
         assert column in table
     backends = set(np.asarray(table["backend"]).astype(str))
-    assert backends == {"mpi:default", f"mpi:{forced}", *ms.BY_NAME["1x2"].backends}
+    assert backends == {"mpi:default", f"mpi:{forced}", "raw:default", f"raw:{forced}", *ms.BY_NAME["1x2"].backends}
     assert set(np.asarray(table["bytes"]).tolist()) == {1024, 4096}
     assert int(np.asarray(table["wrong"]).sum()) == 0
     record = json.loads(meta["mpi_algorithms"])
