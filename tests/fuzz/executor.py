@@ -256,9 +256,13 @@ def _where(e: BaseException) -> str:
     return f"{frames[-1].filename.rsplit('/npddp/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
 
 
-def run(program: Program, rank: int, timeout: float) -> dict:
-    """Run ``program`` as ``rank``; what happened, as the driver reads it."""
+def run(program: Program, rank: int, timeout: float, keep: list | None = None) -> dict:
+    """Run ``program`` as ``rank``; what happened, as the driver reads it. ``keep``: a list that gets the program's
+    communicators, so the caller drops them only once every rank has ended the program (a peer's late message
+    then has arrived, and the MPI transport keeps a context that holds one instead of giving it to the next)."""
     state = Rank(program, rank, timeout)
+    if keep is not None:
+        keep.append(state.comms)
     error, started = None, time.monotonic()
     index = -1
     try:
@@ -311,9 +315,12 @@ def main(argv=None) -> int:
         if number < plan.get("start", 0):
             continue
         program = generate(seed, size, backend, perturbed)
-        _write(directory / f"{number}.{rank}.json", run(program, rank, plan["timeout"]))
+        kept: list = []
+        _write(directory / f"{number}.{rank}.json", run(program, rank, plan["timeout"], kept))
+        going = _wait_for_driver(directory, number, 4 * plan["wall"])
+        del kept
         gc.collect()
-        if not _wait_for_driver(directory, number, 4 * plan["wall"]):
+        if not going:
             break
     return 0
 

@@ -21,13 +21,17 @@ from npddp.util import env, guard, mpilibs
 
 
 def free_comm(comm, abandoned: list) -> None:
-    """Free a communicator this package duplicated, unless MPI is finalized or a request on it was abandoned.
+    """Free a communicator this package duplicated, unless MPI is finalized, a request on it was abandoned, or a
+    message sent on it arrived and was never received.
 
-    A message sent for an abandoned request may still arrive; once its context is freed MPI may
-    give the context to a new communicator, which would then match it. So those are kept.
+    Once a context is freed MPI may give it to the next communicator made (MPICH does), which would then
+    match such a message: one sent for an abandoned request, or one a peer sent to a rank whose program
+    ended first (a mismatch's abort, a send never received). So those communicators are kept.
     """
     from mpi4py import MPI
-    if not abandoned[0] and isinstance(comm, MPI.Comm) and comm != MPI.COMM_NULL and not MPI.Is_finalized():
+    if abandoned[0] or not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL or MPI.Is_finalized():
+        return
+    if not comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG):
         comm.Free()
 
 
