@@ -39,12 +39,14 @@ from dataclasses import dataclass
 
 from benchmarks import mpi_algorithms as ma
 from benchmarks import results
+from benchmarks.columns import RAW
 from benchmarks._costmodel import fit_alpha_beta, modelled
 from npddp.cluster.shaping import parse_rate
 
 PROG = "mpi_study.py"
 TAIL_SUFFIX = "_tail"
 NPDDP = ("ring", "rd", "rabenseifner", "tree", "naive", "auto")
+RAW_PREFIX = RAW + ":"   # raw:<algorithm>: MPI's forced algorithm in a bare mpi4py loop (mpi_algorithms.py)
 
 
 @dataclass(frozen=True)
@@ -156,11 +158,24 @@ def medians(rows: list[dict], column: str = "time_median_s") -> dict:
     return {(r["bytes"], r["backend"]): r[column] for r in rows if r["place"] == "inplace"}
 
 
+def is_mpis(backend: str) -> bool:
+    """MPI's own: an ``mpi:<algorithm>`` row (through npddp's mpi backend) or its bare loop ``raw:<algorithm>``."""
+    return backend.startswith((ma.PREFIX, RAW_PREFIX))
+
+
 def columns(times: dict) -> list:
-    """The dump's backends: MPI's own (default first), then npddp's, in the study's order."""
+    """The dump's backends: MPI's own (default first, each beside its bare loop), then npddp's, in the study's order."""
     names = list(dict.fromkeys(b for _, b in times))
-    own = sorted((b for b in names if b.startswith(ma.PREFIX)), key=lambda b: (b != ma.PREFIX + ma.DEFAULT, b))
+    own = sorted((b for b in names if is_mpis(b)),
+                 key=lambda b: (b.split(":", 1)[1] != ma.DEFAULT, b.split(":", 1)[1], b.startswith(RAW_PREFIX)))
     return own + [b for b in (*NPDDP, "shm", "hier") if b in names]
+
+
+def label(name: str) -> str:
+    """A row's name in a table: MPI's algorithm, ``(raw)`` for its bare loop, npddp's in italics."""
+    if name.startswith(RAW_PREFIX):
+        return f"{name.removeprefix(RAW_PREFIX)} (raw)"
+    return name.removeprefix(ma.PREFIX) if name.startswith(ma.PREFIX) else f"*{name}*"
 
 
 def cell(seconds: float) -> str:
@@ -175,10 +190,9 @@ def time_table(times: dict) -> list[str]:
     best = {n: min(t for (m, _), t in times.items() if m == n) for n in sizes}
     lines = ["| algorithm | " + " | ".join(size_text(n) for n in sizes) + " |", "|---" * (len(sizes) + 1) + "|"]
     for name in columns(times):
-        label = name.removeprefix(ma.PREFIX) if name.startswith(ma.PREFIX) else f"*{name}*"
         cells = [(f"**{cell(times[n, name])}**" if times[n, name] == best[n] else cell(times[n, name]))
                  if (n, name) in times else "-" for n in sizes]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label(name)} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -196,8 +210,8 @@ def winners(times: dict, fast: dict | None = None) -> list[str]:
     ``fast``: the same for p10 times (the quick iterations: on a loaded machine the median is often the scheduler's).
     """
     def best(table, n):
-        own = {b: t for (m, b), t in table.items() if m == n and b.startswith(ma.PREFIX)}
-        ours = {b: t for (m, b), t in table.items() if m == n and not b.startswith(ma.PREFIX)}
+        own = {b: t for (m, b), t in table.items() if m == n and is_mpis(b)}
+        ours = {b: t for (m, b), t in table.items() if m == n and not is_mpis(b)}
         if not own or not ours:
             return None
         a, b = min(own, key=own.get), min(ours, key=ours.get)
@@ -211,10 +225,10 @@ def winners(times: dict, fast: dict | None = None) -> list[str]:
         if found is None:
             continue
         a, ta, b, tb = found
-        line = f"| {size_text(n)} | {a.removeprefix(ma.PREFIX)} | {cell(ta)} | {b} | {cell(tb)} | {ta / tb:.2f} |"
+        line = f"| {size_text(n)} | {label(a)} | {cell(ta)} | {b} | {cell(tb)} | {ta / tb:.2f} |"
         quick = best(fast, n) if fast else None
         if quick:
-            line += (f" {quick[0].removeprefix(ma.PREFIX)} {cell(quick[1])} | {quick[2]} {cell(quick[3])} | "
+            line += (f" {label(quick[0])} {cell(quick[1])} | {quick[2]} {cell(quick[3])} | "
                      f"{quick[1] / quick[3]:.2f} |")
         lines.append(line)
     return lines
@@ -235,7 +249,7 @@ def fits(by_family: dict) -> list[str]:
     """Markdown: an algorithm per row, per MPI its alpha (us), bandwidth (Gbit/s) and relative rms error."""
     fitted = {family: fit_each(medians(rows), int(meta["world_size"])) for family, (rows, meta) in by_family.items()}
     names = list(dict.fromkeys(n for f in fitted.values() for n in f))
-    names = [n for n in names if n.startswith(ma.PREFIX)] + [n for n in names if not n.startswith(ma.PREFIX)]
+    names = [n for n in names if is_mpis(n)] + [n for n in names if not is_mpis(n)]
     lines = ["| algorithm | " + " | ".join(f"{f}: alpha us, Gbit/s, rms" for f in fitted) + " |",
              "|---" * (len(fitted) + 1) + "|"]
     for name in names:
@@ -244,8 +258,7 @@ def fits(by_family: dict) -> list[str]:
             fit = fitted[family].get(name)
             cells.append("" if fit is None else
                          f"{fit.alpha * 1e6:.0f}, {fit.bandwidth * 8 / 1e9:.3g}, {fit.rel_rms:.2f}")
-        label = name.removeprefix(ma.PREFIX) if name.startswith(ma.PREFIX) else f"*{name}*"
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label(name)} | " + " | ".join(cells) + " |")
     return lines
 
 
