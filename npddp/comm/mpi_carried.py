@@ -41,6 +41,10 @@ FLAGS = {"sum": (1, 0, None), "avg": (1, 0, None), "prod": (1, 0, 1), "min": (1,
 SCRATCH_KEYS = 32
 #: The key of a blocking all-reduce: ``(CARRIER, dtype char, count, op, None)``.
 CARRIER = "allreduce"
+#: The largest all-reduce forecast (bytes): a rank whose call leaves a forecast still joins it with two spare arrays
+#: of its size, so a larger one would keep that memory and move that many bytes at every change of pattern; above it
+#: the full check is a few percent of the call's own time.
+FORECAST_BYTES = 1 << 20
 
 
 class Forecast:
@@ -63,7 +67,7 @@ class Forecast:
         if forecast != key:
             if len(successor) >= FORECAST_SIZE:
                 successor.clear()
-            successor[self.last] = key, key[0] == CARRIER
+            successor[self.last] = key, key[0] == CARRIER and key[2] * np.dtype(key[1]).itemsize <= FORECAST_BYTES
         self.last = key
         return forecast if carry else None
 
