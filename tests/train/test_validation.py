@@ -131,7 +131,8 @@ def test_zero_3_validation_with_uneven_shares_and_small_batches_ends_with_one_pr
     batch = agreed_batch(comm, model, X)                                    # the probe gathers parameters too
     check_ranks_agree(np.array([batch]))
     alone = agreed_batch(create("ring"), _gpt(), X)                         # what the gathers cost is not per row
-    check_all_ranks(abs(batch - alone) <= alone // 20, f"ZeRO-3's batch {batch}, the whole model's {alone}")
+    # the probe's peak also holds the group ZeRO-3 prefetches while a layer computes: a smaller batch, not a per-row cost
+    check_all_ranks(abs(batch - alone) <= alone // 5, f"ZeRO-3's batch {batch}, the whole model's {alone}")
     got = evaluate_rows(model, X, y, comm.rank, comm.size, 2, lambda s: comm.allreduce(s))
     check_all_ranks(got[1:].tolist() == want[1:].tolist() and abs(got[0] - want[0]) <= 1e-12 * abs(want[0]),
                     f"{got} != {want}")
