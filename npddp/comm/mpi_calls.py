@@ -39,7 +39,7 @@ from mpi4py import MPI
 from npddp.comm import checks as c
 from npddp.comm import signature as sg
 from npddp.comm.base import Backend
-from npddp.comm.engine.deadline import Deadline, Overdue, timeout_text, wait_until
+from npddp.comm.engine.deadline import CLOCK_EVERY, Deadline, Overdue, timeout_text, wait_until
 from npddp.comm.mpi_carried import Forecast
 from npddp.comm.status import check_received
 from npddp.comm.transports.mpi import free_comm, mpi_world
@@ -56,7 +56,8 @@ class MPIWork:
     With the argument check its data collective starts only once the signatures have agreed
     (``start``, called by :meth:`MPICalls._pump`); until then ``_request`` is None."""
 
-    __slots__ = ("_owner", "_request", "_result", "_what", "_done", "_scale", "_check", "_start", "_peer")
+    __slots__ = ("_owner", "_request", "_result", "_what", "_done", "_scale", "_check", "_start", "_peer", "_tests",
+                 "_deadline")
 
     def __init__(self, owner, request, result: np.ndarray, what: str, scale: float = 0.0, check=None, start=None,
                  peer: int | None = None):
@@ -65,17 +66,24 @@ class MPIWork:
         self._peer = peer    # isend/irecv: the one rank the wait needs (None: every member)
         self._scale = scale  # op avg: 1/N, applied in place once the sum is complete
         self._check, self._start = check, start   # (signature table, its all-gather), and what starts the data
+        self._tests, self._deadline = 0, None     # test() calls that found it incomplete; its clock, once read
 
     def test(self) -> bool:
-        """True once the MPI request has completed."""
+        """True once the MPI request has completed; every ``CLOCK_EVERY`` tests that find it incomplete read the
+        call's clock, so a loop of tests ends at the deadline with the TimeoutError a wait raises."""
         if not self._done:
-            self._owner._check_usable()
+            owner = self._owner
+            owner._check_usable()
             if self._request is None:
-                self._owner._pump()
-                if self._request is None:
-                    return False
-            if self._request.Test():
+                owner._pump()
+            if self._request is not None and self._request.Test():
                 self._finish()
+            else:
+                self._tests += 1
+                if not self._tests % CLOCK_EVERY:
+                    if self._deadline is None:
+                        self._deadline = owner._deadline(self._peer)
+                    owner._read_clock(self._deadline, self._what)
         return self._done
 
     def wait(self) -> np.ndarray:
@@ -260,17 +268,35 @@ class MPICalls(Backend):
     def _wait(self, done, what: str, waiting: str = "for its peers", peer: int | None = None) -> None:
         """Poll ``done()`` through the one deadline loop until it is true; TimeoutError past the deadline,
         ConnectionError once a rank it needs (``peer``, else every member) has left the job."""
-        deadline = Deadline(self._members if peer is None else partial(self._members, [peer]))
+        deadline = self._deadline(peer)
         try:
             wait_until(done, partial(deadline.past, self._timeout))
         except (Overdue, ConnectionError) as exc:   # past the deadline, or a rank it needs left the job
-            number = "" if "(collective #" in what or what.endswith(")") else f" (collective #{self._calls})"
-            self._abandoned[0] = True
-            if isinstance(exc, Overdue):
-                self._failure = timeout_text(f"[rank {self._rank}] mpi {what}{number}", self._timeout, waiting)
-                raise TimeoutError(self._failure) from None
-            self._failure = f"[rank {self._rank}] mpi {what}{number}: {exc}; this communicator is now unusable"
-            raise ConnectionError(self._failure) from None
+            self._give_up(exc, what, waiting)
+
+    def _deadline(self, peer: int | None) -> Deadline:
+        """The clock of one wait that needs ``peer`` (None: every member)."""
+        return Deadline(self._members if peer is None else partial(self._members, [peer]))
+
+    def _read_clock(self, deadline: Deadline, what: str) -> None:
+        """One clock read of a polled call: its TimeoutError past the deadline, ConnectionError once a rank left."""
+        if math.isinf(self._timeout):
+            return
+        try:
+            if deadline.past(self._timeout):
+                raise Overdue
+        except (Overdue, ConnectionError) as exc:
+            self._give_up(exc, what, "for its peers")
+
+    def _give_up(self, exc: Exception, what: str, waiting: str) -> None:
+        """Abandon this communicator after ``exc`` (Overdue or ConnectionError) and raise its error."""
+        number = "" if "(collective #" in what or what.endswith(")") else f" (collective #{self._calls})"
+        self._abandoned[0] = True
+        if isinstance(exc, Overdue):
+            self._failure = timeout_text(f"[rank {self._rank}] mpi {what}{number}", self._timeout, waiting)
+            raise TimeoutError(self._failure) from None
+        self._failure = f"[rank {self._rank}] mpi {what}{number}: {exc}; this communicator is now unusable"
+        raise ConnectionError(self._failure) from None
 
     def _members(self, ranks=None) -> list[int]:
         """The world ranks of ``ranks`` of this communicator (None: every member); read once a rank has left."""
