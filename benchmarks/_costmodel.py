@@ -5,7 +5,7 @@ npddp's one cost model (:class:`npddp.comm.engine.cost.Cost` with gamma 0 and be
 ``alpha`` is the per-message latency, ``bandwidth`` the link's bytes/s, ``steps`` the sequential
 messages on the critical path and ``fraction`` the multiple of ``S`` the busiest link carries.
 An all-reduce algorithm's steps and fraction are its own cost description (the ``cost`` of its
-class in ``npddp/comm/p2p/``, the one ``auto`` and the tuner read too), taken unpipelined:
+class in ``npddp/comm/algorithms/``, the one ``auto`` and the tuner read too), taken unpipelined:
 ``p = floor(log2 n)``, ``f`` = 1 when n is not a power of two (the fold), ``d = ceil(log2 n)``:
 
 ==============  ============  ==================  ==============================================
@@ -32,8 +32,8 @@ import numpy as np
 
 from benchmarks._common import GB, busbw_factor, check_collective
 from npddp.comm.engine.cost import Cost
-from npddp.comm.registry import ALGORITHMS, costed
-from npddp.comm.registry import algorithm as algorithm_class
+from npddp.comm.algorithms.registry import ALGORITHMS, costed
+from npddp.comm.algorithms.registry import algorithm as algorithm_class
 
 
 #: All-reduce algorithms with a cost description (the hand-written ones over messages).

@@ -18,7 +18,7 @@ ends with the same bits. Each rank sends 2(N-1)/N of the vector in 2(N-1) steps.
 """
 
 from npddp.comm import register_algorithm
-from npddp.comm.algorithm import Cost, block_bounds
+from npddp.comm.algorithms.api import Cost, block_bounds
 
 
 def custom_ring(peers, buf):

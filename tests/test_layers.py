@@ -101,7 +101,7 @@ COMM_LEVELS = (
     ("contracts", ("checks", "base", "signature", "contract", "status")),  # argument checks, the protocol, signatures
     ("transports", ("transports",)),                               # the Transport seam and its built-ins
     ("engine", ("engine",)),                                       # deadlines, calls, scratch, work, cost
-    ("algorithms", ("p2p", "algorithm", "registry")),              # one file per algorithm; names -> classes
+    ("algorithms", ("algorithms", "algorithm")),                   # one file per algorithm, their registry, the API
     ("communicators", ("communicators", "mpi", "mpi_calls", "mpi_carried")),   # an algorithm over a transport; MPI's own
     ("node", ("node",)),                                           # shared memory on a node
     ("compose", ("compose",)),                                     # auto, hier

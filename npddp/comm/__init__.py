@@ -34,8 +34,8 @@ from npddp.comm.base import Communicator, Work
 from npddp.comm.engine.work import DoneWork
 from npddp.comm.signature import CollectiveMismatchError
 from npddp.comm.wrappers.progress_thread import PROGRESS
-from npddp.comm.registry import ALGORITHMS, BACKENDS, backend_names, load_plugins
-from npddp.comm.algorithm import register_algorithm
+from npddp.comm.algorithms.registry import ALGORITHMS, BACKENDS, backend_names, load_plugins
+from npddp.comm.algorithms.api import register_algorithm
 from npddp.comm.transports.base import (TRANSPORTS, Transport, is_transport, register_transport, resolve_transport,
                                        transport_names, world_transport)
 from npddp.util import guard, variables

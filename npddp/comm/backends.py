@@ -9,7 +9,7 @@ from npddp.comm.communicators.p2p import P2PCommunicator
 from npddp.comm.compose.auto import AutoCommunicator
 from npddp.comm.compose.hier import HierCommunicator
 from npddp.comm.node.shm import ShmCommunicator
-from npddp.comm.registry import REGISTERED, algorithm
+from npddp.comm.algorithms.registry import algorithm
 
 
 def build(name: str, transport, timeout: float, tuning=None, shared_memory: bool = True):
@@ -18,8 +18,6 @@ def build(name: str, transport, timeout: float, tuning=None, shared_memory: bool
     ``shared_memory=False``: ``auto`` never uses shared memory (hier's group across nodes, whose
     ranks lie on different nodes even where ``NPDDP_RANKS_PER_NODE`` pretends so on one machine).
     """
-    if name in REGISTERED:
-        return P2PCommunicator(transport, REGISTERED[name], name, timeout)
     if name == "auto":
         return AutoCommunicator(transport, timeout, tuning, shared_memory)
     if name == "shm":

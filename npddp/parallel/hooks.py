@@ -16,7 +16,7 @@ The built-in hooks follow PyTorch's ``default_hooks.py`` and ``powerSGD_hook.py`
 * :func:`npddp.parallel.powersgd.powersgd_hook` (state: ``PowerSGDState``): low-rank matrices.
 
 A state a checkpoint saves derives from the abstract :class:`HookState`. Hooks by name, as the
-CLI's ``--comm-hook`` builds them (a ``--plugin`` adds its own): :mod:`npddp.parallel.builtin`.
+CLI's ``--comm-hook`` builds them (a ``--plugin`` adds its own): :mod:`npddp.parallel.hook_registry`.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from npddp.comm.compose.costmodel import candidates, model_table, node_table
 from npddp.comm.compose.tuning import FORMAT, VERSION, check_table
 from npddp.comm.node.memory import node_ids
 from npddp.comm.node.shm import node_group
-from npddp.comm.registry import LIBRARY
+from npddp.comm.algorithms.registry import LIBRARY
 from npddp.comm.transports.base import resolve_transport
 from npddp.process.job import abort_on_exception
 from npddp.tools.arguments import load_plugins_and_check_transport

@@ -18,14 +18,15 @@ import typing
 from dataclasses import dataclass, field
 
 from npddp.comm import BACKENDS, DEFAULT_TIMEOUT, TRANSPORTS
+from npddp.comm.algorithms.registry import backend_help
 from npddp.comm.transports.base import resolve_transport
 from npddp.comm.transports.mpi import mpi_missing
 from npddp.data import DATASET_NAMES, NORMALIZE_MODES
 from npddp.data.arrays import ARRAY_SUFFIXES
 from npddp.nn.gpt import PRESETS
 from npddp.optim import DEFAULT_LR, OPTIMIZERS
-from npddp.parallel.builtin import comm_hook_help, comm_hook_names
 from npddp.parallel.ddp import BUCKET_CAP_MB, SYNCS
+from npddp.parallel.hook_registry import comm_hook_help, comm_hook_names
 from npddp.parallel.model.schedules import SCHEDULES
 from npddp.process.threads import parse_threads
 from npddp.train.console.printer import PROGRESS_MODES
@@ -85,11 +86,8 @@ class Config:
     """Every setting of a training run."""
 
     # --- communication
-    backend: str = _opt("mpi", "communication backend: MPI's own collectives (mpi); hand-written over "
-                        "--transport: ring, naive (gather to rank 0 and back), rd (recursive doubling), "
-                        "rabenseifner, tree, auto (picks one per call, shared memory on one node); "
-                        "shm (one node, shared memory), hier (shared memory per node, then the "
-                        "network); may change on --resume", choices=BACKENDS, resume="inherit",
+    backend: str = _opt("mpi", "communication backend: " + backend_help() + "; may change on --resume",  # below
+                        choices=BACKENDS, resume="inherit",
                         shown="mpi under an MPI launcher; auto when the job runs over tcp, as under python -m "
                         "npddp.run")
     transport: str = _opt("auto", "how the hand-written backends move messages: tcp (sockets; processes "

@@ -38,7 +38,7 @@ def test_ddp_prediction_is_two_n_minus_one_over_n_bytes_over_the_rate(tmp_path):
 
 
 def test_network_fit_recovers_the_alpha_and_beta_the_times_were_made_from(tmp_path):
-    from npddp.comm.registry import algorithm
+    from npddp.comm.algorithms.registry import algorithm
     alpha, beta = 40e-6, 1e9 / 8 * 0.9  # 0.9 of a 1 Gbit/s link, in bytes/s
     rows = []
     for world in (2, 4):

@@ -17,7 +17,7 @@ import pytest
 from npddp.comm import create
 from npddp.comm.communicators.p2p import P2PCommunicator
 from npddp.comm.engine.signed import ABORT_WORDS, CONTROL_TAG
-from npddp.comm.p2p.ring import Ring
+from npddp.comm.algorithms.ring import Ring
 
 _PROBE_S = 10.0
 

@@ -19,7 +19,7 @@ import pytest
 from npddp.comm import DTYPES, OPS, CollectiveMismatchError, create
 from npddp.comm.compose.costmodel import LIBRARY_NODE_BYTES, candidates, model_table, node_table
 from npddp.comm.compose.tuning import FORMAT, VERSION, check_table
-from npddp.comm.registry import LIBRARY
+from npddp.comm.algorithms.registry import LIBRARY
 
 from tests.comm.conftest import one_rank_group
 from tests.comm.test_comm_allreduce import run_case, sizes

@@ -15,10 +15,11 @@ import pytest
 
 import examples.custom_allreduce  # noqa: F401  registers custom_ring
 from npddp.comm import backend_names, create, register_algorithm
-from npddp.comm.algorithm import Cost
+from npddp.comm.algorithms.api import Cost
 from npddp.comm.contract import PROPERTIES, run_contract
 from npddp.comm.compose.costmodel import candidates, model_table, predict
-from npddp.comm.registry import REGISTERED, load_plugins
+from npddp.comm.algorithms import registry
+from npddp.comm.algorithms.registry import load_plugins
 
 from tests.comm.test_comm_allreduce import (  # noqa: F401  collected again, on custom_ring
     test_allreduce_any_shape, test_allreduce_exact, test_float_cancellation_agrees_bitwise,
@@ -64,7 +65,7 @@ def test_register_algorithm_rejects_bad_input():
     for name, fn, cost, kind, words in cases:
         with pytest.raises(kind, match=words):
             register_algorithm(name, fn, cost=cost)
-    assert "ok_name" not in REGISTERED
+    assert "ok_name" not in registry.names()
     with pytest.raises(ValueError, match="custom_ring"):  # the error lists registered names too
         create("no_such_algorithm")
     with pytest.raises(ValueError, match="cannot be imported"):
@@ -84,7 +85,7 @@ def test_declared_cost_puts_the_algorithm_before_auto_and_the_projection():
         from benchmarks import _costmodel as cm
         assert cm.modelled("custom_ring") and cm.terms("allreduce", 4, "custom_ring") == (6, 1.5)
     finally:
-        del REGISTERED["free_lunch"]
+        registry.unregister("free_lunch")
 
 
 @pytest.mark.slow
@@ -125,8 +126,6 @@ def test_benchmarks_take_a_plugin_backend_by_name():
 
 def test_installed_packages_register_through_the_entry_point_group(monkeypatch):
     from importlib import metadata
-    from npddp.comm import registry
-
     class EntryPoint:
         name, value = "broken_twice", "tests.comm._broken_algorithm"
 
@@ -139,7 +138,8 @@ def test_installed_packages_register_through_the_entry_point_group(monkeypatch):
         def load(self):
             pass
 
-    REGISTERED.pop("broken_twice", None)
+    if "broken_twice" in registry.names():
+        registry.unregister("broken_twice")
     monkeypatch.setattr(registry, "_discovered", [])
     monkeypatch.setattr(metadata, "entry_points", lambda group: [EntryPoint()] if group == registry.ENTRY_POINT_GROUP
                         else [])

@@ -1,4 +1,4 @@
-"""The ring's blocking path (:meth:`npddp.comm.p2p.ring.Ring.run`): a small pass step by step, no state machine.
+"""The ring's blocking path (:meth:`npddp.comm.algorithms.ring.Ring.run`): a small pass step by step, no state machine.
 
 It sends the same messages in the same order as the state machine, so a rank on one path meets
 a rank on the other, and the bits agree with the non-blocking call's.
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from npddp.comm import create
-from npddp.comm.p2p import ring
+from npddp.comm.algorithms import ring
 
 from tests.conftest import world_raw
 

@@ -16,8 +16,8 @@ from npddp.comm import checks as c
 from npddp.comm import signature as sg
 from npddp.comm.communicators.p2p import P2PCommunicator
 from npddp.comm.engine import signed
-from npddp.comm.p2p.rd import RecursiveDoubling
-from npddp.comm.p2p.ring import Ring
+from npddp.comm.algorithms.rd import RecursiveDoubling
+from npddp.comm.algorithms.ring import Ring
 
 
 class Done:

@@ -11,7 +11,7 @@ import pytest
 from mpi4py import MPI
 
 from npddp.comm import create
-from npddp.parallel import builtin, hooks
+from npddp.parallel import hook_registry, hooks
 from npddp.parallel.averaging import PeriodicModelAverager
 from npddp.parallel.ddp import SYNCS, DistributedDataParallel
 from npddp.nn import CrossEntropyLoss, Linear, Sequential, mlp
@@ -75,7 +75,7 @@ def train_ddp(comm, opt_name, sync, steps=STEPS, check_every_step=True, hook=Non
     ddp = DistributedDataParallel(model, comm, sync=sync, bucket_cap_mb=ddp_kwargs.pop("bucket_cap_mb", 2e-4),
                                   **ddp_kwargs)
     if hook is not None:
-        ddp.register_comm_hook(*builtin.build(hook[0], comm, **hook[1]))
+        ddp.register_comm_hook(*hook_registry.build(hook[0], comm, **hook[1]))
     averager = PeriodicModelAverager(comm, local_sgd) if local_sgd else None
     opt = make_optimizer(opt_name, ddp.parameters())
     part = local_slice(comm)
@@ -285,7 +285,7 @@ def test_bad_arguments_name_the_value_and_valid_range():
         with pytest.raises(ValueError) as info:
             DistributedDataParallel(make_model(), comm, **kwargs)
         assert text in str(info.value), (kwargs, str(info.value))
-    for make, text in [(lambda: builtin.build("int8", comm), "allreduce, fp16, topk, powersgd"),
+    for make, text in [(lambda: hook_registry.build("int8", comm), "allreduce, fp16, topk, powersgd"),
                        (lambda: hooks.TopKState(comm, 0.0), "(0, 1]"),
                        (lambda: PeriodicModelAverager(comm, period=0), "period must be an int >= 1"),
                        (lambda: PeriodicModelAverager(comm, 2, warmup_steps=-1), "warmup_steps")]:

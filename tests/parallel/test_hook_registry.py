@@ -4,12 +4,12 @@ import re
 
 import pytest
 
-from npddp.parallel import builtin
+from npddp.parallel import hook_registry
 from npddp.parallel.hooks import allreduce_hook
 from tests.train.test_cli import TINY, ok, train
 
 PLUGIN = '''
-from npddp.parallel.builtin import register_comm_hook_factory
+from npddp.parallel.hook_registry import register_comm_hook_factory
 from npddp.parallel.hooks import allreduce_prescaled
 
 
@@ -23,9 +23,9 @@ register_comm_hook_factory("prescaled", build, "divide by the size, then sum")
 
 
 def test_the_builtin_hooks_are_registered_in_order_with_their_help():
-    assert builtin.comm_hook_names()[:4] == builtin.HOOKS == ("allreduce", "fp16", "topk", "powersgd")
-    assert builtin.build_comm_hook("allreduce", "the comm", None) == ("the comm", allreduce_hook)
-    assert builtin.comm_hook_help().startswith("allreduce (the average over ranks), fp16 (")
+    assert hook_registry.comm_hook_names()[:4] == hook_registry.HOOKS == ("allreduce", "fp16", "topk", "powersgd")
+    assert hook_registry.build_comm_hook("allreduce", "the comm", None) == ("the comm", allreduce_hook)
+    assert hook_registry.comm_hook_help().startswith("allreduce (the average over ranks), fp16 (")
 
 
 @pytest.mark.parametrize("name, build, error, text", [
@@ -35,10 +35,10 @@ def test_the_builtin_hooks_are_registered_in_order_with_their_help():
     ("nohook", "allreduce", TypeError, "build must be a function"),
 ])
 def test_a_bad_registration_is_refused_and_registers_nothing(name, build, error, text):
-    before = builtin.comm_hook_names()
+    before = hook_registry.comm_hook_names()
     with pytest.raises(error, match=text):
-        builtin.register_comm_hook_factory(name, build, "help")
-    assert builtin.comm_hook_names() == before
+        hook_registry.register_comm_hook_factory(name, build, "help")
+    assert hook_registry.comm_hook_names() == before
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from npddp.train.cli.parser import parse_config
 from npddp.train.cli.validate import check_config
 from npddp.data import BatchLoader, DistributedSampler, iterate_batches
 from npddp.parallel.averaging import PeriodicModelAverager
-from npddp.parallel.builtin import build as build_hook
+from npddp.parallel.hook_registry import build as build_hook
 from npddp.parallel.ddp import DistributedDataParallel
 from npddp.parallel.hooks import TopKState
 from npddp.parallel.powersgd import PowerSGDState
@@ -61,7 +61,7 @@ CASES = [
     ("create timeout str", lambda d: _self(timeout="5"), TypeError, ["timeout must be a number of seconds", "str"]),
     ("create timeout bool", lambda d: _self(timeout=True), TypeError, ["bool"]),
     ("create mpi over tcp", lambda d: create("mpi", transport="tcp"), ValueError,
-     ["backend 'mpi'", "transport 'mpi'", "'tcp'", "ring, naive"]),
+     ["backend 'mpi'", "transport 'mpi'", "'tcp'", ", ".join(BACKENDS[1:-3])]),
     ("create group clash", lambda d: _self("ring", transport="tcp"), ValueError, ["transport='tcp'", "mpi group"]),
     ("create transport", lambda d: _self("ring", transport="udp"), ValueError, ["'udp'", "mpi, tcp, auto"]),
     ("set timeout", lambda d: setattr(_self("naive"), "timeout", -1), ValueError, ["timeout=-1", "seconds > 0"]),

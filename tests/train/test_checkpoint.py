@@ -420,7 +420,7 @@ def _state(model, opt, dropouts, ddp):
 @pytest.mark.parametrize("local_sgd, hook", [(2, "allreduce"), (0, "topk"), (0, "powersgd")])
 def test_collect_then_restore_brings_back_every_ranks_state(comm_world, assert_all_ranks, local_sgd, hook):
     from npddp.parallel.averaging import PeriodicModelAverager
-    from npddp.parallel.builtin import build
+    from npddp.parallel.hook_registry import build
     from npddp.comm import create
     from npddp.parallel.ddp import DistributedDataParallel
     from npddp.nn import CrossEntropyLoss, Dropout, Sequential

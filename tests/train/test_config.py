@@ -13,7 +13,7 @@ from npddp.train.config import (Config, ConfigError, default_backend, fixed_on_r
 from npddp.train.cli.parser import build_parser, parse_args, parse_config
 from npddp.train.cli.validate import check_config
 from npddp.data import DATASET_NAMES, NORMALIZE_MODES
-from npddp.parallel.builtin import HOOKS
+from npddp.parallel.hook_registry import HOOKS
 from npddp.parallel.ddp import SYNCS
 from npddp.train.models import MODELS, REGISTRY
 from npddp.nn.gpt import PRESETS

@@ -1,4 +1,4 @@
-"""``naive``: every collective through rank 0 (the all-reduce by :class:`~npddp.comm.p2p.naive.Naive`), the traffic pattern the other backends exist to beat."""
+"""``naive``: every collective through rank 0 (the all-reduce by :class:`~npddp.comm.algorithms.naive.Naive`), the traffic pattern the other backends exist to beat."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 from npddp.comm import checks as c
 from npddp.comm.communicators.p2p import P2PCommunicator
 from npddp.comm.engine.work import DoneWork, RoundWork
-from npddp.comm.p2p.naive import ROOT
+from npddp.comm.algorithms.naive import ROOT
 
 
 class NaiveCommunicator(P2PCommunicator):

@@ -12,7 +12,7 @@ rank, size, transport, scratch pool, tunables) and ``start(call, src, dst, ufunc
 that reduces flat ``src`` into flat ``dst`` (maybe ``src`` itself) and returns a Work handle; it
 may cache plans on itself, offer a blocking ``run(call, src, dst, ufunc)``, and describe its
 cost with a static ``cost(nbytes, size, chunk_bytes) -> Cost``. Reduce-scatter and all-gather
-run the two halves of the ring's schedule (:mod:`npddp.comm.p2p.ring`), so rank r's block is
+run the two halves of the ring's schedule (:mod:`npddp.comm.algorithms.ring`), so rank r's block is
 block r for every backend.
 
 Its base, :class:`~npddp.comm.communicators.lifecycle.CallLifecycle`, keeps the tag sequence and
@@ -32,7 +32,7 @@ from npddp.comm.engine.call import CHUNK_BYTES, Context
 from npddp.comm.engine.deadline import Overdue
 from npddp.comm.engine.scratch import ScratchPool
 from npddp.comm.engine.work import DoneWork
-from npddp.comm.p2p.ring import ReduceScatterWork, Ring
+from npddp.comm.algorithms.ring import ReduceScatterWork, Ring
 
 
 class P2PCommunicator(CallLifecycle):

@@ -14,7 +14,7 @@ model prices the candidates (:func:`~npddp.comm.compose.costmodel.network_time`)
 more than one, hier's composition joins them (:func:`~npddp.comm.compose.costmodel.hier_time`: shared memory on the node, the
 best algorithm between nodes). ``NPDDP_AUTO_SHM=0`` keeps both shared-memory paths out.
 
-Over the MPI transport, MPI's own all-reduce (:data:`~npddp.comm.registry.LIBRARY`, ``mpi``) is a candidate
+Over the MPI transport, MPI's own all-reduce (:data:`~npddp.comm.algorithms.registry.LIBRARY`, ``mpi``) is a candidate
 too (:mod:`npddp.comm.compose.library`; the model prices it as a tie it does not take, and on one node keeps ``shm``,
 so only the tuner hands it a size).
 
@@ -37,7 +37,7 @@ from npddp.comm.compose.tuning import check_table
 from npddp.comm.node.allreduce import NodeGroup
 from npddp.comm.node.memory import node_ids
 from npddp.comm.node.shm import node_group
-from npddp.comm.registry import ALGORITHMS, LIBRARY, algorithm, costed
+from npddp.comm.algorithms.registry import ALGORITHMS, LIBRARY, algorithm, costed
 from npddp.util import variables
 
 _CACHE_SIZE = 256

@@ -1,7 +1,7 @@
 """Prices of the all-reduce algorithms by name under the one cost model (:mod:`npddp.comm.engine.cost`):
 on one node, across nodes (a network), and hier's composition; the table ``auto`` picks from.
 
-MPI's own all-reduce (:data:`~npddp.comm.registry.LIBRARY`, a candidate over the MPI transport) is priced by a
+MPI's own all-reduce (:data:`~npddp.comm.algorithms.registry.LIBRARY`, a candidate over the MPI transport) is priced by a
 rule. Its default selection runs schedules npddp has too (MPICH: recursive doubling for short vectors,
 reduce-scatter then all-gather, i.e. Rabenseifner's, for long ones), moving the same bytes in the same steps,
 so it costs the cheaper of those two at the same constants: a tie, which the hand-written algorithm keeps
@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from npddp.comm.engine.call import CHUNK_BYTES
 from npddp.comm.engine.cost import MODEL, NETWORK, Cost
-from npddp.comm.registry import LIBRARY, algorithm, costed
+from npddp.comm.algorithms.registry import LIBRARY, algorithm, names
 
-#: Algorithms ``auto`` chooses among (naive is the baseline to beat, never the best); when every
-#: rank shares one node, ``shm`` instead (:func:`node_table`), and over MPI, MPI's own all-reduce too.
-CANDIDATES = ("rd", "rabenseifner", "ring", "tree")
+#: Built-in algorithms ``auto`` chooses among: those registered with ``auto=True`` (naive, the baseline to beat,
+#: is not); when every rank shares one node, ``shm`` instead (:func:`node_table`), and over MPI, MPI's own too.
+CANDIDATES = names(builtin=True, auto=True)
 #: Algorithms whose large messages go out as pipelined chunks, sending and receiving at once.
 PIPELINED = ("ring",)
 #: The schedules MPI's default selection chooses between (its price: the cheaper one).
@@ -29,8 +29,8 @@ LIBRARY_NODE_BYTES = 0
 
 
 def candidates() -> tuple:
-    """:data:`CANDIDATES` and the registered algorithms that declare a cost."""
-    return (*CANDIDATES, *costed())
+    """:data:`CANDIDATES` and the registered algorithms ``auto`` may pick (those that declare a cost, by default)."""
+    return names(auto=True)
 
 
 _SIZES = [1 << k for k in range(41)]  # sizes the model is evaluated at to cut its table

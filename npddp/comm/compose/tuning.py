@@ -15,7 +15,7 @@ than one, on every node) or ``mpi``, MPI's own all-reduce (over the MPI transpor
 from __future__ import annotations
 
 from npddp.comm import checks as c
-from npddp.comm.registry import ALGORITHMS, LIBRARY, NODE_ALGORITHMS, costed
+from npddp.comm.algorithms.registry import ALGORITHMS, LIBRARY, NODE_ALGORITHMS, costed
 
 FORMAT = "npddp-allreduce-tuning"
 VERSION = 1

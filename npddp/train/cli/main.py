@@ -49,7 +49,7 @@ from npddp.train.cli.mesh import MeshEngine
 from npddp.comm.node.memory import node_ids
 from npddp.comm.transports.base import resolve_transport
 from npddp.comm.transports.mpi import mpi_missing
-from npddp.parallel import builtin as hooks
+from npddp.parallel import hook_registry as hooks
 from npddp.parallel.ddp import DistributedDataParallel
 from npddp.train.cli.inputs import dataset_name, load_data, scaling_warning
 from npddp.util import env, tracing

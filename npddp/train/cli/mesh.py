@@ -30,7 +30,7 @@ import numpy as np
 from npddp.data import iterate_batches
 from npddp.nn import CrossEntropyLoss
 from npddp.optim import make_optimizer
-from npddp.parallel import builtin as hooks
+from npddp.parallel import hook_registry as hooks
 from npddp.parallel.hooks import HookState
 from npddp.parallel.model import Mesh, Pipeline, PipelineStage, mesh_groups, shard_indices, tensor_parallel
 from npddp.parallel.model.clock import ClockedGroup

@@ -13,11 +13,22 @@ import dataclasses
 import typing
 
 from npddp.comm import backend_names
-from npddp.parallel.builtin import comm_hook_help, comm_hook_names
+from npddp.comm.algorithms.registry import backend_help
+from npddp.parallel.hook_registry import comm_hook_help, comm_hook_names
 from npddp.train.config import Config, ConfigError, flag
 from npddp.util import plugins, variables
 
 PROG = "python -m npddp.train"
+
+
+def _help(f) -> str:
+    """A field's help; ``--backend``'s and ``--comm-hook``'s name what plugins registered too."""
+    if f.name == "comm_hook":
+        return "DDP communication hook: " + comm_hook_help()
+    if f.name == "backend":
+        backend_names()   # installed packages' algorithms register first
+        return "communication backend: " + backend_help() + "; may change on --resume"
+    return f.metadata["help"]
 
 
 def backend_name(text: str) -> str:
@@ -96,8 +107,7 @@ def build_parser(help_file=None) -> argparse.ArgumentParser:
         meta = f.metadata
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
         shown = meta["shown"] if meta["shown"] is not None else _show(default)
-        text = (meta["help"] if f.name != "comm_hook" else "DDP communication hook: " + comm_hook_help()) \
-            + f" (default: {shown})"
+        text = _help(f) + f" (default: {shown})"
         if meta["resume"] == "match":
             text += " [fixed on resume]"
         elif meta["resume"] == "inherit":

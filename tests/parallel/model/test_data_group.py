@@ -14,7 +14,7 @@ import pytest
 
 from npddp.nn import CrossEntropyLoss, Linear, ReLU, Sequential
 from npddp.optim import SGD, AdamW
-from npddp.parallel import builtin as hooks
+from npddp.parallel import hook_registry as hooks
 from npddp.parallel.averaging import PeriodicModelAverager
 from npddp.parallel.ddp import DistributedDataParallel
 from npddp.parallel.model import Mesh, Pipeline, PipelineStage, mesh_groups, shard_indices, tensor_parallel

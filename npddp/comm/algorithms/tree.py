@@ -18,6 +18,7 @@ from functools import partial
 
 import numpy as np
 
+from npddp.comm.algorithms.api import register_algorithm
 from npddp.comm.engine.call import Context
 
 from npddp.comm.engine.cost import Cost
@@ -71,3 +72,6 @@ def _reduce(ufunc, own, partials, out) -> None:
     ufunc(own, partials[0], out=out)
     for p in partials[1:]:
         ufunc(out, p, out=out)
+
+
+register_algorithm("tree", Tree, auto=True, help="up a binomial tree and back down")

@@ -3,7 +3,7 @@
 In step k (``k = 0 .. log2 p - 1``) every active rank swaps its whole partial result with the
 rank whose number differs in bit k, and both reduce the two, the lower rank's partial first:
 after the step, both hold the same bits, the reduction over a group of ``2**(k+1)`` ranks. For
-a world that is not a power of two, the ranks first fold onto one (see :mod:`npddp.comm.p2p.fold`):
+a world that is not a power of two, the ranks first fold onto one (see :mod:`npddp.comm.algorithms.fold`):
 the extra ranks hand their vector in before the first step and get the result back after the last.
 
 Cost: ``log2 p`` steps (+2 when folding), each sending the whole vector: ideal for short
@@ -18,6 +18,7 @@ from functools import partial
 import numpy as np
 
 
+from npddp.comm.algorithms.api import register_algorithm
 from npddp.comm.engine.call import Context
 
 
@@ -25,7 +26,7 @@ from npddp.comm.engine.cost import Cost
 
 
 from npddp.comm.engine.work import RoundWork
-from npddp.comm.p2p.fold import Fold
+from npddp.comm.algorithms.fold import Fold
 
 
 class RecursiveDoubling:
@@ -93,3 +94,6 @@ class RecursiveDoubling:
         finally:
             del got
             pool.release(raw)
+
+
+register_algorithm("rd", RecursiveDoubling, auto=True, help="recursive doubling")

@@ -12,6 +12,7 @@ from functools import partial
 
 import numpy as np
 
+from npddp.comm.algorithms.api import register_algorithm
 from npddp.comm.engine.call import Context
 from npddp.comm.engine.cost import Cost
 from npddp.comm.engine.work import RoundWork
@@ -42,3 +43,6 @@ class Naive:
                   for source in range(1, ctx.size)]
         rounds.append(([(dst, dest) for dest in range(1, ctx.size)], (), None))
         return RoundWork(call, rounds, result, partial(ctx.scratch.release, raw))
+
+
+register_algorithm("naive", Naive, auto=False, help="gather to rank 0 and back")

@@ -41,6 +41,7 @@ from collections import deque
 import numpy as np
 
 from npddp.comm import checks as c
+from npddp.comm.algorithms.api import register_algorithm
 from npddp.comm.engine.call import Context
 from npddp.comm.engine.cost import Cost
 from npddp.comm.engine.work import P2PWork
@@ -253,3 +254,6 @@ class ReduceScatterWork(RingWork):
         self._dst = None
         self._pool.release(self._partials_raw)
         self._partials_raw = None
+
+
+register_algorithm("ring", Ring, auto=True, help="reduce-scatter, then all-gather around a ring")

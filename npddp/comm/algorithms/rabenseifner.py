@@ -1,7 +1,7 @@
 """Rabenseifner's all-reduce: reduce-scatter by recursive halving, then all-gather by recursive doubling.
 
 The vector is cut into ``p`` blocks as ``np.array_split`` cuts it (``p``: the active ranks
-after folding a world that is not a power of two, see :mod:`npddp.comm.p2p.fold`). Each active
+after folding a world that is not a power of two, see :mod:`npddp.comm.algorithms.fold`). Each active
 rank starts owning all ``p`` blocks. In each halving step (distance ``p/2``, then ``p/4``, ...,
 1) it swaps half of what it owns with its partner: the lower rank keeps the lower half, the
 upper rank the upper half, and each reduces the half it keeps, the lower rank's partial first.
@@ -22,10 +22,11 @@ from functools import partial
 import numpy as np
 
 from npddp.comm import checks as c
+from npddp.comm.algorithms.api import register_algorithm
 from npddp.comm.engine.call import Context
 from npddp.comm.engine.cost import Cost
 from npddp.comm.engine.work import RoundWork
-from npddp.comm.p2p.fold import Fold
+from npddp.comm.algorithms.fold import Fold
 
 _PLAN_CACHE_SIZE = 64
 
@@ -123,3 +124,6 @@ def _reduce_scaled(ufunc, first, second, out, scale: float) -> None:
     """``out = ufunc(first, second) * scale``, the scale applied while ``out`` is in cache."""
     ufunc(first, second, out=out)
     np.multiply(out, scale, out=out)
+
+
+register_algorithm("rabenseifner", Rabenseifner, auto=True, help="recursive halving, then doubling")

@@ -1,0 +1,81 @@
+"""Algorithms by collective: the built-ins register from their own files through the public call, each collective
+has its own names, and one registration reaches every list of names (auto's candidates, create, npddp.check)."""
+
+import importlib
+
+import pytest
+
+from npddp.comm import BACKENDS, backend_names, register_algorithm
+from npddp.comm.algorithms import registry
+from npddp.comm.algorithms.api import Cost
+from npddp.comm.algorithms.ring import Ring
+from npddp.comm.compose.costmodel import CANDIDATES, candidates
+from npddp.tools import check
+
+
+def _free(nbytes, size, chunk_bytes=None):
+    return Cost(0, 0, 0)
+
+
+@pytest.fixture
+def temporary():
+    """Names registered during the test, forgotten after it: ``temporary.append((name, collective))``."""
+    added: list = []
+    yield added
+    for name, collective in added:
+        registry.unregister(name, collective)
+
+
+def test_each_built_in_comes_from_its_own_file_through_register_algorithm():
+    entries = registry.entries()
+    assert [e.name for e in entries if e.builtin] == list(registry.ALGORITHMS) == list(BACKENDS[1:-3])
+    for entry in entries:
+        if entry.builtin:
+            module = importlib.import_module(entry.cls.__module__)
+            assert module.__name__ == f"npddp.comm.algorithms.{entry.name}" and entry.help and entry.collective == \
+                "allreduce", entry
+            assert entry.cost is entry.cls.cost and callable(entry.cost)
+    assert CANDIDATES == registry.names(builtin=True, auto=True) == ("rabenseifner", "rd", "ring", "tree")
+    assert "naive" in registry.ALGORITHMS and "naive" not in candidates()
+
+
+def test_collectives_keep_their_own_names(temporary):
+    for collective in registry.COLLECTIVES:
+        register_algorithm("only_here", Ring, collective=collective, auto=False, help="a test's")
+        temporary.append(("only_here", collective))
+        others = [c for c in registry.COLLECTIVES if c != collective and ("only_here", c) not in temporary]
+        assert "only_here" in registry.names(collective) and all("only_here" not in registry.names(c) for c in others)
+        assert registry.algorithm("only_here", collective) is Ring
+    assert registry.names("allgather", builtin=False) == ("only_here",)
+    with pytest.raises(ValueError, match="unknown collective 'gather'; valid: allreduce, allgather, reduce_scatter"):
+        register_algorithm("x", Ring, collective="gather")
+    with pytest.raises(ValueError, match="unknown all-gather algorithm 'nope'; valid: only_here"):
+        registry.algorithm("nope", "allgather")
+
+
+@pytest.mark.parametrize("name, kwargs, error, text", [
+    ("ring", {}, ValueError, "'ring' is built in"),
+    ("auto", {}, ValueError, "'auto' is built in"),
+    ("hier", {"collective": "broadcast"}, ValueError, "'hier' is built in"),
+    ("no_cost", {"auto": True}, ValueError, "auto=True needs a cost"),
+])
+def test_a_taken_name_or_auto_without_a_cost_is_refused(name, kwargs, error, text):
+    before = {c: registry.names(c) for c in registry.COLLECTIVES}
+    with pytest.raises(error, match=text):
+        register_algorithm(name, lambda peers, buf: iter(()), **kwargs)
+    assert before == {c: registry.names(c) for c in registry.COLLECTIVES}
+
+
+def test_one_registration_reaches_auto_the_help_and_check(temporary):
+    register_algorithm("tmp_algo", Ring, cost=_free, help="a test's free algorithm")
+    temporary.append(("tmp_algo", "allreduce"))
+    assert "tmp_algo" in candidates() and "tmp_algo" in backend_names() and "tmp_algo" not in BACKENDS
+    assert check.parse_args(["--backend", "tmp_algo"]).backend == "tmp_algo"
+    from npddp.train.cli.parser import build_parser
+    action = next(a for a in build_parser()._actions if "--backend" in a.option_strings)
+    text = action.help
+    assert text.index("tree (up a binomial") < text.index("tmp_algo (a test's free algorithm)") < text.index("auto (")
+    assert "tmp_algo" in action.choices
+    register_algorithm("no_auto", Ring, cost=_free, auto=False)
+    temporary.append(("no_auto", "allreduce"))
+    assert "no_auto" in backend_names() and "no_auto" not in candidates()
