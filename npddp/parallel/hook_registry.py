@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from npddp.parallel.hooks import TopKState, allreduce_hook, fp16_compress_hook, topk_hook
 from npddp.parallel.powersgd import PowerSGDState, powersgd_hook
-from npddp.util.shown import shown
+from npddp.util.registry import Registry
 
 __all__ = ["HOOKS", "HookFactory", "build", "build_comm_hook", "comm_hook_help", "comm_hook_names",
            "register_comm_hook_factory"]
@@ -34,24 +34,21 @@ class HookFactory(NamedTuple):
 
 
 #: Registered comm hooks by name, in registration order (the built-ins first).
-FACTORIES: dict[str, HookFactory] = {}
+FACTORIES = Registry("comm hook")
 
 
 def register_comm_hook_factory(name: str, build: Callable[[Any, Any], tuple], help: str) -> None:
     """Offer ``build(comm, settings) -> (state, hook)`` as ``--comm-hook name``; ValueError for a bad or taken name."""
-    if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"comm hook name must be an identifier (letters, digits, _), got {shown(name)}")
-    if name in FACTORIES:
-        raise ValueError(f"comm hook {name!r} is already registered; taken: {', '.join(FACTORIES)}")
+    FACTORIES.check(name)
     if not callable(build):
         raise TypeError(f"comm hook {name!r}: build must be a function build(comm, settings), got "
                         f"{type(build).__name__}")
-    FACTORIES[name] = HookFactory(build, str(help))
+    FACTORIES.add(name, HookFactory(build, str(help)))
 
 
 def comm_hook_names() -> tuple[str, ...]:
     """Every registered comm hook name (the valid ``--comm-hook`` values)."""
-    return tuple(FACTORIES)
+    return FACTORIES.names()
 
 
 def comm_hook_help() -> str:
@@ -62,10 +59,7 @@ def comm_hook_help() -> str:
 
 def build_comm_hook(name: str, comm, settings) -> tuple:
     """``(state, hook)`` of the registered comm hook ``name``; ValueError naming the valid ones."""
-    factory = FACTORIES.get(name) if isinstance(name, str) else None
-    if factory is None:
-        raise ValueError(f"unknown comm hook {name!r}; valid: {', '.join(FACTORIES)}")
-    return factory.build(comm, settings)
+    return FACTORIES.get(name).build(comm, settings)
 
 
 def build(name: str, comm, *, topk_ratio: float = 0.01, powersgd_rank: int = 1, powersgd_start_iter: int = 10,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from npddp.nn import Dropout, Linear, ReLU, Sequential, cnn, gpt_preset, mlp
+from npddp.util.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -32,13 +33,13 @@ class ModelKind:
 
 
 #: name -> ModelKind, in registration order.
-REGISTRY: dict[str, ModelKind] = {}
+REGISTRY = Registry("model")
 
 
 def register(name: str, *, flatten: bool = False, image_input: bool = False):
     """Decorator adding a builder to :data:`REGISTRY` under ``name``."""
     def add(fn):
-        REGISTRY[name] = ModelKind(fn, flatten, image_input)
+        REGISTRY.add(name, ModelKind(fn, flatten, image_input))
         return fn
     return add
 
@@ -74,14 +75,14 @@ def _gpt(settings: Mapping, input_shape, num_classes: int, dtype):
                  f"d_ff {c['d_ff']}), vocab {c['vocab_size']}, context {context}, tied LM head")
 
 
-MODELS = tuple(REGISTRY)
+MODELS = REGISTRY.names()
 #: Parameter dtypes the training CLI offers.
 DTYPES = ("float32", "float64")
 
 
 def input_problem(name: str, input_shape) -> str | None:
     """Why rows of ``input_shape`` cannot feed model ``name``, or None."""
-    if REGISTRY[name].image_input and len(input_shape) != 3:
+    if REGISTRY.get(name).image_input and len(input_shape) != 3:
         return (f"--model {name} needs image rows (C, H, W), but the data has rows of shape "
                 f"{tuple(input_shape)}; use --model mlp or an image data set")
     return None
@@ -105,10 +106,9 @@ def build_model(settings: Mapping, input_shape, num_classes: int, rank: int = 0)
     ValueError or TypeError when the settings do not fit the data (e.g. images too small).
     """
     name = settings["model"]
-    if name not in REGISTRY:
-        raise ValueError(f"unknown model {name!r}; valid: {', '.join(REGISTRY)}")
+    kind = REGISTRY.get(name)   # ValueError naming the valid ones
     dtype = np.dtype(settings.get("dtype", "float32"))
-    net, text = REGISTRY[name].build(settings, tuple(input_shape), int(num_classes), dtype)
+    net, text = kind.build(settings, tuple(input_shape), int(num_classes), dtype)
     dropouts = []
     p = float(settings.get("dropout", 0.0) or 0.0)
     if p > 0:
@@ -119,4 +119,4 @@ def build_model(settings: Mapping, input_shape, num_classes: int, rank: int = 0)
 
 def shape_rows(name: str, X: np.ndarray) -> np.ndarray:
     """``X`` as model ``name`` takes it: flattened to (N, features) for models that want that."""
-    return X.reshape(len(X), -1) if REGISTRY[name].flatten else X
+    return X.reshape(len(X), -1) if REGISTRY.get(name).flatten else X

@@ -15,14 +15,25 @@ class Registry:
         self.reserved = tuple(reserved)   # names taken by something else (not registrable here)
         self._entries: dict = {}
 
-    def add(self, name: str, entry, replace: bool = False) -> None:
-        """Register ``entry`` as ``name``: an identifier not taken yet (``replace``: or taken by an earlier entry)."""
+    def check(self, name, replace: bool = False) -> None:
+        """ValueError unless ``name`` may be added: an identifier, not reserved, not taken (``replace``: or taken)."""
         if not (isinstance(name, str) and name.isidentifier()) or name in self.reserved:
             other = f" other than {', '.join(map(repr, self.reserved))}" if self.reserved else ""
-            raise ValueError(f"{self.kind} name {shown(name)} must be a Python identifier (letters, digits, _){other}")
+            raise ValueError(f"{self.kind} name must be a Python identifier{other} (letters, digits, _), "
+                             f"got {shown(name)}")
         if name in self._entries and not replace:
             raise ValueError(f"{self.kind} {name!r} is already registered; taken: {', '.join(self._entries)}")
+
+    def add(self, name: str, entry, replace: bool = False) -> None:
+        """Register ``entry`` as ``name`` (see :meth:`check`)."""
+        self.check(name, replace)
         self._entries[name] = entry
+
+    def copy(self) -> "Registry":
+        """A registry of the same kind holding the same entries, changed apart from this one."""
+        twin = Registry(self.kind, self.reserved)
+        twin._entries = dict(self._entries)
+        return twin
 
     def remove(self, name: str) -> None:
         """Forget ``name`` (a test's temporary entry); KeyError when absent."""

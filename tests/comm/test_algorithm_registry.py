@@ -2,6 +2,8 @@
 has its own names, and one registration reaches every list of names (auto's candidates, create, npddp.check)."""
 
 import importlib
+import re
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +13,9 @@ from npddp.comm.algorithms.api import Cost
 from npddp.comm.algorithms.ring import Ring
 from npddp.comm.compose.costmodel import CANDIDATES, candidates
 from npddp.tools import check
+
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _free(nbytes, size, chunk_bytes=None):
@@ -79,3 +84,36 @@ def test_one_registration_reaches_auto_the_help_and_check(temporary):
     register_algorithm("no_auto", Ring, cost=_free, auto=False)
     temporary.append(("no_auto", "allreduce"))
     assert "no_auto" in backend_names() and "no_auto" not in candidates()
+
+
+def _tables(page: str) -> list[list[list[str]]]:
+    """Every markdown table of ``page``: rows of cells, the header and rule left out."""
+    tables, rows = [], []
+    for line in (ROOT / page).read_text(encoding="utf-8").splitlines() + [""]:
+        if line.startswith("|"):
+            rows.append([cell.strip() for cell in line.strip("|").split("|")])
+        elif rows:
+            tables.append(rows[2:])
+            rows = []
+    return tables
+
+
+def test_the_docs_table_of_algorithms_is_the_registry():
+    spelled = {"yes": True, "no": False}
+    expected = [[registry.SPELLED[e.collective], f"`{e.name}`", "yes" if e.auto else "no", e.help]
+                for c in registry.COLLECTIVES for e in registry.entries(c) if e.builtin]
+    table = next(t for t in _tables("docs/comm.md") if t and t[0][0] in map(registry.SPELLED.get, registry.COLLECTIVES)
+                 and t[0][2] in spelled)
+    assert table == expected, "docs/comm.md's table of algorithms should read:\n" + "\n".join(
+        "| " + " | ".join(row) + " |" for row in expected)
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/comm.md"])
+def test_the_pages_tables_of_backends_name_every_built_in_algorithm(page):
+    """Each table whose first column names backends or algorithms names exactly the built-ins, besides the rest."""
+    others, known = {"mpi", *registry.COMPOSED}, {"mpi", *registry.COMPOSED, *registry.ALGORITHMS}
+    tables = [[set(re.findall(r"`(\w+)`", row[0])) for row in t] for t in _tables(page)]
+    tables = [named for named in tables if named and all(names and names <= known for names in named)]
+    assert tables, f"{page} has no table of backends"
+    for named in tables:
+        assert set().union(*named) - others == set(registry.ALGORITHMS), (page, named)

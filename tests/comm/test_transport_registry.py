@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def registry(monkeypatch):
     """A copy of the transport registry, so what a test registers leaves with it."""
-    monkeypatch.setattr(base, "_WORLDS", dict(base._WORLDS))
+    monkeypatch.setattr(base, "_WORLDS", base._WORLDS.copy())
 
 
 def test_the_built_in_transports_are_registered_through_the_registry():

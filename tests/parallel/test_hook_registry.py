@@ -30,7 +30,7 @@ def test_the_builtin_hooks_are_registered_in_order_with_their_help():
 
 @pytest.mark.parametrize("name, build, error, text", [
     ("allreduce", lambda comm, s: (comm, allreduce_hook), ValueError, "comm hook 'allreduce' is already registered"),
-    ("two words", lambda comm, s: (comm, allreduce_hook), ValueError, "must be an identifier"),
+    ("two words", lambda comm, s: (comm, allreduce_hook), ValueError, "must be a Python identifier"),
     ("", lambda comm, s: (comm, allreduce_hook), ValueError, "got ''"),
     ("nohook", "allreduce", TypeError, "build must be a function"),
 ])

@@ -26,6 +26,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from npddp.util import env
+from npddp.util.registry import Registry
 
 #: The built-in transports by name (every registered one: :func:`transport_names`).
 TRANSPORTS = ("mpi", "tcp")
@@ -81,7 +82,7 @@ def is_transport(obj) -> bool:
 
 
 #: Transports by name -> factory(timeout) building this rank's world transport (collective: every rank calls it).
-_WORLDS: dict[str, Callable] = {}
+_WORLDS = Registry("transport", reserved=("auto",))
 
 
 def register_transport(name: str, world: Callable) -> None:
@@ -90,24 +91,21 @@ def register_transport(name: str, world: Callable) -> None:
     ``world(timeout)`` returns this rank's :class:`Transport` over every rank of the job, in a message
     context of its own (``create`` calls it once per communicator, on every rank alike).
     """
-    if not (isinstance(name, str) and name.isidentifier()) or name == "auto":
-        raise ValueError(f"transport name {name!r} must be a Python identifier other than 'auto'")
-    if name in _WORLDS:
-        raise ValueError(f"transport {name!r} is already registered; taken: {', '.join(_WORLDS)}")
+    _WORLDS.check(name)
     if not callable(world):
         raise TypeError(f"the world of transport {name!r} must be callable (timeout -> Transport), "
                         f"got {type(world).__name__}")
-    _WORLDS[name] = world
+    _WORLDS.add(name, world)
 
 
 def transport_names() -> tuple:
     """Every transport name ``create`` accepts now (without ``auto``): the built-in ones, then the registered ones."""
-    return tuple(_WORLDS)
+    return _WORLDS.names()
 
 
 def world_transport(name: str, timeout: float) -> Transport:
     """A new transport ``name`` over every rank of the job, in a context of its own (collective)."""
-    return _WORLDS[resolve_transport(name)](timeout)
+    return _WORLDS.get(resolve_transport(name))(timeout)
 
 
 def resolve_transport(name: str, environ=None, probe: bool = False) -> str:
