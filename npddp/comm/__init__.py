@@ -33,6 +33,7 @@ from npddp.comm.checks import DEFAULT_TIMEOUT, DTYPES, OPS, check_timeout
 from npddp.comm.base import Communicator, Work
 from npddp.comm.engine.work import DoneWork
 from npddp.comm.signature import CollectiveMismatchError
+from npddp.comm.communicators.choice import check_algorithms
 from npddp.comm.wrappers.progress_thread import PROGRESS
 from npddp.comm.algorithms.registry import ALGORITHMS, BACKENDS, backend_names, load_plugins
 from npddp.comm.algorithms.api import register_algorithm
@@ -64,7 +65,8 @@ def timeout_from_env(environ=None) -> float:
 
 
 def create(name: str, group=None, debug: bool = False, timeout: float | None = None, *,
-           transport: str = "auto", tuning=None, progress: str = "caller", check_args: bool | None = None) -> Communicator:
+           transport: str = "auto", tuning=None, progress: str = "caller", check_args: bool | None = None,
+           algorithms: dict | None = None) -> Communicator:
     """Build the backend called ``name`` over ``group`` (default: every rank of the chosen transport).
 
     ``group`` is an mpi4py communicator (transport mpi), a :class:`Transport`, or None. With None,
@@ -79,8 +81,15 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
     background thread drives it; see :mod:`npddp.comm.wrappers.progress_thread`).
     ``check_args``: every collective checks that all ranks passed the same kind, dtype, count, op
     and root (None: ``NPDDP_CHECK_ARGS``, on unless set to 0); every rank must pass the same.
+    ``algorithms``: the algorithm of each other collective, e.g. ``{"allgather": "bruck", "reduce_scatter":
+    "halving"}`` or ``"auto"`` (the cost model's pick per call); unnamed ones run the ring's halves, under ``auto``
+    its picks (:mod:`npddp.comm.communicators.choice`). Every rank must pass the same.
     """
     _check_create(name, debug, tuning, progress, check_args)
+    algorithms = check_algorithms(algorithms)
+    if algorithms and name == "mpi":
+        raise ValueError(f"algorithms={algorithms} applies to npddp's own backends; the mpi backend runs MPI's own "
+                         "collectives (force MPI's algorithms with its own variables: benchmarks/mpi_algorithms.py)")
     check_args = check_args_from_env() if check_args is None else check_args
     timeout = timeout_from_env() if timeout is None else check_timeout(timeout)
     debug = debug or debug_from_env()
@@ -95,7 +104,7 @@ def create(name: str, group=None, debug: bool = False, timeout: float | None = N
         comm = _mpi_backend(group, kind, timeout, check_args)
     else:
         from npddp.comm.backends import build
-        comm = build(name, _transport_for(group, kind, timeout), timeout, tuning)
+        comm = build(name, _transport_for(group, kind, timeout), timeout, tuning, algorithms=algorithms)
         comm.check_args = check_args
     if kind == "mpi" and group is None:
         guard.watch_departures()   # a rank that leaves while others need it ends them (collective, once)

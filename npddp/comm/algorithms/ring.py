@@ -257,3 +257,37 @@ class ReduceScatterWork(RingWork):
 
 
 register_algorithm("ring", Ring, auto=True, help="reduce-scatter, then all-gather around a ring")
+
+
+class RingAllgather(Ring):
+    """The ring's second half alone: each rank's block passes around the ring (the all-gather every backend ran)."""
+
+    @staticmethod
+    def cost(nbytes: float, size: int, chunk_bytes: float | None = None) -> Cost:
+        """``N - 1`` steps per chunk sending ``(N-1)/N`` of the output."""
+        chunks = 1 if chunk_bytes is None else max(1, math.ceil(nbytes / size / chunk_bytes))
+        return Cost((size - 1) * chunks, (size - 1) / size * nbytes, 0.0)
+
+    def start(self, call, src, dst, ufunc, result, phase: str = "allgather"):
+        """Start the all-gather half over the stacked output ``dst`` (this rank's block in place)."""
+        return super().start(call, src, dst, ufunc, result, phase)
+
+
+class RingReduceScatter(Ring):
+    """The ring's first half alone: rank r ends with block r (the reduce-scatter every backend ran)."""
+
+    @staticmethod
+    def cost(nbytes: float, size: int, chunk_bytes: float | None = None) -> Cost:
+        """``N - 1`` steps per chunk sending and reducing ``(N-1)/N`` of the vector."""
+        share = (size - 1) / size * nbytes
+        chunks = 1 if chunk_bytes is None else max(1, math.ceil(nbytes / size / chunk_bytes))
+        return Cost((size - 1) * chunks, share, share)
+
+    def start(self, call, src, dst, ufunc, result):
+        """Reduce flat ``src`` so that ``result`` (this rank's block, 1-D) holds block ``rank`` of the reduction."""
+        return ReduceScatterWork(call, self, src, ufunc, result, call.take_scale())
+
+
+register_algorithm("ring", RingAllgather, collective="allgather", auto=True, help="blocks passed around a ring")
+register_algorithm("ring", RingReduceScatter, collective="reduce_scatter", auto=True,
+                   help="partial blocks passed around a ring, each reduced on the way")

@@ -26,13 +26,13 @@ import numpy as np
 
 from npddp.comm import checks as c
 from npddp.comm.communicators import split as sp
+from npddp.comm.communicators.choice import CollectiveChoice
 from npddp.comm.communicators.lifecycle import CallLifecycle
 from npddp.comm.communicators.point import PointWork
 from npddp.comm.engine.call import CHUNK_BYTES, Context
 from npddp.comm.engine.deadline import Overdue
 from npddp.comm.engine.scratch import ScratchPool
 from npddp.comm.engine.work import DoneWork
-from npddp.comm.algorithms.ring import ReduceScatterWork, Ring
 
 
 class P2PCommunicator(CallLifecycle):
@@ -41,13 +41,18 @@ class P2PCommunicator(CallLifecycle):
     #: Broadcasts of at least this many bytes use a pipelined chain instead of a binomial tree.
     chain_bytes = CHUNK_BYTES
 
-    def __init__(self, transport, algorithm, name: str, timeout: float = c.DEFAULT_TIMEOUT):
+    def __init__(self, transport, algorithm, name: str, timeout: float = c.DEFAULT_TIMEOUT, algorithms=None):
         super().__init__(transport, name, timeout)
         self.scratch = ScratchPool()
         self.context = Context(transport, self.scratch, chunk_bytes=CHUNK_BYTES, window=2)
-        self._ring = Ring(self.context)          # the schedule of reduce-scatter and all-gather
         self._algorithm = algorithm              # the class, for a split's child
         self.algorithm = algorithm(self.context) if algorithm is not None else None
+        #: The algorithm of each other collective (``create(..., algorithms=...)``; :mod:`.choice`).
+        self.choice = CollectiveChoice(self.context, algorithms or {}, self._default_choice())
+
+    def _default_choice(self) -> str | None:
+        """The algorithm the other collectives run unless named (None: :data:`.choice.DEFAULTS`)."""
+        return None
 
     @property
     def chunk_bytes(self) -> int:
@@ -186,38 +191,15 @@ class P2PCommunicator(CallLifecycle):
             raise
 
     def reduce_scatter(self, buf, op="sum"):
-        """The ring schedule's first half: rank r ends with block r of the reduction."""
+        """Rank r ends with block r (``np.array_split``'s) of the reduction, by the chosen algorithm."""
         opened = self._open_reduce_scatter(buf, op, None, "reduce_scatter")
         if isinstance(opened, DoneWork):
             return opened.wait()
-        call, flat, ufunc, scale, out = opened
-        bounds = c.block_bounds(flat.size, self._size)
-        raw = self.scratch.acquire(flat.nbytes)
-        partials = np.frombuffer(raw, dtype=buf.dtype, count=flat.size)  # (n,) partial sums land here
-        try:
-            self._ring.start(call, flat, partials, ufunc, out, phase="reduce_scatter").wait()
-            np.copyto(out, partials[bounds[self._rank]:bounds[self._rank + 1]])
-            if scale:
-                np.multiply(out, scale, out=out)
-        finally:
-            del partials
-            self.scratch.release(raw)
-        return out
+        return self._reduce_scatter_work(*opened).wait()
 
     def allgather(self, buf):
-        """The ring schedule's second half: each rank's ``buf`` is its block of the stacked result."""
-        c.check_buffer(buf, writable=False)
-        call = self._begin("allgather", None, buf)
-        size, rank = self._size, self._rank
-        out = np.empty((size, *buf.shape), dtype=buf.dtype)
-        rows = out.reshape(size, -1)  # (size, buf.size)
-        rows[rank] = buf.reshape(-1)
-        if buf.size and size > 1:
-            flat = out.reshape(-1)
-            self._ring.start(call, flat, flat, None, out, phase="allgather").wait()
-        else:
-            self._signed_empty(call)
-        return out
+        """Each rank's ``buf`` is its block of the stacked result ``(size, *buf.shape)``, by the chosen algorithm."""
+        return self.iallgather(buf, None, "allgather").wait()
 
     def gather(self, buf, root=0):
         """Every rank sends ``buf`` to root, which receives them all at once."""
@@ -297,16 +279,20 @@ class P2PCommunicator(CallLifecycle):
 
     def _child(self, transport):
         """The same backend over ``transport`` (a split's group), with this one's timeout."""
-        return type(self)(transport, self._algorithm, self.name, self._timeout)
+        return type(self)(transport, self._algorithm, self.name, self._timeout, self.choice.chosen)
 
     # --- non-blocking reduce-scatter and all-gather ----------------------------------
     def ireduce_scatter(self, buf, op="sum", out=None):
-        """Start :meth:`reduce_scatter` (the same ring half, the same bits) into ``out`` (this rank's block)."""
+        """Start :meth:`reduce_scatter` into ``out`` (this rank's block)."""
         opened = self._open_reduce_scatter(buf, op, out, "ireduce_scatter")
         if isinstance(opened, DoneWork):
             return opened
-        call, flat, ufunc, scale, out = opened
-        return ReduceScatterWork(call, self._ring, flat, ufunc, out, scale)
+        return self._reduce_scatter_work(*opened)
+
+    def _reduce_scatter_work(self, call, flat, ufunc, scale, out):
+        """Start the chosen reduce-scatter algorithm: flat input -> this rank's block ``out``."""
+        call.scale = scale
+        return self.choice.algorithm("reduce_scatter", flat.nbytes).start(call, flat, out.reshape(-1), ufunc, out)
 
     def _open_reduce_scatter(self, buf, op, out, operation: str):
         """Check a reduce-scatter's arguments (``out`` None: allocate this rank's block) and open its call:
@@ -324,15 +310,15 @@ class P2PCommunicator(CallLifecycle):
             return DoneWork(out)
         return call, flat, ufunc, scale, out
 
-    def iallgather(self, buf, out=None):
+    def iallgather(self, buf, out=None, operation: str = "iallgather"):
         """Start :meth:`allgather` into ``out`` of shape ``(size, *buf.shape)``; ``buf`` may be ``out[rank]``."""
         c.check_buffer(buf, writable=False)
         out = c.check_stacked_out(buf, out, self._size, self._rank)
-        call = self._begin("iallgather", None, buf)
+        call = self._begin(operation, None, buf)
         if not c.is_row(buf, out, self._rank):
             out.reshape(self._size, -1)[self._rank] = buf.reshape(-1)
         if buf.size == 0 or self._size == 1:
             self._signed_empty(call)
             return DoneWork(out)
         flat = out.reshape(-1)
-        return self._ring.start(call, flat, flat, None, out, phase="allgather")
+        return self.choice.algorithm("allgather", flat.nbytes).start(call, flat, flat, None, out)

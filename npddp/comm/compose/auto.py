@@ -46,8 +46,9 @@ _CACHE_SIZE = 256
 class AutoCommunicator(P2PCommunicator):
     """Hand-written collectives whose all-reduce algorithm is chosen per call from a size table."""
 
-    def __init__(self, transport, timeout: float = c.DEFAULT_TIMEOUT, tuning=None, shared_memory: bool = True):
-        super().__init__(transport, None, "auto", timeout)
+    def __init__(self, transport, timeout: float = c.DEFAULT_TIMEOUT, tuning=None, shared_memory: bool = True,
+                 algorithms=None):
+        super().__init__(transport, None, "auto", timeout, algorithms)
         self._may_share = shared_memory   # a split's child is built alike, re-deriving its node layout
         self.algorithms = {name: algorithm(name)(self.context) for name in (*ALGORITHMS, *costed())}
         nodes = node_ids(self) if shared_memory else []
@@ -154,7 +155,11 @@ class AutoCommunicator(P2PCommunicator):
 
     def _child(self, transport):
         """``auto`` over a split's group: its own node layout and tuning, this one's timeout and shared-memory choice."""
-        return AutoCommunicator(transport, self._timeout, shared_memory=self._may_share)
+        return AutoCommunicator(transport, self._timeout, shared_memory=self._may_share, algorithms=self.choice.chosen)
+
+    def _default_choice(self) -> str:
+        """Every other collective's algorithm is picked per call too, by the cost model."""
+        return "auto"
 
     def _sub_communicators(self) -> tuple:
         """hier's communicator across nodes, when hier is a candidate: it checks its calls as this one does."""

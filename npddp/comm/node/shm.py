@@ -122,14 +122,14 @@ class Shm:
 class ShmCommunicator(P2PCommunicator):
     """All-reduce and barrier through shared memory among ranks that all share one node."""
 
-    def __init__(self, transport, timeout: float = c.DEFAULT_TIMEOUT, name: str = "shm"):
-        super().__init__(transport, None, name, timeout)
+    def __init__(self, transport, timeout: float = c.DEFAULT_TIMEOUT, name: str = "shm", algorithms=None):
+        super().__init__(transport, None, name, timeout, algorithms)
         self.node = self.context.node = NodeGroup(self, self._node_ranks(node_ids(self)), self._begin("setup"))
         self._setup_done()
 
     def _child(self, transport):
         """``shm`` over a split's group (ValueError, on every member, unless they share one node)."""
-        return ShmCommunicator(transport, self._timeout)
+        return ShmCommunicator(transport, self._timeout, algorithms=self.choice.chosen)
 
     def _node_ranks(self, nodes: list) -> list[int]:
         """The ranks sharing this rank's node (here: all, else ValueError), given every rank's node id."""
