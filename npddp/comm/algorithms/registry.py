@@ -123,7 +123,7 @@ load_plugins = plugins.load
 
 def backend_names() -> tuple:
     """Every backend name ``create`` accepts now: the built-in ones, then the registered all-reduce algorithms."""
-    return (*BACKENDS, *names(builtin=False))
+    return (LIBRARY, *names(builtin=True), *COMPOSED, *names(builtin=False))
 
 
 def backend_help() -> str:
