@@ -3,7 +3,7 @@
     python docs/generate.py            # (re)write docs/reference/{cli,variables,dumps}.md
     python docs/generate.py --check    # exit 1, naming the pages, if any is not what the code makes now
 
-``mkdocs build`` runs it first (``hooks:`` in mkdocs.yml), and tests/test_docs_site.py checks the committed pages are current.
+Run it before ``mkdocs build``; tests/test_docs_site.py checks the committed pages are current.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import argparse
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +42,9 @@ def cli() -> str:
              "Every entry point's `--help`, generated from its parser (for `npddp.train`, the `Config` dataclass "
              "feeds the parser) by `python docs/generate.py`. How to use them: [the training CLI](../guide/training.md), "
              "[launching](../guide/launching.md), [the emulated cluster](../guide/cluster.md).\n"]
-    parts += [f"## `python -m {module}`\n\n```text\n{help_of(module)}\n```\n" for module in COMMANDS]
+    with ThreadPoolExecutor(len(COMMANDS)) as pool:
+        helps = list(pool.map(help_of, COMMANDS))
+    parts += [f"## `python -m {module}`\n\n```text\n{text}\n```\n" for module, text in zip(COMMANDS, helps)]
     return "\n".join(parts)
 
 
