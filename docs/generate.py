@@ -56,7 +56,7 @@ def variables() -> str:
             "Every `NPDDP_*` variable npddp reads or sets, generated from its one declaration in "
             "`npddp/util/variables.py` (`python -m npddp.util.variables --markdown` prints the same table). "
             "Flags take `1`, `true`, `yes`, `on` or `0`, `false`, `no`, `off`; unset or empty takes the default.\n\n"
-            + v.markdown().rstrip() + "\n")
+            + f"{v.BEGIN_MARK}\n{v.markdown().rstrip()}\n{v.END_MARK}\n")
 
 
 def dumps() -> str:
