@@ -27,8 +27,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 SHOTS = ROOT / "docs-screenshots"
-#: The pages the browser opens: home, a guide page, a reference page, a results page.
-OPENED = ("", "guide/quickstart/", "reference/comm/", "results/2026-11-25-cluster-links/")
+#: The pages the browser opens: home, guide pages (code blocks; figures), a reference page, a results page (tables, figures).
+OPENED = ("", "guide/quickstart/", "guide/benchmarks/", "reference/comm/", "results/2026-11-26-mpi-algorithms/")
 #: Widths of the screenshots: a laptop's and a phone's (CSS pixels) and their heights.
 VIEWPORTS = {"laptop": (1366, 900, False), "phone": (390, 844, True)}
 #: Screenshots show the top of a page down to this many CSS pixels (tables and code blocks, not only the title).
@@ -100,7 +100,10 @@ def test_mkdocs_build_strict_passes_and_makes_every_page(site):
     built = {str(p.relative_to(site)) for p in site.rglob("index.html")}
     expected = {url_of(p) + "index.html" for p in nav_pages()}
     assert not expected - built, sorted(expected - built)
-    assert "npddp.comm.Communicator.allreduce" in (site / "reference" / "comm" / "index.html").read_text()
+    comm = (site / "reference" / "comm" / "index.html").read_text(encoding="utf-8")
+    assert 'id="npddp.comm.Communicator.allreduce"' in comm and ":func:" not in comm   # roles shown as code
+    study = (site / "results" / "2026-11-26-mpi-algorithms" / "index.html").read_text(encoding="utf-8")
+    assert '<a href="../../img/mpi_study_1x2.png"><img' in study   # a figure opens full size
 
 
 class Browser:
