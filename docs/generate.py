@@ -1,6 +1,7 @@
-"""Writes the reference pages made from the code itself: every entry point's flags, every NPDDP_* variable, the dump columns.
+"""Writes the reference pages made from the code itself: every entry point's flags, every NPDDP_* variable, the dump
+columns, and what ``auto`` picks by the cost model.
 
-    python docs/generate.py            # (re)write docs/reference/{cli,variables,dumps}.md
+    python docs/generate.py            # (re)write docs/reference/{cli,variables,dumps,auto}.md
     python docs/generate.py --check    # exit 1, naming the pages, if any is not what the code makes now
 
 Run it before ``mkdocs build``; tests/test_docs_site.py checks the committed pages are current.
@@ -86,7 +87,43 @@ def dumps() -> str:
     return "\n".join(parts)
 
 
-PAGES = {"cli.md": cli, "variables.md": variables, "dumps.md": dumps}
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def _steps(table: list) -> str:
+    """``[[max_bytes, algorithm], ..., [None, algorithm]]`` in words: "rd up to 64 KiB, then rabenseifner"."""
+    parts = [f"`{name}` up to {_size(limit)}" if limit is not None else f"`{name}`" for limit, name in table]
+    return ", then ".join(parts)
+
+
+def auto() -> str:
+    """What ``auto`` picks by the cost model (no measured table), from :mod:`npddp.comm.compose.costmodel`."""
+    from npddp.comm.compose import costmodel as c
+
+    ranks = (2, 4, 8, 16)
+    settings = [("One node, shared memory off, over MPI", dict(transport="mpi")),
+                ("One node, shared memory off, over TCP", dict(transport="tcp")),
+                ("Across nodes, 1 rank per node", dict(transport="tcp", across_nodes=True)),
+                ("Across nodes, 2 ranks per node", dict(transport="tcp", across_nodes=True, per_node=2)),
+                ("Across nodes, 4 ranks per node", dict(transport="tcp", across_nodes=True, per_node=4))]
+    parts = ["# What `auto` picks\n",
+             "The table `auto` picks all-reduce algorithms from when no measured table is given (`NPDDP_TUNING` unset), "
+             "per setting and world size: each algorithm up to the size where the next one becomes cheaper by the cost "
+             "model. Generated from `npddp/comm/compose/costmodel.py` and the constants of `npddp/comm/engine/cost.py` "
+             "by `python docs/generate.py`; why: [the cost model and `auto`](../design/auto.md). With every rank on one "
+             "node and shared memory on (the default), `auto` runs `shm` at every size.\n"]
+    for title, kw in settings:
+        rows = [f"| {n} | {_steps(c.model_table(size=n, **kw))} |" for n in ranks
+                if kw.get("per_node", 1) < n and n % kw.get("per_node", 1) == 0]
+        parts.append(f"## {title}\n\n| ranks | algorithm by size |\n|---|---|\n" + "\n".join(rows) + "\n")
+    return "\n".join(parts)
+
+
+PAGES = {"cli.md": cli, "variables.md": variables, "dumps.md": dumps, "auto.md": auto}
 
 
 def main(argv=None) -> int:
