@@ -82,6 +82,17 @@ def test_the_nav_reader_sees_plain_and_titled_entries():
     assert [url_of(p) for p in ("index.md", "guide/index.md", "guide/x-y.md")] == ["", "guide/", "guide/x-y/"]
 
 
+def test_the_build_hook_reads_lists_as_github_does():
+    sys.path.insert(0, str(DOCS))
+    try:
+        from hooks import github_lists
+    finally:
+        sys.path.remove(str(DOCS))
+    page = "Text\n- a\n  more\n\n  ```\n  code\n  ```\n  after\n- b\n- c\n  - sub\n\n```\n- not a list\n  x\n```\n1. one\n   two\n"
+    assert github_lists(page) == ("Text\n\n- a\n    more\n\n    ```\n    code\n    ```\n    after\n\n- b\n- c\n    - sub\n\n"
+                                  "```\n- not a list\n  x\n```\n\n1. one\n    two\n")
+
+
 @pytest.fixture(scope="module")
 def site():
     """The site, built with ``mkdocs build --strict`` into a temporary directory."""
@@ -104,6 +115,8 @@ def test_mkdocs_build_strict_passes_and_makes_every_page(site):
     assert 'id="npddp.comm.Communicator.allreduce"' in comm and ":func:" not in comm   # roles shown as code
     study = (site / "results" / "2026-11-26-mpi-algorithms" / "index.html").read_text(encoding="utf-8")
     assert '<a href="../../img/mpi_study_1x2.png"><img' in study   # a figure opens full size
+    guide = (site / "guide" / "benchmarks" / "index.html").read_text(encoding="utf-8")
+    assert "<li>\n<p><code>ddp.py</code>" in guide   # an item after an item holding a code block
 
 
 class Browser:
