@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import importlib.util
 import json
 import os
 import re
@@ -83,11 +84,10 @@ def test_the_nav_reader_sees_plain_and_titled_entries():
 
 
 def test_the_build_hook_reads_lists_as_github_does():
-    sys.path.insert(0, str(DOCS))
-    try:
-        from hooks import github_lists
-    finally:
-        sys.path.remove(str(DOCS))
+    spec = importlib.util.spec_from_file_location("docs_hooks", DOCS / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    github_lists = hooks.github_lists
     page = "Text\n- a\n  more\n\n  ```\n  code\n  ```\n  after\n- b\n- c\n  - sub\n\n```\n- not a list\n  x\n```\n1. one\n   two\n"
     assert github_lists(page) == ("Text\n\n- a\n    more\n\n    ```\n    code\n    ```\n    after\n\n- b\n- c\n    - sub\n\n"
                                   "```\n- not a list\n  x\n```\n\n1. one\n    two\n")
