@@ -25,7 +25,7 @@ Environment:
   sharing cores otherwise fight over them.  With --hostfile nothing is exported: npddp's
   entry points apply the same rule inside each rank, per node (--threads auto).
 
-MPI libraries (MPICH, Open MPI, Intel MPI; see docs/launching.md, "Every MPI"):
+MPI libraries (MPICH, Open MPI, Intel MPI; see docs/guide/launching.md, "Every MPI"):
   The library is told by the launcher's name (prterun) or its --version text. Open MPI gets
   --oversubscribe (and --allow-run-as-root when running as root), its --hostfile and -x VAR;
   MPICH and Intel MPI get -f FILE and -envlist. Intel MPI's mpirun is a shell script that passes

@@ -18,7 +18,7 @@ each size). The first warm-up iteration sizes the run: timed iterations are ``--
 to fit ``--budget`` seconds (but at least 3, or ``--iters`` if fewer), extra warm-ups are
 cut to a quarter of it. Each size starts with one untimed run of its first group, whose
 results are dropped: timed first at a size, a group was 5-19% slower out of place at N = 2
-(docs/performance.md), whichever backend it was. ``--rounds R`` measures a size's groups R times in
+(docs/results/2026-12-02-performance.md), whichever backend it was. ``--rounds R`` measures a size's groups R times in
 turn, each time with ``--iters``/R iterations and ``--budget``/R seconds, the first group one
 later each round, and a row pools its rounds: a slow phase of the machine (another job, a
 memory-bound neighbour) then lands on several rows instead of deciding one. ``--calls K`` makes each timed iteration K collectives back to

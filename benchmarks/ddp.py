@@ -34,7 +34,7 @@ sub-communicator; the others wait in a barrier that sleeps between polls), the w
 the median over all backends' one-rank runs of the same combination and repeat (on one rank
 they do the same work, so one shared reference keeps noise out of the comparison).
 
-Trace (``--trace FILE.json``, ``--trace-steps FIRST:LAST``, docs/traces.md): the timeline of
+Trace (``--trace FILE.json``, ``--trace-steps FIRST:LAST``, docs/guide/traces.md): the timeline of
 the first combination's steps (warm-up included, counted from 1) on every rank.
 
 Output: a table (rank 0); ``--out`` the dump (kinds ``ddp_breakdown``, ``weak_scaling``;
@@ -161,7 +161,7 @@ def build_parser(verbose: bool = True):
     p.add_argument("--out", default="", help="write the HDF5 dump here (rank 0)")
     p.add_argument("--csv", default="", help="write the dump's rows as CSV here (rank 0)")
     p.add_argument("--trace", default="", metavar="FILE.json",
-                   help="timeline of the first combination's --trace-steps steps (docs/traces.md)")
+                   help="timeline of the first combination's --trace-steps steps (docs/guide/traces.md)")
     p.add_argument("--trace-steps", type=tracing.steps_text, default=tracing.DEFAULT_STEPS, metavar="FIRST:LAST",
                    help=f"steps --trace records, from 1, warm-up included (default {tracing.DEFAULT_STEPS})")
     return p

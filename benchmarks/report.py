@@ -30,7 +30,7 @@ printed with pandas; per kind:
 * ``parallelism`` (benchmarks/parallelism.py): the rows, then every such dump (one node, emulated
   clusters) side by side: step, exposed communication, bytes per rank handed / sent / on the
   links, bubble beside (K-1)/(M+K-1), peak memory; plot ``parallelism`` (benchmarks/_parallelism_plot.py).
-* a ``.json`` trace (``--trace``, docs/traces.md): per step and rank backward, hidden and
+* a ``.json`` trace (``--trace``, docs/guide/traces.md): per step and rank backward, hidden and
   exposed communication, each all-reduce's slowest rank; plot ``<stem>_timeline`` (one step
   of every rank: benchmarks/_timeline.py; ``--trace-step`` picks the step). A split model's trace
   (``--tp``/``--pp``) gets per step and rank its stage, forward, backward, communication and idle

@@ -16,7 +16,7 @@ Two environment variables reach every communicator ``create`` builds (and so the
 * ``NPDDP_CHECK_ARGS=0`` turns off the check every collective makes by default: that all ranks
   passed the same kind of collective, dtype, element count, op and root (a mismatch raises
   :class:`CollectiveMismatchError` on every rank and closes the communicator; see
-  :mod:`npddp.comm.signature` and docs/comm.md). Off only to measure what the check costs.
+  :mod:`npddp.comm.signature` and docs/guide/comm.md). Off only to measure what the check costs.
 * ``NPDDP_TIMEOUT=SECONDS`` sets the timeout of every backend when ``create`` is given none
   (default ``DEFAULT_TIMEOUT``, 300 s): no wait lasts longer.
 

@@ -4,7 +4,7 @@ A benchmark dump holds one flat table (one row per measurement). Each kind of du
 here its columns in order, with a type, a unit and a one-line meaning, plus the root
 attributes the table cannot be read without and any raw (per-iteration) arrays beside it.
 :mod:`benchmarks.results` writes and :mod:`npddp.results` checks and reads dumps from these declarations;
-docs/benchmarks.md's analysis section and ``python -m benchmarks.results --schema`` print them. To add a kind of dump,
+docs/guide/benchmarks.md's analysis section and ``python -m benchmarks.results --schema`` print them. To add a kind of dump,
 add its ``Kind`` to :data:`KINDS`.
 
 Units: ``B`` bytes, ``s``/``ms`` seconds/milliseconds, ``GB/s`` with GB = 1e9 B, ``MiB`` =

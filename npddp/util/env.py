@@ -127,10 +127,10 @@ _WORLD_HINTS = {
     "WORLD_SIZE": "its ranks are separate processes, not one MPI job: run over tcp (--transport auto or tcp, a "
                   "hand-written backend), or start the job with mpirun",
     "SLURM_STEP_NUM_TASKS": "srun gave MPI no process manager: add --mpi=pmi2 (MPICH, Intel MPI) or --mpi=pmix "
-                            "(Open MPI), or run over tcp (--transport auto or tcp); see docs/slurm.md",
+                            "(Open MPI), or run over tcp (--transport auto or tcp); see docs/guide/slurm.md",
 }
 _MPI_HINT = ("this MPI does not speak the launcher's process manager (under srun: --mpi=pmix for Open MPI, "
-             "--mpi=pmi2 for MPICH and Intel MPI; see docs/slurm.md)")
+             "--mpi=pmi2 for MPICH and Intel MPI; see docs/guide/slurm.md)")
 
 
 def world_refusal(size: int, built_by: str = "MPI", environ=None) -> str | None:

@@ -139,13 +139,13 @@ def test_the_docs_table_of_algorithms_is_the_registry():
     spelled = {"yes": True, "no": False}
     expected = [[registry.SPELLED[e.collective], f"`{e.name}`", "yes" if e.auto else "no", e.help]
                 for c in registry.COLLECTIVES for e in registry.entries(c) if e.builtin]
-    table = next(t for t in _tables("docs/comm.md") if t and t[0][0] in map(registry.SPELLED.get, registry.COLLECTIVES)
+    table = next(t for t in _tables("docs/guide/comm.md") if t and t[0][0] in map(registry.SPELLED.get, registry.COLLECTIVES)
                  and t[0][2] in spelled)
-    assert table == expected, "docs/comm.md's table of algorithms should read:\n" + "\n".join(
+    assert table == expected, "docs/guide/comm.md's table of algorithms should read:\n" + "\n".join(
         "| " + " | ".join(row) + " |" for row in expected)
 
 
-@pytest.mark.parametrize("page", ["README.md", "docs/comm.md"])
+@pytest.mark.parametrize("page", ["README.md", "docs/guide/comm.md"])
 def test_the_pages_tables_of_backends_name_every_built_in_algorithm(page):
     """Each table whose first column names backends or algorithms names exactly the built-ins, besides the rest."""
     others, known = {"mpi", *registry.COMPOSED}, {"mpi", *registry.COMPOSED, *registry.ALGORITHMS}

@@ -95,5 +95,5 @@ def test_transport_mpi_under_srun_without_a_plugin_is_one_line_not_two_jobs_of_o
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
     assert errors == ["error: MPI started a world of 1 rank but the launcher announced 2 (SLURM_STEP_NUM_TASKS=2): "
                       "srun gave MPI no process manager: add --mpi=pmi2 (MPICH, Intel MPI) or --mpi=pmix (Open MPI), "
-                      "or run over tcp (--transport auto or tcp); see docs/slurm.md"], proc.stderr
+                      "or run over tcp (--transport auto or tcp); see docs/guide/slurm.md"], proc.stderr
     assert not (tmp_path / "race.h5").exists()

@@ -56,7 +56,7 @@ def test_a_batch_larger_than_the_data_is_an_error_naming_both(tmp_path):
 
 
 def test_under_npddp_run_the_default_backend_is_auto_over_tcp_and_the_security_page_command_works(tmp_path):
-    """The elastic command of docs/security.md, as written there (plus tiny data), then ``--backend mpi``."""
+    """The elastic command of docs/design/security.md, as written there (plus tiny data), then ``--backend mpi``."""
     proc = ok(train(tmp_path, *TINY, "--epochs", "1", "--checkpoint", "c.h5", "--resume", "auto",
                     "--checkpoint-every", "50", launcher="npddp.run"))
     assert proc.stdout.startswith("npddp.train: 2 ranks, backend auto over tcp (default: not started by MPI), TCP")

@@ -40,8 +40,8 @@ def test_the_literal_scan_sees_code_strings_and_f_strings_but_not_docstrings(tmp
 
 
 def test_the_docs_table_is_the_generated_one():
-    text = (ROOT / "docs" / "library.md").read_text(encoding="utf-8")
-    assert variables.BEGIN_MARK in text and variables.END_MARK in text, "docs/library.md lost the table's markers"
+    text = (ROOT / "docs" / "reference" / "variables.md").read_text(encoding="utf-8")
+    assert variables.BEGIN_MARK in text and variables.END_MARK in text, "docs/reference/variables.md lost the table's markers"
     table = text.split(variables.BEGIN_MARK, 1)[1].split(variables.END_MARK, 1)[0].strip()
     assert table == variables.markdown(), "regenerate it: python -m npddp.util.variables --markdown"
 

@@ -160,7 +160,7 @@ def _refuse(conn: socket.socket, env: LaunchEnv, rank: int, job: str) -> None:
     sys.stderr.write(f"npddp: rank 0 at {where}: refused rank {rank} of {_job_name(job)}: this is "
                      f"{_job_name(env.job)}\n")
     message = (f"rank 0 at {where} belongs to {_job_name(env.job)}, not to this rank's {_job_name(job)}: two jobs "
-               f"chose one rendezvous port; give each job its own MASTER_PORT (docs/slurm.md: how ports are "
+               f"chose one rendezvous port; give each job its own MASTER_PORT (docs/guide/slurm.md: how ports are "
                f"chosen)").encode()[:_ERROR_MAX]
     try:
         conn.sendall(TABLE_HEAD.pack(MAGIC, 1, 0, len(message)) + message)
@@ -247,7 +247,7 @@ def connect(env: LaunchEnv, timeout: float) -> tuple[list, list[str]]:
         if not env.secret and not is_loopback(env.master_addr):
             raise RendezvousError(f"no job secret: across machines (MASTER_ADDR={env.master_addr}) every rank "
                                   f"needs the same {handshake.SECRET_VARIABLE} (python -m npddp.run --secret-file "
-                                  "FILE on every machine; under srun: export it in the job script, docs/slurm.md)")
+                                  "FILE on every machine; under srun: export it in the job script, docs/guide/slurm.md)")
         refusal = listen_refusal(env.secret)
         if refusal:
             raise RendezvousError(refusal)
