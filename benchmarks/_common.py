@@ -84,7 +84,8 @@ def check_collective(collective: str, n: int) -> None:
 
 
 def busbw_factor(collective: str, n: int) -> float:
-    """busbw = algbw x this: all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n, broadcast 1."""
+    """busbw = algbw x this (nccl-tests'): all-reduce 2(n-1)/n, all-gather, reduce-scatter and all-to-all (n-1)/n,
+    broadcast 1."""
     check_collective(collective, n)
     if collective == "allreduce":
         return 2.0 * (n - 1) / n

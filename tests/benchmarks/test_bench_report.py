@@ -18,7 +18,7 @@ import pytest
 
 from benchmarks import _costmodel as cm
 from benchmarks import _plots as plots
-from benchmarks import allreduce as ar
+from benchmarks import collectives as ar
 from benchmarks import report
 from benchmarks import results
 from benchmarks.columns import FLOAT, INT, KINDS, STR

@@ -12,7 +12,7 @@ import pytest
 from matplotlib.colors import to_hex
 
 from benchmarks import _plots as plots
-from benchmarks import allreduce as ar
+from benchmarks import collectives as ar
 from benchmarks import mpi_algorithms as ma
 from benchmarks import report
 from benchmarks import results
