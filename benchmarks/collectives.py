@@ -18,7 +18,7 @@ Run it with MPI (the defaults sweep all-reduce from 8 B to 256 MiB on every back
 ``*_perf`` programs and OSU's ``osu_*`` time); ``--op`` is the reduction, as nccl-tests' ``-o``.
 
 Rows. Every backend named (default: all of npddp's, where its communicator protocol has the
-collective: :func:`offered`), plus ``raw`` beside ``mpi``: MPI's own call in a bare mpi4py loop
+collective: :func:`benchmarks._common.offered`), plus ``raw`` beside ``mpi``: MPI's own call in a bare mpi4py loop
 (:mod:`benchmarks._raw`: ``MPI_Allreduce``, ``MPI_Allgather``, ``MPI_Reduce_scatter_block``,
 ``MPI_Alltoall``, ``MPI_Bcast``). A collective the protocol does not have yet (all-to-all) is
 timed on ``raw`` alone; its npddp rows appear once the protocol declares it.
@@ -121,11 +121,6 @@ REDUCING = ("allreduce", "reduce_scatter")
 #: Collectives whose whole vector is cut into one equal block per rank: sizes are rounded down to a multiple of N elements.
 BLOCKED = ("allgather", "reduce_scatter", "alltoall")
 
-
-def offered(collective: str) -> bool:
-    """True when npddp's communicator protocol declares ``collective`` (so every backend has it); the raw row always
-    times it. A collective the protocol gains later (all-to-all) gets npddp's rows without a change here."""
-    return collective in vars(npcomm.Communicator)
 BUFFER_CHOICES = (*BUFFERS, "both")
 
 
@@ -225,7 +220,7 @@ def parse_config(argv, verbose: bool = True) -> SweepConfig:
     parser = build_parser(verbose)
     a = parser.parse_args(argv)
     backends = tuple(b.strip() for b in (a.backends or ",".join(npcomm.BACKENDS)).split(","))
-    if not a.backends and not offered(a.collective):   # the default: npddp's rows where the protocol has the call
+    if not a.backends and not bc.offered(a.collective):   # the default: npddp's rows where the protocol has the call
         backends = (RAW,)
     bad = [b for b in backends if b not in (*npcomm.backend_names(), GLOO, RAW)]
     if bad or not backends:
@@ -234,7 +229,7 @@ def parse_config(argv, verbose: bool = True) -> SweepConfig:
     if GLOO in backends and a.collective != "allreduce":
         parser.error(f"--backends {GLOO} times all-reduce only, not {a.collective}")
     npddp_rows = [b for b in backends if b not in (GLOO, RAW)]
-    if npddp_rows and not offered(a.collective):
+    if npddp_rows and not bc.offered(a.collective):
         parser.error(f"--backends {npddp_rows[0]}: npddp's communicators have no {a.collective} yet; "
                      f"--backends {RAW} times MPI's own")
     if len(set(backends)) != len(backends):
