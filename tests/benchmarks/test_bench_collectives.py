@@ -394,6 +394,26 @@ def test_sweep_dump_written_by_rank_0(assert_all_ranks, agreed_tmpdir):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.needs_mpi  # the benchmarks time over mpi4py communicators
+def test_every_collective_times_mpis_own_call_beside_npddps_exactly(assert_all_ranks, assert_ranks_agree):
+    comm = MPI.COMM_WORLD
+    n, failures = comm.Get_size(), []
+    for collective in bc.COLLECTIVES:
+        backends = "raw,mpi,ring" if bc.offered(collective) else "raw"
+        cfg = ar.parse_config(TINY + ["-b", "48", "-e", "3K", "-f", "8", "--collective", collective, "--backends",
+                                      backends, "--iters", "3"], verbose=False)
+        rows, raw = ar.run_sweep(cfg, comm)
+        seen = list(dict.fromkeys(r["backend"] for r in rows))
+        if seen != backends.split(","):
+            failures.append(f"{collective}: rows of {seen}")
+        failures += [f"{collective} {r['backend']} {r['bytes']} B: wrong {r['wrong']}" for r in rows if r["wrong"]]
+        if collective in ar.BLOCKED:   # whole blocks: 48 B and 384 B (3K) of float32, cut to a multiple of n elements
+            failures += [f"{collective}: count {r['count']}" for r in rows if r["count"] % n]
+        assert_ranks_agree(np.nan_to_num(raw, nan=-1.0))
+    assert_all_ranks(not failures, "; ".join(failures))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.needs_mpi  # the benchmarks time over mpi4py communicators
 @pytest.mark.slow
 def test_every_backend_is_exact_and_ranks_agree_on_the_results(assert_all_ranks, assert_ranks_agree):
     comm = MPI.COMM_WORLD
