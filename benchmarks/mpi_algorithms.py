@@ -487,12 +487,25 @@ def pool(rows: list[dict], raw: list) -> tuple[list[dict], list]:
     return out, out_raw
 
 
+def judged(rows: list[dict], backend: str) -> str:
+    """The series that says how ``backend`` (``mpi:<algorithm>``) ran: its own rows, or where a collective has only
+    the bare loop's (npddp has no such call yet), ``raw:<algorithm>``."""
+    if any(r["backend"] == backend for r in rows):
+        return backend
+    return RAW + backend[len(PREFIX) - 1:]
+
+
+def _default_of(backend: str) -> str:
+    """The default run's series beside ``backend``: ``mpi:default`` (``raw:default`` for a ``raw:`` series)."""
+    return f"{backend.split(':')[0]}:{DEFAULT}"
+
+
 def honoured(rows: list[dict], backend: str) -> bool | None:
-    """Whether ``backend``'s times differ from mpi:default's by more than their spread at some size and place.
+    """Whether ``backend``'s times differ from its default run's by more than their spread at some size and place.
 
     They differ where the two p10-p90 ranges do not overlap; None when there is nothing to compare.
     """
-    default = {(r["place"], r["buffers"], r["bytes"]): r for r in rows if r["backend"] == PREFIX + DEFAULT}
+    default = {(r["place"], r["buffers"], r["bytes"]): r for r in rows if r["backend"] == _default_of(backend)}
     seen = False
     for r in rows:
         d = default.get((r["place"], r["buffers"], r["bytes"]))
@@ -505,9 +518,9 @@ def honoured(rows: list[dict], backend: str) -> bool | None:
 
 
 def ratios(rows: list[dict], backend: str) -> tuple[float, float] | None:
-    """(smallest, largest) median time / mpi:default's over the sizes and places both measured; None without any."""
+    """(smallest, largest) median time / its default run's over the sizes and places both measured; None without any."""
     default = {(r["place"], r["buffers"], r["bytes"]): r["time_median_s"] for r in rows
-               if r["backend"] == PREFIX + DEFAULT}
+               if r["backend"] == _default_of(backend)}
     found = [r["time_median_s"] / default[k] for r in rows if r["backend"] == backend
              and (k := (r["place"], r["buffers"], r["bytes"])) in default]
     return (min(found), max(found)) if found else None
@@ -517,12 +530,13 @@ def summary(runs: list[Run], rows: list[dict]) -> list[str]:
     """One line per run: its backend, status, #wrong, time / default's over sizes, and notes."""
     lines = [f"# {'backend':<34} {'status':<24} {'#wrong':>7} {'time/default':>13}  note"]
     for run in runs:
-        mine = [r for r in rows if r["backend"] == run.backend]
+        name = judged(rows, run.backend)
+        mine = [r for r in rows if r["backend"] == name]
         wrong = sum(r["wrong"] for r in mine)
-        span = ratios(rows, run.backend)
+        span = ratios(rows, name)
         cell = "" if span is None else f"{span[0]:.2f}-{span[1]:.2f}"
-        notes = []
-        if run.backend != PREFIX + DEFAULT and mine and honoured(rows, run.backend) is False:
+        notes = [] if name == run.backend else [f"judged by {name}: MPI's call in a bare loop"]
+        if run.backend != PREFIX + DEFAULT and mine and honoured(rows, name) is False:
             notes.append("suspect: not honoured? (its p10-p90 overlaps the default's at every size)")
         if run.fallbacks:
             notes.append(f"the library printed {run.fallbacks} fallback notice(s)")
@@ -676,7 +690,8 @@ def write(args, lib: Library, version: str, runs: list[Run], rows: list[dict], r
           argv) -> None:
     """The merged dump (``--out``) and CSV (``--csv``), each if asked for."""
     record = [{"backend": r.backend, "variables": r.env, "status": r.status, "seconds": round(r.seconds, 2),
-               "fallback_notices": r.fallbacks, "honoured": honoured(rows, r.backend), "load_average": list(r.load)}
+               "fallback_notices": r.fallbacks, "honoured": honoured(rows, judged(rows, r.backend)),
+               "load_average": list(r.load)}
               for r in runs]
     backends = list(dict.fromkeys(r["backend"] for r in rows))
     if args.out:

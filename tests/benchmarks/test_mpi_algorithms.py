@@ -192,6 +192,27 @@ def test_an_algorithm_no_faster_or_slower_than_default_beyond_the_spread_is_susp
     assert ma.ratios(rows + slower, "mpi:slower") == pytest.approx((2.0, 2.0))
 
 
+def test_a_collective_timed_by_the_bare_loop_alone_is_judged_by_its_raw_rows():
+    """All-to-all before npddp has one: each run's rows are raw:<algorithm>, and the summary judges them."""
+    rows = []
+    for name, t in (("default", 1e-5), ("same", 1e-5), ("slower", 3e-5)):
+        part = sweep_rows(["raw"], {"raw": t})
+        for r in part:
+            r["backend"] = r["algorithm"] = f"raw:{name}"
+        rows += part
+    runs = [ma.Run(f"mpi:{name}", None) for name in ("default", "same", "slower")]
+    for run in runs:
+        run.status = "ok"
+    assert [ma.judged(rows, run.backend) for run in runs] == ["raw:default", "raw:same", "raw:slower"]
+    assert ma.judged(rows + [dict(rows[0], backend="mpi:same")], "mpi:same") == "mpi:same"
+    assert ma.honoured(rows, "raw:same") is False and ma.honoured(rows, "raw:slower") is True
+    lines = ma.summary(runs, rows)
+    cells = {line.split()[0]: line for line in lines[1:]}
+    assert "3.00-3.00" in cells["mpi:slower"] and "judged by raw:slower" in cells["mpi:slower"]
+    assert "suspect: not honoured?" in cells["mpi:same"] and "suspect" not in cells["mpi:slower"]
+    assert cells["mpi:default"].split()[2] == "0"   # its #wrong: rows found, not '-'
+
+
 def test_runs_merge_into_one_dump_with_failures_reported(tmp_path, monkeypatch, capsys):
     """Fake runs: default and ring exact, tree wrong, smp timed out, nb crashed; one dump of what ran, exit 1."""
     lib = ma.detect(VERSIONS["MPICH"])
