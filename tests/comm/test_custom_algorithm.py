@@ -116,7 +116,7 @@ def test_check_in_one_process_passes(capsys):
 
 
 def test_benchmarks_take_a_plugin_backend_by_name():
-    from benchmarks import allreduce, ddp
+    from benchmarks import collectives as allreduce, ddp
     args = ["--plugin", "tests/comm/_broken_algorithm.py"]
     assert ddp.parse_config([*args, "--backends", "ring,broken_twice"], verbose=False).backends == ("ring", "broken_twice")
     assert allreduce.parse_config([*args, "--backends", "broken_twice"], verbose=False).backends == ("broken_twice",)
@@ -165,7 +165,7 @@ def test_training_cli_trains_and_resumes_on_a_plugin_backend(tmp_path):
 
 
 def test_an_unknown_backend_says_a_plugin_registers_more_in_the_benchmarks(capsys):
-    from benchmarks import allreduce, ddp
+    from benchmarks import collectives as allreduce, ddp
     for parse in (ddp.parse_config, allreduce.parse_config):
         with pytest.raises(SystemExit):
             parse(["--backends", "ring,not_registered"], verbose=True)

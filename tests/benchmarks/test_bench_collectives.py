@@ -18,8 +18,9 @@ from mpi4py import MPI
 import npddp.comm as npcomm
 from benchmarks import _common as bc
 from benchmarks import _exact as ex
-from benchmarks import allreduce as ar
+from benchmarks import collectives as ar
 from benchmarks import results
+from benchmarks._raw import RawMPI
 
 TINY = ["-b", "4", "-e", "1K", "-f", "7", "--iters", "4", "--warmup", "2", "--budget", "0.001"]
 
@@ -146,6 +147,14 @@ class Faulty:
             out[0] += 1
         return out
 
+    def alltoall(self, buf):
+        out = self._inner.alltoall(buf)
+        if self._fault == "bump":
+            out[0, 0] += 1
+        elif self._fault == "clobber_input":
+            buf[-1, -1] += 1
+        return out
+
 
 CASES = [(c, p) for c in bc.COLLECTIVES for p in ar.PLACES[c]]
 
@@ -153,15 +162,17 @@ CASES = [(c, p) for c in bc.COLLECTIVES for p in ar.PLACES[c]]
 @pytest.mark.parametrize("collective, place", CASES)
 def test_check_counts_zero_for_every_backend_and_catches_faults(collective, place):
     dtype, op = "float32", ("sum" if collective in ar.REDUCING else "none")
-    for name in npcomm.BACKENDS:
-        run, check = ex.kernel(npcomm.create(name, MPI.COMM_SELF), collective, place, 10, dtype, op)
+    comms = [npcomm.create(name, MPI.COMM_SELF) for name in npcomm.BACKENDS if bc.offered(collective)]
+    for comm in [RawMPI(MPI.COMM_SELF), *comms]:   # MPI's own call in a bare loop checks as every backend does
+        run, check = ex.kernel(comm, collective, place, 10, dtype, op)
         run()
         run()  # timed iterations may leave anything in the buffers; the check starts afresh
-        assert check() == 0, name
-    inner = npcomm.create("mpi", MPI.COMM_SELF)
+        assert check() == 0, comm.name
+    inner = npcomm.create("mpi", MPI.COMM_SELF) if bc.offered(collective) else RawMPI(MPI.COMM_SELF)
     assert ex.kernel(Faulty(inner, "bump"), collective, place, 10, dtype, op)[1]() == 1
     if place == "outofplace" and collective == "allreduce":
         assert ex.kernel(Faulty(inner, "ignore_out"), collective, place, 10, dtype, op)[1]() == 10
+    if place == "outofplace" and collective in ("allreduce", "alltoall"):
         assert ex.kernel(Faulty(inner, "clobber_input"), collective, place, 10, dtype, op)[1]() == 1
 
 
@@ -282,7 +293,9 @@ def test_every_backend_that_npddp_lists_is_swept_with_the_raw_mpi_row_beside_mpi
     assert len(ar.groups(cfg)) == 2 * (len(npcomm.BACKENDS) + 1)
     assert ar.parse_config(["--backends", "ring,mpi"]).backends == ("ring", "raw", "mpi")
     assert ar.parse_config(["--backends", "mpi,raw"]).backends == ("mpi", "raw")
-    assert ar.parse_config(["--backends", "mpi", "--collective", "broadcast"]).backends == ("mpi",)
+    for collective in ("broadcast", "allgather", "reduce_scatter"):   # MPI's own call beside every collective's mpi row
+        assert ar.parse_config(["--backends", "mpi", "--collective", collective]).backends == ("raw", "mpi")
+        assert ar.parse_config(["--collective", collective]).backends == ("raw", *npcomm.BACKENDS)
     cfg = ar.parse_config(["--backends", "raw", "--transports", "tcp", "--check-args", "both"])
     assert [(g.backend, g.transport, g.check) for g in ar.groups(cfg)] == [("raw", "mpi", True)] * 2
 
@@ -300,6 +313,35 @@ def test_the_raw_row_is_a_bare_mpi4py_allreduce_in_the_dump_and_the_report(tmp_p
     assert report.resolve_baseline(df, "raw") == "raw"
     assert report.resolve_baseline(df[df["backend"] != "raw"], "raw") == "mpi"
     assert "median time / raw's" in report.sweep_tables(df, results.read_meta(path), "raw")
+
+
+def test_every_collective_has_its_raw_row_and_alltoall_its_npddp_rows_once_the_protocol_declares_it(tmp_path):
+    assert all(bc.offered(c) for c in ("allreduce", "allgather", "reduce_scatter", "broadcast"))
+    with pytest.raises(ValueError, match="unknown collective 'reduce'"):
+        bc.offered("reduce")
+    for collective in bc.COLLECTIVES:
+        path = tmp_path / f"{collective}.h5"
+        assert ar.main(TINY + ["--collective", collective, "--out", str(path)], mpi_comm=MPI.COMM_SELF) == 0
+        df, meta = results.read_table(path), results.read_meta(path)
+        expected = ["raw", *npcomm.BACKENDS] if bc.offered(collective) else ["raw"]
+        assert df["backend"].unique().tolist() == expected and meta["collective"] == collective
+        assert (df["collective"] == collective).all() and not df["wrong"].any()
+    if not bc.offered("alltoall"):   # naming a backend for a collective npddp lacks is an error, raised up front
+        with pytest.raises(SystemExit) as info:
+            ar.parse_config(["--collective", "alltoall", "--backends", "ring"], verbose=False)
+        assert info.value.code == 2
+
+
+def test_blocked_collectives_round_sizes_to_whole_blocks_and_the_raw_calls_match_mpi_semantics():
+    for collective in ar.BLOCKED:
+        cfg = ar.parse_config(["-b", "8", "-e", "100", "-f", "3", "--collective", collective], verbose=False)
+        assert ar.sizes(cfg, 3).tolist() == [6, 18]   # 8 B -> 2 elements -> 0 (dropped); 24 B -> 6; 72 B -> 18
+    raw = RawMPI(MPI.COMM_SELF)
+    x = np.arange(6.0).reshape(1, 6)
+    row = x[0]
+    assert raw.allgather(row).tolist() == x.tolist() and raw.alltoall(x).tolist() == x.tolist()
+    assert raw.reduce_scatter(row, "avg").tolist() == row.tolist() and raw.broadcast(row, 0) is row
+    assert raw.allgather(row) is raw.allgather(row + 1)   # one output array per shape and dtype, reused
 
 
 def test_transports_put_the_hand_written_backends_over_tcp_and_mpi_over_mpi_only(tmp_path):
@@ -348,6 +390,26 @@ def test_sweep_dump_written_by_rank_0(assert_all_ranks, agreed_tmpdir):
     if comm.Get_rank() == 0:
         shutil.rmtree(directory)
     assert_all_ranks(rc == 0 and not problems, f"rc={rc}, problems: {problems}")
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.needs_mpi  # the benchmarks time over mpi4py communicators
+def test_every_collective_times_mpis_own_call_beside_npddps_exactly(assert_all_ranks, assert_ranks_agree):
+    comm = MPI.COMM_WORLD
+    n, failures = comm.Get_size(), []
+    for collective in bc.COLLECTIVES:
+        backends = "raw,mpi,ring" if bc.offered(collective) else "raw"
+        cfg = ar.parse_config(TINY + ["-b", "48", "-e", "3K", "-f", "8", "--collective", collective, "--backends",
+                                      backends, "--iters", "3"], verbose=False)
+        rows, raw = ar.run_sweep(cfg, comm)
+        seen = list(dict.fromkeys(r["backend"] for r in rows))
+        if seen != backends.split(","):
+            failures.append(f"{collective}: rows of {seen}")
+        failures += [f"{collective} {r['backend']} {r['bytes']} B: wrong {r['wrong']}" for r in rows if r["wrong"]]
+        if collective in ar.BLOCKED:   # whole blocks: 48 B and 384 B (3K) of float32, cut to a multiple of n elements
+            failures += [f"{collective}: count {r['count']}" for r in rows if r["count"] % n]
+        assert_ranks_agree(np.nan_to_num(raw, nan=-1.0))
+    assert_all_ranks(not failures, "; ".join(failures))
 
 
 @pytest.mark.mpi(min_size=2)
