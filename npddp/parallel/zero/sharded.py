@@ -46,6 +46,7 @@ from npddp.parallel.zero.flat import BufferPool, FlatGroup
 from npddp.util import tracing
 from npddp.util.shown import shown
 
+#: The ZeRO stages :class:`ZeroDataParallel` runs (stage 1 is :class:`ZeroRedundancyOptimizer` over DDP).
 STAGES = (2, 3)
 
 
