@@ -18,7 +18,7 @@ import numbers
 
 import numpy as np
 
-from npddp.nn.module import Parameter
+from npddp.nn.parameter import Parameter
 
 __all__ = ["Optimizer", "SGD", "AdamW", "Wrapping", "make_optimizer", "OPTIMIZERS", "DEFAULT_LR"]
 
