@@ -7,7 +7,7 @@ import pytest
 
 from npddp.comm.transports import rendezvous
 from npddp.comm.transports.base import resolve_transport
-from npddp.util import cores, env
+from npddp.util import env, threads
 
 #: What srun (no MPI plugin) gave task 1 of a 2-task step on one node, as seen on a real slurmd.
 TASK = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2",
@@ -92,9 +92,9 @@ def test_without_a_secret_a_world_across_nodes_is_refused_with_one_line_naming_t
 
 
 def test_cpus_per_task_are_each_tasks_threads_unless_a_thread_variable_says_otherwise():
-    assert cores.auto_threads({**TASK, "SLURM_CPUS_PER_TASK": "3"}) == (3, "auto: SLURM_CPUS_PER_TASK=3")
-    assert cores.auto_threads({**TASK, "SLURM_CPUS_PER_TASK": "3", "OMP_NUM_THREADS": "1"})[0] == 1
-    assert cores.auto_threads(TASK, cpus=8) == (4, "auto: 8 CPUs / 2 ranks on this node")
+    assert threads.auto_threads({**TASK, "SLURM_CPUS_PER_TASK": "3"}) == (3, "auto: SLURM_CPUS_PER_TASK=3")
+    assert threads.auto_threads({**TASK, "SLURM_CPUS_PER_TASK": "3", "OMP_NUM_THREADS": "1"})[0] == 1
+    assert threads.auto_threads(TASK, cpus=8) == (4, "auto: 8 CPUs / 2 ranks on this node")
 
 
 def test_two_slurm_jobs_on_one_port_never_merge_a_stranger_is_refused_in_one_line():
