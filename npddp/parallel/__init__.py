@@ -12,7 +12,7 @@ Importing this package loads no communication (:mod:`npddp.comm` is imported whe
 """
 
 from npddp.parallel.averaging import ModelAverager, PeriodicModelAverager
-from npddp.parallel.builtin import comm_hook_names, register_comm_hook_factory
+from npddp.parallel.hook_registry import comm_hook_names, register_comm_hook_factory
 from npddp.parallel.ddp import DistributedDataParallel
 from npddp.parallel.hooks import (GradBucket, Handle, HookState, TopKState, allreduce_hook, allreduce_prescaled,
                                   fp16_compress_hook, fp16_compress_wrapper, topk_hook)
