@@ -199,7 +199,7 @@ def create_comm(backend: str, mpi_comm, transport: str = DEFAULT_TRANSPORT, tcp_
 
 def tcp_world(mpi_comm):
     """A TCP mesh among ``mpi_comm``'s ranks, so one mpirun job can put the tcp transport beside mpi's."""
-    from npddp.comm.transports.rendezvous import world_over_mpi
+    from npddp.comm.transports.world import world_over_mpi
 
     return world_over_mpi(mpi_comm, 300.0)
 

@@ -10,7 +10,7 @@ Models (benchmarks/_common.py): MLPs on 784 inputs, 10 outputs, ReLU between lay
 by default: ``tiny`` 784-1024-256-10 (1,068,810 parameters, 6 tensors), ``small``
 784-1024x5-10 (5,012,490, 12 tensors), ``medium`` 784-2048x5-10 (18,413,578, 12 tensors),
 trained with SGD (lr 0.01, momentum 0.9) and cross-entropy on one random batch per rank
-(``--batch`` rows, random labels) reused every step. BLAS threads per rank: npddp.process.threads'
+(``--batch`` rows, random labels) reused every step. BLAS threads per rank: npddp.util.threads'
 auto rule (the CPUs a rank may use / the ranks on its node; 1 for 2 ranks on 2 cores).
 
 Breakdown (default): every model x sync x backend, and for ``bucketed`` and ``overlap`` every
@@ -62,7 +62,7 @@ from benchmarks.columns import BARE, NO_COMM  # noqa: E402
 from benchmarks._bare import BareMLP  # noqa: E402
 from npddp.parallel.ddp import BUCKET_CAP_MB, SYNCS, DistributedDataParallel  # noqa: E402
 from npddp.process.job import abort_on_exception  # noqa: E402
-from npddp.process.threads import set_threads  # noqa: E402
+from npddp.util.threads import set_threads  # noqa: E402
 from npddp.nn import CrossEntropyLoss, mlp  # noqa: E402
 from npddp.optim import SGD  # noqa: E402
 from npddp.util import tracing  # noqa: E402

@@ -163,7 +163,7 @@ _GROUPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def world_raw():
     """The world of this run: mpi4py's COMM_WORLD, or the TCP world under npddp.run."""
     if TCP_MODE:
-        from npddp.comm.transports.rendezvous import world_from_env
+        from npddp.comm.transports.world import world_from_env
         return world_from_env(300.0)
     from mpi4py import MPI
     return MPI.COMM_WORLD

@@ -34,7 +34,8 @@ from collections import Counter
 
 import numpy as np
 
-from npddp.nn.module import Module, Parameter, settle_grads
+from npddp.nn.module import Module
+from npddp.nn.parameter import Parameter, settle_grads
 from npddp.parallel.buckets import cut_buckets
 from npddp.parallel.hooks import GradBucket, Handle, allreduce_hook
 from npddp.parallel.wrapper import DataParallelModule, StepStats

@@ -26,7 +26,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from npddp.nn.module import Module, Parameter
+from npddp.nn.module import Module
+from npddp.nn.parameter import Parameter
 
 __all__ = ["Bucket", "DataParallelModule", "StepStats", "UnsyncedGradientsError"]
 

@@ -28,7 +28,7 @@ from npddp.optim import DEFAULT_LR, OPTIMIZERS
 from npddp.parallel.ddp import BUCKET_CAP_MB, SYNCS
 from npddp.parallel.hook_registry import comm_hook_help, comm_hook_names
 from npddp.parallel.model.schedules import SCHEDULES
-from npddp.process.threads import parse_threads
+from npddp.util.threads import parse_threads
 from npddp.train.console.printer import PROGRESS_MODES
 from npddp.train.models import DTYPES, MODELS
 from npddp.util import variables

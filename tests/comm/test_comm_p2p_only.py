@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from npddp.comm import create
-from npddp.comm.engine.signed import CONTROL_TAG, HEAD_BYTES, SMALL_BYTES, SignedRecv, SignedSend
+from npddp.comm.engine.abort import CONTROL_TAG
+from npddp.comm.engine.signed import HEAD_BYTES, SMALL_BYTES, SignedRecv, SignedSend
 from npddp.comm.transports.base import is_transport
 from npddp.comm.transports.mpi import MPITransport
 

@@ -349,7 +349,7 @@ def test_with_the_check_off_matching_calls_give_the_same_results(backend, world,
 
 
 def test_check_args_comes_from_the_environment_and_is_validated(monkeypatch):
-    from npddp.comm import check_args_from_env
+    from npddp.comm.checks import check_args_from_env
     assert check_args_from_env({}) is True
     for value, on in (("0", False), ("off", False), ("1", True), ("", True)):
         assert check_args_from_env({"NPDDP_CHECK_ARGS": value}) is on

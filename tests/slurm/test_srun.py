@@ -82,7 +82,7 @@ def test_tasks_holding_different_secrets_end_promptly_with_one_line(slurm, tmp_p
 
 def test_cpus_per_task_give_each_task_its_blas_threads(slurm, tmp_path):
     env = {name: "" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
-    proc = ok(srun(slurm, tmp_path, "-n", 1, "-c", 2, sys.executable, "-m", "npddp.process.threads", "--explain",
+    proc = ok(srun(slurm, tmp_path, "-n", 1, "-c", 2, sys.executable, "-m", "npddp.util.threads", "--explain",
                    env=env))
     assert proc.stdout.strip() == "2  (auto: SLURM_CPUS_PER_TASK=2)", proc.stdout
 

@@ -20,6 +20,7 @@ against blocking, unbuffered sends for many K and M).
 
 from __future__ import annotations
 
+#: The pipeline schedules by name (``--pp-schedule``).
 SCHEDULES = ("gpipe", "1f1b")
 
 

@@ -38,7 +38,6 @@ import time
 from npddp.train.cli import outputs
 from npddp.train.checkpoint import resume
 from npddp.train import sharding
-from npddp.process import threads
 from npddp.train.agree import agree
 from npddp.train.console.banner import header, summary, transport_of
 from npddp.train.config import Config, ConfigError, default_backend
@@ -52,7 +51,7 @@ from npddp.comm.transports.mpi import mpi_missing
 from npddp.parallel import hook_registry as hooks
 from npddp.parallel.ddp import DistributedDataParallel
 from npddp.train.cli.inputs import dataset_name, load_data, scaling_warning
-from npddp.util import env, tracing
+from npddp.util import env, threads, tracing
 from npddp.process.job import EXIT_USAGE, EXIT_WRITE, JobError, open_communicator, run_main
 from npddp.train.models import build_model
 from npddp.optim import make_optimizer

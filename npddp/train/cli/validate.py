@@ -11,7 +11,7 @@ import math
 import os
 
 from npddp.data.datasets import TOKEN_PREFIXES
-from npddp.process.threads import parse_threads
+from npddp.util.threads import parse_threads
 from npddp.train.config import DATA_SUFFIXES, DATASETS, H5_SUFFIXES, Config, ConfigError, flag
 from npddp.train.cli.layout import check_layout, check_micro_batches
 

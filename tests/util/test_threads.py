@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from npddp.process import threads
+from npddp.util import threads
 
 
 @pytest.mark.parametrize("environ, ranks, source", [
@@ -65,7 +65,7 @@ def test_parse_threads_names_the_valid_values(text):
 PROBE = """
 import json, numpy
 from threadpoolctl import threadpool_info
-from npddp.process import threads
+from npddp.util import threads
 n, why = threads.set_threads("auto")
 print(json.dumps({"n": n, "why": why, "blas": [i["num_threads"] for i in threadpool_info()
                                                if i["user_api"] == "blas"]}))
@@ -85,7 +85,7 @@ def test_auto_is_applied_to_numpys_blas_in_a_fresh_shell(ranks):
 
 def test_the_command_line_prints_what_mpi_run_sh_exports():
     env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
-    out = subprocess.run([sys.executable, "-m", "npddp.process.threads", "--ranks", "2"], env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "npddp.util.threads", "--ranks", "2"], env=env, capture_output=True,
                          text=True, timeout=60, check=True).stdout
     assert out.strip() == str(max(1, len(os.sched_getaffinity(0)) // 2))
 
@@ -112,7 +112,7 @@ def test_the_header_line_says_a_rank_is_bound_by_its_launcher():
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                                                             "MKL_NUM_THREADS", "SLURM_CPUS_PER_TASK")}
     env.update(OMPI_COMM_WORLD_LOCAL_SIZE="2", OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_RANK="0")
-    code = "from npddp.process import threads; print(threads.describe(*threads.resolve('auto')))"
+    code = "from npddp.util import threads; print(threads.describe(*threads.resolve('auto')))"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
                           preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))    # as mpirun's binding does
     assert done.stdout.strip() == "threads: 1 BLAS thread per rank (bound to 1 CPU by the launcher)", done.stderr
