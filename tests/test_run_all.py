@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import agreed_directory
+from tests.helpers.ranks import agreed_directory
+
+#: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
+pytestmark = pytest.mark.alone
 
 ROOT = Path(__file__).resolve().parents[1]
 #: A run that leaves processes everywhere: one in its process group, one in a session of its own, and itself

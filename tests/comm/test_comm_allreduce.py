@@ -45,6 +45,7 @@ def run_case(comm, values, n, dtype, op, inplace, shape=None):
     return got, problems
 
 
+@pytest.mark.cluster   # runs again across emulated nodes (tests/run_all.sh: cluster-*)
 def test_allreduce_exact(comm, group, values, assert_all_ranks, assert_ranks_agree_on_all):
     problems, results = [], []
     for n in sizes(comm.size):

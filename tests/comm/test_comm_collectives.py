@@ -9,7 +9,7 @@ from npddp.comm import DTYPES, OPS, create
 from npddp.comm.checks import USER_TAG_LIMIT
 from npddp.comm.transports.base import is_transport
 
-from tests.conftest import as_group
+from tests.helpers.ranks import as_group
 
 
 def rank_array(rank: int, shape, dtype) -> np.ndarray:

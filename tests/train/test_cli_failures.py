@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from npddp.train.checkpoint import fileformat
-from tests.train.test_cli import TINY, _env, _mpirun, epoch_lines, ok, train
+from tests.helpers.cli import TINY, clean_env, epoch_lines, mpirun_path, ok, train
 
 
 def _error_line(proc) -> str:
@@ -91,7 +91,7 @@ def test_a_file_size_limit_makes_a_write_fail_with_exit_4_even_where_sigxfsz_wou
     with socket.socket() as s:                 # one rank over TCP: no MPI shared-memory files, which the limit refuses
         s.bind(("127.0.0.1", 0))
         world = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(s.getsockname()[1])}
-    proc = subprocess.run(command, cwd=tmp_path, env={**_env(), **world, "PYTHONDONTWRITEBYTECODE": "1"},
+    proc = subprocess.run(command, cwd=tmp_path, env={**clean_env(), **world, "PYTHONDONTWRITEBYTECODE": "1"},
                           capture_output=True, text=True, timeout=120, preexec_fn=_limit_file_size)
     assert proc.returncode == 4, f"exit {proc.returncode}\n{proc.stdout}{proc.stderr}"
     assert _error_line(proc) == ("error: cannot write c.h5: File too large; there was no previous file, training "
@@ -103,8 +103,8 @@ def test_a_file_size_limit_makes_a_write_fail_with_exit_4_even_where_sigxfsz_wou
 def test_a_checkpoint_write_that_fails_is_one_line_exit_4_and_the_old_file_survives(tmp_path):
     ok(train(tmp_path, *TINY, "--checkpoint", "c.h5", "--max-steps", "5"))
     before = (tmp_path / "c.h5").read_bytes()
-    command = [_mpirun(), "-n", "2", sys.executable, "-c", LIMITED, "--checkpoint", "c.h5", "--resume"]
-    proc = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    command = [mpirun_path(), "-n", "2", sys.executable, "-c", LIMITED, "--checkpoint", "c.h5", "--resume"]
+    proc = subprocess.run(command, cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 4, proc.stdout + proc.stderr
     line = _error_line(proc)
     assert line.startswith("error: cannot write c.h5: File too large; the previous file is kept"), line
@@ -115,7 +115,7 @@ def test_a_checkpoint_write_that_fails_is_one_line_exit_4_and_the_old_file_survi
 @pytest.mark.slow
 def test_a_missing_mpi_library_is_one_line_naming_the_fixes(tmp_path):
     """Under an MPI launcher a job needs MPI: one uncut line; one process with no launcher trains without it."""
-    env = {**_env(), "MPI4PY_LIBMPI": str(tmp_path / "no" / "libmpi.so.12"), "PMI_SIZE": "2", "PMI_RANK": "0"}
+    env = {**clean_env(), "MPI4PY_LIBMPI": str(tmp_path / "no" / "libmpi.so.12"), "PMI_SIZE": "2", "PMI_RANK": "0"}
     proc = subprocess.run([sys.executable, "-m", "npddp.train", "--epochs", "1"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr
@@ -127,7 +127,7 @@ def test_a_missing_mpi_library_is_one_line_naming_the_fixes(tmp_path):
                  f"import os; os.environ['MPI4PY_LIBMPI'] = {str(tmp_path / 'no' / 'libmpi.so.12')!r}"):
         alone = (f"import sys; {code}; from npddp.train.cli.main import main; "
                  "sys.exit(main(['--epochs', '1', '--train-samples', '256', '--batch-size', '32', '--hidden', '8']))")
-        proc = subprocess.run([sys.executable, "-c", alone], cwd=tmp_path, env=_env(), capture_output=True,
+        proc = subprocess.run([sys.executable, "-c", alone], cwd=tmp_path, env=clean_env(), capture_output=True,
                               text=True, timeout=60)
         assert proc.returncode == 0 and proc.stdout.splitlines()[-1].startswith("done: epoch 1/1"), proc.stderr
 
@@ -159,10 +159,10 @@ def test_evaluate_and_load_model_reproduce_the_runs_validation_numbers(tmp_path)
     run = ok(train(tmp_path, *TINY, "--checkpoint", "c.h5"))
     last = epoch_lines(run.stdout)[-1]
     val_loss, val_acc = last.split("val_loss ")[1].split()[0], last.split("val_acc")[1].split("%")[0].strip()
-    one = subprocess.run([sys.executable, "-m", "npddp.evaluate", "c.h5"], cwd=tmp_path, env=_env(),
+    one = subprocess.run([sys.executable, "-m", "npddp.evaluate", "c.h5"], cwd=tmp_path, env=clean_env(),
                          capture_output=True, text=True, timeout=60)
-    two = subprocess.run([_mpirun(), "-n", "2", sys.executable, "-m", "npddp.evaluate", "c.h5"], cwd=tmp_path,
-                         env=_env(), capture_output=True, text=True, timeout=60)
+    two = subprocess.run([mpirun_path(), "-n", "2", sys.executable, "-m", "npddp.evaluate", "c.h5"], cwd=tmp_path,
+                         env=clean_env(), capture_output=True, text=True, timeout=60)
     for proc, ranks in ((one, "1 rank"), (two, "2 ranks")):
         assert proc.returncode == 0 and proc.stderr == "", proc.stderr
         assert proc.stdout.startswith("evaluate: c.h5 (step 24, mlp 64-16-10) on synthetic val, 96 rows, " + ranks)
@@ -173,6 +173,6 @@ def test_evaluate_and_load_model_reproduce_the_runs_validation_numbers(tmp_path)
     ds, _ = load_data(fileformat.read(tmp_path / "c.h5").config)
     correct = np.mean(np.argmax(model.forward(ds.X_val.reshape(len(ds.X_val), -1)), axis=1) == ds.y_val)
     assert f"{100 * correct:.2f}" == val_acc
-    bad = subprocess.run([sys.executable, "-m", "npddp.evaluate", "nope.h5"], cwd=tmp_path, env=_env(),
+    bad = subprocess.run([sys.executable, "-m", "npddp.evaluate", "nope.h5"], cwd=tmp_path, env=clean_env(),
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr == "error: checkpoint 'nope.h5' does not exist\n"

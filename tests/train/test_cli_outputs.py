@@ -1,7 +1,7 @@
 """The files a new run writes follow one rule: an earlier run's file is replaced only with ``--overwrite``
 (or continued with ``--resume``), and a foreign file never; here the ``--metrics`` file."""
 
-from tests.train.test_cli import TINY, ok, train
+from tests.helpers.cli import TINY, ok, train
 from tests.train.test_cli_failures import _error_line
 
 FLAGS = [*TINY, "--epochs", "1", "--max-steps", "2", "--progress", "none"]

@@ -13,7 +13,7 @@ from npddp.optim import SGD
 from npddp.parallel.ddp import DistributedDataParallel
 from npddp.util import tracing
 from npddp.util.tracing import chrome
-from tests.conftest import OneRank
+from tests.helpers.fakes import OneRank
 
 
 class Rank(OneRank):
