@@ -48,3 +48,10 @@ def ok(proc) -> subprocess.CompletedProcess:
 def epoch_lines(stdout: str) -> list[str]:
     """The per-epoch lines of the CLI's output."""
     return [line for line in stdout.splitlines() if line.startswith("epoch ")]
+
+
+def error_line(proc) -> str:
+    """The one line a refused run prints on stderr (it must be one line starting "error: ")."""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]

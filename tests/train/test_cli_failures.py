@@ -19,13 +19,7 @@ import numpy as np
 import pytest
 
 from npddp.train.checkpoint import fileformat
-from tests.helpers.cli import TINY, clean_env, epoch_lines, mpirun_path, ok, train
-
-
-def _error_line(proc) -> str:
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    return lines[0]
+from tests.helpers.cli import TINY, clean_env, epoch_lines, error_line, mpirun_path, ok, train
 
 
 @pytest.mark.parametrize("backend", ["mpi", "ring"], ids=["with-mpi-backend", "with-ring-backend"])
@@ -33,7 +27,7 @@ def test_a_nan_on_one_rank_stops_every_rank_with_exit_3_and_keeps_the_last_check
     proc = train(tmp_path, *TINY, "--backend", backend, "--checkpoint", "c.h5", "--checkpoint-every", "2",
                  "--metrics", "m.h5", "--inject-fault", "1:5:nan")
     assert proc.returncode == 3, proc.stdout + proc.stderr
-    line = _error_line(proc)
+    line = error_line(proc)
     assert "training diverged at step 5 (epoch 1): the gradient of" in line and "NaN or infinite" in line
     assert "the last checkpoint c.h5 (step 4) is kept" in line and "--lr" in line
     assert "done:" not in proc.stdout
@@ -44,7 +38,7 @@ def test_a_nan_on_one_rank_stops_every_rank_with_exit_3_and_keeps_the_last_check
 def test_a_learning_rate_that_blows_up_is_stopped_instead_of_printing_nan(tmp_path):
     proc = train(tmp_path, *TINY[:-4], "--epochs", "4", "--lr", "50")           # float32
     assert proc.returncode == 3, proc.stdout + proc.stderr
-    assert "training diverged at step" in _error_line(proc)
+    assert "training diverged at step" in error_line(proc)
     assert "nan" not in "".join(epoch_lines(proc.stdout)).lower()
 
 
@@ -94,7 +88,7 @@ def test_a_file_size_limit_makes_a_write_fail_with_exit_4_even_where_sigxfsz_wou
     proc = subprocess.run(command, cwd=tmp_path, env={**clean_env(), **world, "PYTHONDONTWRITEBYTECODE": "1"},
                           capture_output=True, text=True, timeout=120, preexec_fn=_limit_file_size)
     assert proc.returncode == 4, f"exit {proc.returncode}\n{proc.stdout}{proc.stderr}"
-    assert _error_line(proc) == ("error: cannot write c.h5: File too large; there was no previous file, training "
+    assert error_line(proc) == ("error: cannot write c.h5: File too large; there was no previous file, training "
                                  "stopped"), proc.stderr
     assert not (tmp_path / "c.h5").exists()
 
@@ -106,7 +100,7 @@ def test_a_checkpoint_write_that_fails_is_one_line_exit_4_and_the_old_file_survi
     command = [mpirun_path(), "-n", "2", sys.executable, "-c", LIMITED, "--checkpoint", "c.h5", "--resume"]
     proc = subprocess.run(command, cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 4, proc.stdout + proc.stderr
-    line = _error_line(proc)
+    line = error_line(proc)
     assert line.startswith("error: cannot write c.h5: File too large; the previous file is kept"), line
     assert (tmp_path / "c.h5").read_bytes() == before and fileformat.read(tmp_path / "c.h5").step == 5
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.h5"]
@@ -119,7 +113,7 @@ def test_a_missing_mpi_library_is_one_line_naming_the_fixes(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "npddp.train", "--epochs", "1"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr
-    line = _error_line(proc)
+    line = error_line(proc)
     assert line.startswith("error: cannot load the MPI library (") and str(tmp_path / "no" / "libmpi.so.12") in line
     assert 'pip install "npddp[mpich]"' in line and "a system MPI" in line
     assert "python -m npddp.run --nproc N -m npddp.train --backend auto" in line
