@@ -22,7 +22,7 @@ from npddp.comm.compose.tuning import FORMAT, VERSION, check_table
 from npddp.comm.algorithms.registry import LIBRARY
 
 from tests.comm.conftest import one_rank_group
-from tests.comm.test_comm_allreduce import run_case, sizes
+from tests.helpers.collectives import run_case, sizes
 from tests.helpers.ranks import TCP_MODE
 
 #: runs again across pretended nodes (tests/run_all.sh: hier-mpi-4, hier-tcp-4)

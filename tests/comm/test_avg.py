@@ -11,7 +11,7 @@ import pytest
 from npddp.comm import create
 from npddp.comm.checks import AVG_DTYPES, REDUCTIONS
 
-from tests.comm.test_shared_buffers import PATHS, PLACEMENTS
+from tests.helpers.collectives import PATHS, PLACEMENTS
 from tests.helpers.marks import marked_backend
 
 

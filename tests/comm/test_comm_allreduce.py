@@ -12,37 +12,7 @@ import pytest
 from npddp.comm import DTYPES, OPS, create
 
 from tests.comm.conftest import one_rank_group
-
-
-def sizes(k: int) -> list[int]:
-    """Element counts worth testing with ``k`` ranks."""
-    return sorted({0, 1, k - 1, k, k + 1, 1009})
-
-
-def run_case(comm, values, n, dtype, op, inplace, shape=None):
-    """One all-reduce of the exact inputs; returns (result, list of problems)."""
-    x = values.rank(n, comm.rank, dtype, op)
-    expected = values.expected(n, comm.size, dtype, op)
-    if shape is not None:
-        x, expected = x.reshape(shape), expected.reshape(shape)
-    case = f"n={n} shape={x.shape} {np.dtype(dtype).name} {op} {'in place' if inplace else 'out='}"
-    problems = []
-    if inplace:
-        got = comm.allreduce(x, op)
-        if got is not x:
-            problems.append(f"{case}: in-place call did not return buf")
-    else:
-        x.flags.writeable = False  # out= only reads the input
-        before = x.copy()
-        out = np.full_like(x, -7)
-        got = comm.allreduce(x, op, out=out)
-        if got is not out:
-            problems.append(f"{case}: did not return out")
-        if not np.array_equal(x, before):
-            problems.append(f"{case}: input changed")
-    if got.dtype != expected.dtype or got.shape != expected.shape or not np.array_equal(got, expected):
-        problems.append(f"{case}: got {got.ravel()[:6]}, expected {expected.ravel()[:6]}")
-    return got, problems
+from tests.helpers.collectives import run_case, sizes
 
 
 @pytest.mark.cluster   # runs again across emulated nodes (tests/run_all.sh: cluster-*)

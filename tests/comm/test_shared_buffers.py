@@ -12,18 +12,11 @@ import numpy as np
 import pytest
 
 from npddp.comm import DTYPES, OPS, create
+from tests.helpers.collectives import PATHS, PLACEMENTS
 from tests.helpers.marks import marked_backend
 
 #: Backends that offer ``empty`` on one node (auto: when every rank shares the node).
 SHARED = ("shm", "hier", "auto")
-#: (input, output): shared or private; output None: in place.
-PLACEMENTS = (("shared", None), ("shared", "shared"), ("shared", "private"), ("private", "shared"),
-              ("private", None))
-
-
-#: How the large path moves private buffers: through staging, or by single-copy transfers
-#: between the processes (cross-memory attach) at every size the large path takes.
-PATHS = ("staged", "single-copy")
 
 
 @pytest.fixture(params=[marked_backend(name, f"{name}-backend-{path}", (name, path)) for name in SHARED for path in PATHS])
