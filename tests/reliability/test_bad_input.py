@@ -26,9 +26,6 @@ from npddp.parallel.hooks import TopKState
 from npddp.parallel.powersgd import PowerSGDState
 from npddp.nn import mlp
 
-#: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
-pytestmark = pytest.mark.alone
-
 
 def _self(backend="ring", **kw):
     from mpi4py import MPI
