@@ -65,13 +65,13 @@ for sig in INT TERM HUP; do trap "interrupted $sig" "$sig"; done
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONUNBUFFERED=1
 # Compiled modules and pytest's rewritten test modules are kept (__pycache__, git-ignored): with
-# PYTHONDONTWRITEBYTECODE set, each of the runs' ~40 pytest processes compiled every test module again
-# (5.5 s of CPU to collect the suite, 2.2 s from the cache) and each of the ~1000 ranks the tests start the package
+# PYTHONDONTWRITEBYTECODE set, every pytest process of every run rewrote every test module it collects again, and
+# every rank the tests start compiled the package again (docs/tests.md: suite time)
 unset PYTHONDONTWRITEBYTECODE
 TCP_TESTS=(tests/comm tests/reliability/test_timeouts.py tests/reliability/test_mismatch.py)
 TCP_TESTS+=(tests/parallel/test_zero.py)   # ZeRO stages equal DDP over TCP too
 # The serial tests on two pytest-xdist workers, then those marked alone (they watch the whole machine or time a job's
-# end: marked alone) by themselves (tests/slurm has its own run below);
+# end) by themselves (tests/slurm has its own run below);
 # NPDDP_TEST_WORKERS (2) sets the workers, 0 runs without them
 run serial 1500 python -m pytest -q -n "${NPDDP_TEST_WORKERS:-2}" --dist worksteal -m "not mpi and not alone" \
   --ignore=tests/slurm "$@"
