@@ -14,6 +14,9 @@ import pytest
 from npddp.cluster import launch, shaping
 from tests.cluster.conftest import JOB, ROOT, needs_namespaces
 
+#: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
+pytestmark = pytest.mark.alone
+
 #: Seconds from a rank's death (or Ctrl-C) to the harness's exit that count as "promptly".
 PROMPTLY = 30.0
 # Ids must not be the bare word "mpi": pytest-mpi skips any test with that keyword unless --with-mpi.

@@ -14,7 +14,7 @@ import pytest
 
 from npddp.comm import create
 
-from tests.conftest import TCP_MODE
+from tests.helpers.ranks import TCP_MODE
 
 pytestmark = pytest.mark.mpi(min_size=2)
 

@@ -6,7 +6,7 @@ import pytest
 
 from npddp.parallel import hook_registry
 from npddp.parallel.hooks import allreduce_hook
-from tests.train.test_cli import TINY, ok, train
+from tests.helpers.cli import TINY, ok, train
 
 PLUGIN = '''
 from npddp.parallel.hook_registry import register_comm_hook_factory

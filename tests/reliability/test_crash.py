@@ -10,6 +10,9 @@ import pytest
 
 from npddp.train.checkpoint import fileformat
 
+#: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
+pytestmark = pytest.mark.alone
+
 #: Seconds from the failing rank's report to the end of mpirun that count as "ends the job".
 EXIT_WITHIN = 10.0
 TINY = ["--train-samples", "960", "--val-samples", "96", "--batch-size", "48", "--hidden", "32", "--epochs", "2"]

@@ -15,6 +15,9 @@ import pytest
 
 from npddp.train.checkpoint import fileformat
 
+#: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
+pytestmark = pytest.mark.alone
+
 #: Seconds from the SIGKILL to the end of mpirun that count as "ends the job".
 EXIT_WITHIN = 10.0
 EPOCHS, STEPS_PER_EPOCH = 2, 8192 // 96 + 1     # 86 steps per epoch, the last one partial

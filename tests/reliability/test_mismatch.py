@@ -13,7 +13,10 @@ from npddp.comm import BACKENDS, CollectiveMismatchError, create
 from npddp.comm.engine.signed import SMALL_BYTES
 from npddp.comm.wrappers.debug import FINGERPRINT_LENGTH, DebugCommunicator, describe, encode, mismatch
 
-from tests.conftest import RUN_BACKENDS, TCP_MODE
+from tests.helpers.ranks import RUN_BACKENDS, TCP_MODE
+
+#: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
+pytestmark = pytest.mark.alone
 
 
 def fp(sequence, operation, buf=None, op=None, root=None):

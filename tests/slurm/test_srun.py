@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from npddp.train.checkpoint import fileformat
-from tests.train.test_cli import TINY, _env, ok, train
+from tests.helpers.cli import TINY, clean_env, ok, train
 
 pytestmark = pytest.mark.slow
 QUIET = ["--progress", "none"]
@@ -22,7 +22,7 @@ THIRDS = ["--train-samples", "288", "--val-samples", "96", "--batch-size", "24",
 
 def srun(slurm, cwd, *args, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
     """``srun ARGS`` in ``cwd`` against the tests' Slurm, with no secret unless ``env`` gives one."""
-    environ = {**_env(), **(env or {}), "SLURM_CONF": str(slurm.conf), "PATH": slurm.env["PATH"]}
+    environ = {**clean_env(), **(env or {}), "SLURM_CONF": str(slurm.conf), "PATH": slurm.env["PATH"]}
     if "NPDDP_JOB_SECRET" not in (env or {}):
         environ.pop("NPDDP_JOB_SECRET", None)
     return subprocess.run(["srun", *map(str, args)], cwd=cwd, env=environ, capture_output=True, text=True,

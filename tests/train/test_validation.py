@@ -16,7 +16,7 @@ from npddp.train.console.printer import epoch_line
 from npddp.train.validation import (PROBE_ROWS, WORKING_SET, agreed_batch, batch_for, evaluate_rows,
                                     forward_bytes_per_row)
 
-from tests.conftest import check_all_ranks, check_ranks_agree
+from tests.helpers.ranks import check_all_ranks, check_ranks_agree
 
 VOCAB, CONTEXT = 13, 8
 

@@ -7,7 +7,7 @@ world that the test names and K allows trains the dropout MLP (SGD) and the tied
 
 import pytest
 
-from tests.parallel.test_tensor import backend, compare, train_split  # noqa: F401 (fixture)
+from tests.helpers.split import compare, train_split
 
 # (tp, pp, model): PP 2 (x DP 2 at four ranks), PP 3, TP 2 x PP 2, and PP 4 for the GPT (the MLP has 3 Linears)
 CASES = [(tp, pp, kind, opt) for tp, pp in [(1, 2), (1, 3), (2, 2), (1, 4)]

@@ -15,7 +15,7 @@ from npddp.optim import SGD
 from npddp.parallel.model import Pipeline, PipelineStage, schedule
 from npddp.parallel.model.schedules import ideal_bubble
 from npddp.util import tracing
-from tests.conftest import OneRank
+from tests.helpers.fakes import OneRank
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])
