@@ -6,7 +6,7 @@ and ``3`` a :class:`~npddp.parallel.zero.ZeroDataParallel` with a
 :class:`CheckpointedOptimizer`, whose ``state_dict()`` consolidates on rank 0 (every rank calls
 it when a checkpoint is collected or restored), so checkpoints keep the whole-model layout of
 ``--zero 0`` and a run may resume with another stage or world size. The CLI writes sharded
-checkpoints instead (:mod:`npddp.train.checkpoint.shardwrite`); restoring still takes the whole state.
+checkpoints instead (:mod:`npddp.checkpoint.shardwrite`); restoring still takes the whole state.
 """
 
 from __future__ import annotations

@@ -14,10 +14,10 @@ import time
 
 import numpy as np
 
-from npddp.train.checkpoint import fileformat
-from npddp.train.checkpoint import state
-from npddp.train.checkpoint import shardwrite
-from npddp.train.agree import agree, any_rank
+from npddp.checkpoint import fileformat
+from npddp.checkpoint import state
+from npddp.checkpoint import shardwrite
+from npddp.process.agree import agree, any_rank
 from npddp.train.config import Config
 from npddp.train.cli.validate import parse_fault
 from npddp.data import BatchLoader, DistributedSampler

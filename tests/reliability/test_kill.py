@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from npddp.train.checkpoint import fileformat
+from npddp.checkpoint import fileformat
 
 #: Seconds from the SIGKILL to the end of mpirun that count as "ends the job".
 EXIT_WITHIN = 10.0

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from npddp.train.checkpoint import fileformat
+from npddp.checkpoint import fileformat
 from tests.train.test_cli import TINY, _env, ok, train
 
 pytestmark = pytest.mark.slow

@@ -20,7 +20,7 @@ import h5py
 import numpy as np
 import pytest
 
-from npddp.train.checkpoint import fileformat
+from npddp.checkpoint import fileformat
 from npddp.train.console.metrics import EPOCH_COLUMNS, STEP_COLUMNS, read_metrics
 
 # 384 rows, a global batch of 32: 12 steps per epoch on any world size that divides 32

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from npddp.nn import mlp
-from npddp.train.checkpoint import fileformat
+from npddp.checkpoint import fileformat
 from tests.train.test_cli import TINY, _env, _mpirun, ok, train
 from tests.train.test_cli_failures import _error_line
 from tests.util.test_trace import nesting_problems, x_events

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from npddp.process.cleanup import Watch
-from npddp.train.checkpoint import fileformat
+from npddp.checkpoint import fileformat
 from tests.train.test_cli import TINY, _env, _mpirun, ok, train
 
 

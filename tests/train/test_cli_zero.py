@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 
-from npddp.train.checkpoint import fileformat
+from npddp.checkpoint import fileformat
 
 from tests.train.test_cli import ok, train
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from npddp.train.checkpoint import resume
-from npddp.train.checkpoint.fileformat import Checkpoint
+from npddp.checkpoint.fileformat import Checkpoint
 from npddp.train.config import Config, ConfigError, fixed_on_resume, inherited_on_resume
 from npddp.train.cli.parser import parse_args
 from npddp.nn import mlp

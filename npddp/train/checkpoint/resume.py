@@ -20,9 +20,9 @@ import os
 
 import numpy as np
 
-from npddp.train.checkpoint import fileformat
-from npddp.train.checkpoint import state
-from npddp.train.agree import agree, share_text
+from npddp.checkpoint import fileformat
+from npddp.checkpoint import state
+from npddp.process.agree import agree, share_text
 from npddp.train.config import Config, ConfigError, fixed_on_resume, flag, inherited_on_resume
 from npddp.process.job import EXIT_USAGE, JobError
 from npddp.train.console.metrics import TOTALS, MetricsLog

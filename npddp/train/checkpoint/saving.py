@@ -5,9 +5,9 @@
                     input_shape=(64,), num_classes=10, epoch=3)      # every rank; rank 0 writes
     position = load_checkpoint("run.h5", ddp, opt)                  # every rank; {"step": ..., ...}
 
-The file is written by :func:`npddp.train.checkpoint.fileformat.write` from the state
-:func:`npddp.train.checkpoint.state.collect` gathers, and read back through :func:`npddp.train.checkpoint.fileformat.read`
-and :func:`npddp.train.checkpoint.state.restore`, so ``python -m npddp.evaluate``, ``python -m npddp.generate``
+The file is written by :func:`npddp.checkpoint.fileformat.write` from the state
+:func:`npddp.checkpoint.state.collect` gathers, and read back through :func:`npddp.checkpoint.fileformat.read`
+and :func:`npddp.checkpoint.state.restore`, so ``python -m npddp.evaluate``, ``python -m npddp.generate``
 and ``python -m npddp.train --checkpoint run.h5 --resume`` take it like one of their own.
 
 What the file cannot learn from the objects, the script says: ``config`` holds the training
@@ -30,8 +30,9 @@ import numpy as np
 from npddp.nn import Dropout
 from npddp.optim import SGD, AdamW
 from npddp.parallel.zero import ShardedOptimizer, ZeroDataParallel, ZeroRedundancyOptimizer
-from npddp.train.checkpoint import fileformat, resume, state
-from npddp.train.agree import agree, share_text
+from npddp.checkpoint import fileformat, state
+from npddp.train.checkpoint import resume
+from npddp.process.agree import agree, share_text
 from npddp.train.console.banner import transport_of
 from npddp.train.config import Config
 from npddp.train.console.metrics import TOTALS
@@ -203,3 +204,27 @@ def _params_misfit(ckpt, path, named) -> str | None:
             return (f"checkpoint {os.fspath(path)!r}: parameter {n!r} is {saved.shape} {saved.dtype} there, "
                     f"{p.data.shape} {p.data.dtype} here")
     return None
+
+
+def load_model(path, rank: int = 0):
+    """The model a checkpoint describes, with its trained parameters, in eval mode.
+
+    Built from the settings stored in the file (``--model``, ``--hidden``, ...) and its
+    ``input_shape`` and ``num_classes``. With local SGD, where replicas differ, rank
+    ``rank``'s replica is loaded. ``model.forward(x)`` then gives logits for rows of
+    ``input_shape`` (flattened for an MLP: see :func:`npddp.train.models.shape_rows`).
+    """
+    ckpt = fileformat.read(path)
+    if not ckpt.input_shape or not ckpt.num_classes:
+        raise fileformat.CheckpointError(f"checkpoint {os.fspath(path)!r} does not record the model's input "
+                                         "shape and classes (written before npddp stored them)")
+    model, _, _ = build_model(ckpt.config, ckpt.input_shape, ckpt.num_classes)
+    if ckpt.per_rank and not 0 <= rank < ckpt.world_size:
+        raise ValueError(f"rank {rank} is out of range; the checkpoint holds replicas 0..{ckpt.world_size - 1}")
+    params = {k: (v[rank] if ckpt.per_rank else v) for k, v in ckpt.params.items()}
+    try:
+        model.load_state_dict(params)
+    except ValueError as exc:
+        raise fileformat.CheckpointError(f"checkpoint {os.fspath(path)!r} does not fit the model it describes: "
+                                         f"{exc}") from None
+    return model.eval()

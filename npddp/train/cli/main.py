@@ -39,7 +39,7 @@ from npddp.train.cli import outputs
 from npddp.train.checkpoint import resume
 from npddp.train import sharding
 from npddp.process import threads
-from npddp.train.agree import agree
+from npddp.process.agree import agree
 from npddp.train.console.banner import header, summary, transport_of
 from npddp.train.config import Config, ConfigError, default_backend
 from npddp.train.cli.parser import load_plugins, parse_args

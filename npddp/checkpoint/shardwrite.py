@@ -18,7 +18,7 @@ naming every shard's size and whole-file CRC-32 replaces the previous index only
 shards are on disk, and only then are the other step directories of this index removed (the
 previous generation, one a crash left without an index, or one of another world size), so a
 crash or a failed write at any moment leaves a complete set. Indexes of the earlier layout
-(``run.h5.step-00000012/`` named in ``files``) are still read, and replaced by the next save. :func:`npddp.train.checkpoint.fileformat.read` assembles the whole-model
+(``run.h5.step-00000012/`` named in ``files``) are still read, and replaced by the next save. :func:`npddp.checkpoint.fileformat.read` assembles the whole-model
 state from the shards (so resume at any world size or stage, ``npddp.evaluate`` and
 ``load_model`` take it as any checkpoint); a missing or damaged shard is a CheckpointError naming it.
 """
@@ -36,9 +36,9 @@ import numpy as np
 
 from npddp.parallel.zero import ZeroRedundancyOptimizer
 from npddp.process.job import EXIT_WRITE, JobError
-from npddp.train.checkpoint import fileformat, state
-from npddp.train.agree import agree, share_text
-from npddp.train.checkpoint.shardread import SHARD_FORMAT
+from npddp.checkpoint import fileformat, state
+from npddp.process.agree import agree, share_text
+from npddp.checkpoint.shardread import SHARD_FORMAT
 from npddp.util.atomicfile import atomic_h5
 from npddp.util.runinfo import SCHEMA_VERSION
 
@@ -130,7 +130,7 @@ class _Scalars:
 def save(comm, path, *, stage: int, named_params, engine, optimizer, **collect_kwargs) -> None:
     """Collective: write this step's sharded checkpoint at ``path``; JobError (exit 4) when a write fails.
 
-    ``collect_kwargs`` are :func:`npddp.train.checkpoint.state.collect`'s (position, totals, config, ...).
+    ``collect_kwargs`` are :func:`npddp.checkpoint.state.collect`'s (position, totals, config, ...).
     """
     path, named_params = os.fspath(path), list(named_params)
     step = int(collect_kwargs["position"][2])

@@ -1,6 +1,6 @@
 """Training state over the communicator: gathered for a checkpoint, restored from one.
 
-:func:`collect` gathers every rank's state into a :class:`~npddp.train.checkpoint.fileformat.Checkpoint` on rank
+:func:`collect` gathers every rank's state into a :class:`~npddp.checkpoint.fileformat.Checkpoint` on rank
 0; :func:`restore` puts rank 0's checkpoint back into every rank's model, optimizer, DDP and
 dropout streams. Both are collective. Per-rank arrays travel as int64 or float buffers
 through the communicator's gather, scatter and broadcast; nothing is pickled.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from npddp.parallel.hooks import HookState
-from npddp.train.checkpoint.fileformat import Checkpoint
+from npddp.checkpoint.fileformat import Checkpoint
 
 
 def _row(array) -> np.ndarray:
