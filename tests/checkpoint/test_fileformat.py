@@ -25,6 +25,7 @@ from npddp.checkpoint import fileformat
 from npddp.checkpoint import state
 from npddp.parallel.hooks import HookState
 from npddp.checkpoint.fileformat import Checkpoint, CheckpointError
+from npddp.checkpoint.stateful import ModelState, RunInfo, TrainState
 from npddp.nn import mlp
 from npddp.optim import SGD, AdamW
 from npddp.util.runinfo import SCHEMA_VERSION
@@ -444,10 +445,9 @@ def test_collect_then_restore_brings_back_every_ranks_state(comm_world, assert_a
         if averager is not None:
             averager.average_parameters(ddp.parameters())
     before = _state(model, opt, dropouts, ddp)
-    ckpt = state.collect(comm, named_params=model.named_parameters(), optimizer=opt, ddp=ddp,
-                              dropouts=dropouts, position=(1, 2, 3), totals=np.arange(4.0),
-                              totals_columns=("a", "b", "c", "d"), config=dict(CONFIG), backend="mpi",
-                              optimizer_name="sgd", attrs={}, local_sgd=bool(local_sgd))
+    ckpt = state.collect(comm, ModelState(model.named_parameters(), dropouts, ddp, per_rank=bool(local_sgd)), opt,
+                         TrainState(1, 2, 3, np.arange(4.0), ("a", "b", "c", "d")),
+                         RunInfo(dict(CONFIG), "mpi", "sgd"))
     ok = (ckpt is not None) == (comm.rank == 0)
     if comm.rank == 0:
         with tempfile.TemporaryDirectory() as tmp:    # only rank 0 ever touches the file
@@ -460,12 +460,12 @@ def test_collect_then_restore_brings_back_every_ranks_state(comm_world, assert_a
     dropouts[0].set_rng_state(np.arange(6, dtype=np.uint64))
     if hook != "allreduce":                      # a fresh hook state: restore must fill it
         ddp.register_comm_hook(*build(hook, comm, topk_ratio=0.2, powersgd_start_iter=2, powersgd_rank=2))
-    got = state.restore(comm, ckpt, named_params=model.named_parameters(), optimizer=opt,
-                               ddp=ddp, dropouts=dropouts)
+    where = TrainState()
+    got = state.restore(comm, ckpt, ModelState(model.named_parameters(), dropouts, ddp), opt, where)
     after = _state(model, opt, dropouts, ddp)
     ok = ok and np.array_equal(before[0], after[0]) and after[1:] == (3, 3)
-    ok = ok and (got["epochs_done"], got["batches_done"], got["step"]) == (1, 2, 3)
-    ok = ok and np.array_equal(got["totals"], np.arange(4.0)) and got["fresh"] == []
+    ok = ok and (where.epochs_done, where.batches_done, where.step) == (1, 2, 3)
+    ok = ok and np.array_equal(where.totals, np.arange(4.0)) and got["fresh"] == []
     assert_all_ranks(ok, f"rank {comm.rank}: state differs after restore")
 
 
@@ -493,8 +493,8 @@ def test_restore_from_another_world_size_takes_rank_0s_row(comm_world, assert_al
     expected = [p.data.copy() for p in model.parameters()]
     for p in model.parameters():
         p.data[...] = -1
-    got = state.restore(comm, saved, named_params=model.named_parameters(), optimizer=opt, ddp=ddp,
-                               dropouts=[])
+    where = TrainState()
+    got = state.restore(comm, saved, ModelState(model.named_parameters(), [], ddp), opt, where)
     ok = all(np.array_equal(p.data, e) for p, e in zip(model.parameters(), expected))
-    ok = ok and got["world_size"] == rows and got["step"] == 1
+    ok = ok and got["world_size"] == rows and where.step == 1
     assert_all_ranks(ok, f"rank {comm.rank}: not rank 0's row")

@@ -274,7 +274,7 @@ def _train(cfg: Config, comm, out: Printer, trainer: Trainer, ddp, started: floa
             trainer.flush()
             trainer.save("stopped")
         else:
-            trainer.write_files(("metrics",), "complete")
+            trainer.write_metrics("complete")
     except BaseException as exc:
         _trace_failure(ddp.tracer, exc, comm.rank, out)
         raise
