@@ -6,10 +6,12 @@ What a training script imports, as ``torch.distributed`` and ``torch.nn.parallel
     comm = npddp.create("ring")                            # a communicator (npddp.comm)
     ddp = npddp.DistributedDataParallel(model, comm)       # or ZeRO: ZeroRedundancyOptimizer, ZeroDataParallel
     npddp.save_checkpoint("run.h5", ddp, opt, ...)         # the training CLI's checkpoint file
+    model = npddp.load_model("run.h5")                     # the model such a file describes
 
 Each name is imported on first use, so ``import npddp`` stays light (no NumPy model, no MPI). The
 subpackages hold the rest: :mod:`npddp.comm` (communicators, algorithms, transports),
 :mod:`npddp.parallel` (DDP, ZeRO, comm hooks, model averagers, tensor and pipeline parallelism),
+:mod:`npddp.checkpoint` (``save``/``load`` of any objects that declare ``state_dict()``),
 :mod:`npddp.nn`, :mod:`npddp.optim`, :mod:`npddp.data` and :mod:`npddp.results` (benchmark dumps).
 """
 
@@ -25,6 +27,7 @@ _EXPORTS = {
     "DistributedSampler": "npddp.data.sampler",
     "save_checkpoint": "npddp.train.checkpoint.saving",
     "load_checkpoint": "npddp.train.checkpoint.saving",
+    "load_model": "npddp.train.checkpoint.saving",
 }
 
 __all__ = ["__version__", *_EXPORTS]

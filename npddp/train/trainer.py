@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
 import sys
@@ -14,10 +13,8 @@ import time
 
 import numpy as np
 
-from npddp.train.checkpoint import fileformat
-from npddp.train.checkpoint import state
-from npddp.train.checkpoint import shardwrite
-from npddp.train.agree import agree, any_rank
+from npddp import checkpoint
+from npddp.process.agree import agree, any_rank
 from npddp.train.config import Config
 from npddp.train.cli.validate import parse_fault
 from npddp.data import BatchLoader, DistributedSampler
@@ -89,7 +86,6 @@ class Trainer:
         self.names = [name for name, _ in ddp.named_parameters()]
         self.watched = ddp.parameters()[-2:]                # the output layer: weight and bias
         self.progress = None
-        self.pending = None                                 # rank 0: the checkpoint to write next
         self.trace_data, self.trace_save = ddp.tracer.name("load batch"), ddp.tracer.name("checkpoint")
 
     # --- failures ----------------------------------------------------------------------
@@ -131,22 +127,15 @@ class Trainer:
         named = self.ddp.named_parameters() if self.split else self.model.named_parameters()
         return next(n for n, p in named if p is param)
 
-    def write_files(self, what, status: str = "running") -> None:
-        """Rank 0 writes (``what``: 'metrics' and/or 'checkpoint'); every rank agrees on a failure (exit 4)."""
-        message, target = None, None
-        if self.comm.rank == 0:
+    def write_metrics(self, status: str = "running") -> None:
+        """Rank 0 writes the metrics file (when asked for); every rank agrees on a failure (exit 4)."""
+        message, target = None, self.cfg.metrics
+        if self.comm.rank == 0 and self.log is not None:
             try:
-                if "metrics" in what and self.log is not None:
-                    target = self.cfg.metrics
-                    self.log.write(target, {**self.attrs, "status": status})
-                if "checkpoint" in what and self.pending is not None:
-                    target = self.cfg.checkpoint
-                    fileformat.write(target, self.pending)
-                    shardwrite.remove_old_steps(target, keep="")    # a sharded set this whole file replaces
+                self.log.write(target, {**self.attrs, "status": status})
             except OSError as exc:
                 kept = "the previous file is kept" if os.path.lexists(target) else "there was no previous file"
                 message = f"cannot write {target}: {exc.strerror or exc}; {kept}, training stopped"
-        self.pending = None
         message = agree(self.comm, message)
         if message:
             raise JobError(message, EXIT_WRITE)
@@ -168,35 +157,28 @@ class Trainer:
         gather = self.cfg.zero != 3             # ZeRO-3 checks its shards and writes a shard file: nothing gathered
         with self.ddp.full_parameters() if gather else contextlib.nullcontext():
             self.check_parameters(collective=True)
-            sharded = (bool(self.cfg.zero) and not self.split and self.cfg.checkpoint is not None
-                       and self.saved_at != self.step)     # a split run's checkpoint is the whole model's
-            if sharded:                          # --zero: every rank writes its shard after the metrics
-                self.saved_at = self.step
-            if self.cfg.checkpoint is not None and self.saved_at != self.step:
-                named, optimizer, dropouts = (self.ddp.whole_state(self.optimizer) if self.split else
-                                              (self.model.named_parameters(), self.optimizer, self.dropouts))
-                self.pending = state.collect(
-                    self.comm, named_params=named, optimizer=optimizer, ddp=self.ddp, dropouts=dropouts,
-                    position=(self.epochs_done, self.batches_done, self.step), totals=self.totals,
-                    totals_columns=TOTALS, config=self.attrs["config"], backend=self.cfg.backend,
-                    optimizer_name=self.cfg.optimizer, input_shape=self.input_shape, num_classes=self.num_classes,
-                    attrs={k: v for k, v in self.attrs.items() if k != "config"},
-                    local_sgd=self.averager is not None and not self.split)   # split: the first replica's
-                if self.split and self.pending is not None:      # the whole model, one row per data replica
-                    rng = self.pending.dropout_rng
-                    self.pending = dataclasses.replace(self.pending, world_size=self.replicas,
-                                                       dropout_rng=None if rng is None else rng[:self.replicas])
-                self.saved_at = self.step
-        self.write_files(("metrics", "checkpoint"), status)
-        if sharded:
-            shardwrite.save(
-                self.comm, self.cfg.checkpoint, stage=self.cfg.zero, named_params=self.model.named_parameters(),
-                engine=self.ddp, optimizer=self.optimizer, ddp=self.ddp, dropouts=self.dropouts,
-                position=(self.epochs_done, self.batches_done, self.step), totals=self.totals,
-                totals_columns=TOTALS, config=self.attrs["config"], backend=self.cfg.backend,
-                optimizer_name=self.cfg.optimizer, input_shape=self.input_shape, num_classes=self.num_classes,
-                attrs={k: v for k, v in self.attrs.items() if k != "config"})
+        self.write_metrics(status)
+        if self.cfg.checkpoint is not None and self.saved_at != self.step:
+            self.saved_at = self.step
+            try:
+                checkpoint.save(self.comm, self.cfg.checkpoint, self.saved_objects(), info=checkpoint.RunInfo(
+                    self.attrs["config"], self.cfg.backend, self.cfg.optimizer,
+                    {k: v for k, v in self.attrs.items() if k != "config"}, self.input_shape, self.num_classes))
+            except OSError as exc:
+                raise JobError(f"{exc}, training stopped", EXIT_WRITE) from None
         self.ddp.tracer.add(traced, self.trace_save, tracing.CHECKPOINT)
+
+    def saved_objects(self) -> dict:
+        """What a checkpoint holds: the model's state (a split model's whole), the optimizer's, the position."""
+        where = checkpoint.TrainState(self.epochs_done, self.batches_done, self.step, self.totals, TOTALS)
+        if self.split:                          # the whole model, the first replica's, one row per data replica
+            named, optimizer, dropouts = self.ddp.whole_state(self.optimizer)
+            model = checkpoint.ModelState(named, dropouts, self.ddp, replicas=self.replicas)
+        else:
+            model = checkpoint.ModelState(self.model.named_parameters(), self.dropouts, self.ddp,
+                                          per_rank=self.averager is not None)
+            optimizer = self.optimizer
+        return {"model": model, "optim": optimizer, "train": where}
 
     # --- steps -------------------------------------------------------------------------
     def evaluate(self) -> np.ndarray:

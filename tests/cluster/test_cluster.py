@@ -246,7 +246,7 @@ def test_up_exec_status_down(cluster, own_namespaces):
 @needs_namespaces
 @pytest.mark.slow
 def test_training_across_nodes_gives_the_parameters_of_one_process(cluster, cluster_env, tmp_path):
-    from npddp.train.checkpoint import fileformat
+    from npddp.checkpoint import fileformat
     flags = ["-m", "npddp.train", "--dtype", "float64", "--hidden", "16", "--train-samples", "256",
              "--val-samples", "64", "--batch-size", "32", "--epochs", "1", "--quiet"]
     one = subprocess.run([sys.executable, *flags, "--backend", "ring", "--checkpoint", str(tmp_path / "one.h5")],

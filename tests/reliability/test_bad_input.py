@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 import pytest
 
-from npddp.train.checkpoint import fileformat
+from npddp.checkpoint import fileformat
 from npddp.comm import BACKENDS, create
 from npddp.comm.checks import debug_from_env, timeout_from_env
 from npddp.train.config import ConfigError

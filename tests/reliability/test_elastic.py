@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from npddp.train.checkpoint import fileformat
+from npddp.checkpoint import fileformat
 
 from tests.reliability.conftest import job_env
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from npddp.train.checkpoint import fileformat
+from npddp.checkpoint import fileformat
 
 #: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
 pytestmark = pytest.mark.alone

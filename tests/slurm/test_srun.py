@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from npddp.train.checkpoint import fileformat
+from npddp.checkpoint import fileformat
 from tests.helpers.cli import TINY, clean_env, ok, train
 
 pytestmark = pytest.mark.slow

@@ -18,7 +18,7 @@ import h5py
 import numpy as np
 import pytest
 
-from npddp.train.checkpoint import fileformat
+from npddp.checkpoint import fileformat
 from npddp.train.console.metrics import EPOCH_COLUMNS, STEP_COLUMNS, read_metrics
 from tests.helpers.cli import STEPS_PER_EPOCH, TINY, clean_env, epoch_lines, mpirun_path, ok, train
 

@@ -18,8 +18,9 @@ import time
 import numpy as np
 import pytest
 
-from npddp.train.checkpoint import fileformat
+from npddp.checkpoint import fileformat
 from tests.helpers.cli import TINY, clean_env, epoch_lines, error_line, mpirun_path, ok, train
+from npddp.train.checkpoint.saving import load_model
 
 
 @pytest.mark.parametrize("backend", ["mpi", "ring"], ids=["with-mpi-backend", "with-ring-backend"])
@@ -161,7 +162,7 @@ def test_evaluate_and_load_model_reproduce_the_runs_validation_numbers(tmp_path)
         assert proc.returncode == 0 and proc.stderr == "", proc.stderr
         assert proc.stdout.startswith("evaluate: c.h5 (step 24, mlp 64-16-10) on synthetic val, 96 rows, " + ranks)
         assert proc.stdout.rstrip().endswith(f"loss {val_loss}, accuracy {val_acc}%"), (proc.stdout, last)
-    model = fileformat.load_model(tmp_path / "c.h5")
+    model = load_model(tmp_path / "c.h5")
     from npddp.train.cli.inputs import load_data
 
     ds, _ = load_data(fileformat.read(tmp_path / "c.h5").config)

@@ -9,8 +9,8 @@ one process and ends where the uninterrupted one-process run ends.
 import numpy as np
 import pytest
 
-from npddp.train.checkpoint import fileformat
-from npddp.train.checkpoint.fileformat import load_model
+from npddp.checkpoint import fileformat
+from npddp.train.checkpoint.saving import load_model
 from npddp.train.cli import layout
 from npddp.train.cli.validate import check_config
 from npddp.train.config import Config, ConfigError

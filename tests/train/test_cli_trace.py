@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from npddp.nn import mlp
-from npddp.train.checkpoint import fileformat
+from npddp.checkpoint import fileformat
 from tests.helpers.cli import TINY, clean_env, error_line, mpirun_path, ok, train
 from tests.helpers.trace import nesting_problems, x_events
 

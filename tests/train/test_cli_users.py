@@ -6,7 +6,7 @@ import os
 import pytest
 
 from npddp.process.cleanup import Watch
-from npddp.train.checkpoint import fileformat
+from npddp.checkpoint import fileformat
 from tests.helpers.cli import TINY, clean_env, mpirun_path, ok, train
 
 

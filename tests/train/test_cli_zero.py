@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 
-from npddp.train.checkpoint import fileformat
+from npddp.checkpoint import fileformat
 
 from tests.helpers.cli import ok, train
 

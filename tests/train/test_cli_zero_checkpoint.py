@@ -10,7 +10,8 @@ import h5py
 import numpy as np
 import pytest
 
-from npddp.train.checkpoint import fileformat, shardwrite
+from npddp.checkpoint import fileformat, shardwrite
+from npddp.train.checkpoint.saving import load_model
 
 from tests.helpers.cli import clean_env, mpirun_path, ok, train
 from tests.train.test_cli_failures import LIMITED
@@ -104,7 +105,7 @@ def test_evaluate_and_load_model_read_a_sharded_checkpoint_in_one_process(sharde
                           capture_output=True, text=True, timeout=60)
     ok(proc)
     assert proc.stdout.startswith("evaluate: z.h5") and "1 rank" in proc.stdout, proc.stdout
-    model = fileformat.load_model(str(sharded_run / "z.h5"))
+    model = load_model(str(sharded_run / "z.h5"))
     saved = fileformat.read(str(sharded_run / "z.h5")).params
     for name, p in model.named_parameters():
         assert np.array_equal(p.data, saved[name]), name
@@ -130,12 +131,12 @@ def test_a_missing_or_damaged_shard_is_one_line_naming_it_exit_2(sharded_run, da
     line = one_error(proc)
     assert shardwrite.shard_name(1, 2) in line and want in line, line
     with pytest.raises(fileformat.CheckpointError, match=want):
-        fileformat.load_model(str(sharded_run / "z.h5"))
+        load_model(str(sharded_run / "z.h5"))
 
 
 CRASH = """
 import os, sys
-from npddp.train.checkpoint import shardwrite
+from npddp.checkpoint import shardwrite
 from npddp.train.cli import main as cli
 real, calls = shardwrite._write_index, []
 

@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
-from npddp.train.checkpoint import fileformat, shardwrite
+from npddp.checkpoint import fileformat, shardwrite
 
 from tests.helpers.cli import clean_env, mpirun_path, ok, train
 from tests.train.test_cli_zero_checkpoint import MLP, one_error, step_dirs, steps_saved, whole_state
@@ -31,7 +31,7 @@ runpy.run_module("npddp.train", run_name="__main__", alter_sys=True)
 #: The training CLI with rank 0 killed at its first index write: every new shard is on disk, no index names them.
 KILLED_BEFORE_INDEX = """
 import os, sys
-from npddp.train.checkpoint import shardwrite
+from npddp.checkpoint import shardwrite
 from npddp.train.cli import main as cli
 
 def crash(*args, **kwargs):

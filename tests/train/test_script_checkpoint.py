@@ -19,7 +19,7 @@ from npddp.nn import CrossEntropyLoss, gpt_preset, mlp
 from npddp.optim import SGD, AdamW
 from npddp.parallel.ddp import DistributedDataParallel
 from npddp.parallel.zero import ShardedOptimizer, ZeroDataParallel
-from npddp.train.checkpoint import fileformat
+from npddp.checkpoint import fileformat
 
 from tests.helpers.ranks import check_all_ranks, check_ranks_agree, world_raw
 

@@ -14,7 +14,7 @@ import pytest
 
 from npddp.nn import Dropout, Sequential
 from npddp.parallel.model import RowAlignedDropout
-from npddp.train.checkpoint import fileformat
+from npddp.checkpoint import fileformat
 from npddp.train.config import Config
 from npddp.train.cli.parser import parse_args
 from npddp.train.console.banner import header

@@ -38,7 +38,7 @@ import time
 from npddp.train.cli import outputs
 from npddp.train.checkpoint import resume
 from npddp.train import sharding
-from npddp.train.agree import agree
+from npddp.process.agree import agree
 from npddp.train.console.banner import header, summary, transport_of
 from npddp.train.config import Config, ConfigError, default_backend
 from npddp.train.cli.parser import load_plugins, parse_args
@@ -273,7 +273,7 @@ def _train(cfg: Config, comm, out: Printer, trainer: Trainer, ddp, started: floa
             trainer.flush()
             trainer.save("stopped")
         else:
-            trainer.write_files(("metrics",), "complete")
+            trainer.write_metrics("complete")
     except BaseException as exc:
         _trace_failure(ddp.tracer, exc, comm.rank, out)
         raise

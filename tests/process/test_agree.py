@@ -3,7 +3,7 @@ travel as NumPy buffers, for every backend."""
 
 import pytest
 
-from npddp.train.agree import agree, any_rank, share_text
+from npddp.process.agree import agree, any_rank, share_text
 from npddp.comm import BACKENDS, create
 
 

@@ -18,7 +18,7 @@ naming every shard's size and whole-file CRC-32 replaces the previous index only
 shards are on disk, and only then are the other step directories of this index removed (the
 previous generation, one a crash left without an index, or one of another world size), so a
 crash or a failed write at any moment leaves a complete set. Indexes of the earlier layout
-(``run.h5.step-00000012/`` named in ``files``) are still read, and replaced by the next save. :func:`npddp.train.checkpoint.fileformat.read` assembles the whole-model
+(``run.h5.step-00000012/`` named in ``files``) are still read, and replaced by the next save. :func:`npddp.checkpoint.fileformat.read` assembles the whole-model
 state from the shards (so resume at any world size or stage, ``npddp.evaluate`` and
 ``load_model`` take it as any checkpoint); a missing or damaged shard is a CheckpointError naming it.
 """
@@ -35,10 +35,10 @@ import zlib
 import numpy as np
 
 from npddp.parallel.zero import ZeroRedundancyOptimizer
-from npddp.process.job import EXIT_WRITE, JobError
-from npddp.train.checkpoint import fileformat, state
-from npddp.train.agree import agree, share_text
-from npddp.train.checkpoint.shardread import SHARD_FORMAT
+from npddp.checkpoint import fileformat, state
+from npddp.process.agree import agree, share_text
+from npddp.checkpoint.shardread import SHARD_FORMAT
+from npddp.checkpoint.stateful import ModelState, RunInfo, TrainState
 from npddp.util.atomicfile import atomic_h5
 from npddp.util.runinfo import SCHEMA_VERSION
 
@@ -127,31 +127,34 @@ class _Scalars:
         return dict(self.scalars)
 
 
-def save(comm, path, *, stage: int, named_params, engine, optimizer, **collect_kwargs) -> None:
-    """Collective: write this step's sharded checkpoint at ``path``; JobError (exit 4) when a write fails.
+def save(comm, path, model: ModelState, optim, train: TrainState, info: RunInfo) -> None:
+    """Collective: write this step's sharded checkpoint at ``path``; OSError on every rank when a write fails.
 
-    ``collect_kwargs`` are :func:`npddp.train.checkpoint.state.collect`'s (position, totals, config, ...).
+    ``model.engine`` holds the parameters (ZeRO-2/3: flat groups sharded over the ranks), ``optim``
+    is a :class:`~npddp.checkpoint.stateful.CheckpointedOptimizer` over ZeRO's optimizer.
     """
-    path, named_params = os.fspath(path), list(named_params)
-    step = int(collect_kwargs["position"][2])
+    path, named_params, engine = os.fspath(path), model.named, model.engine
+    step = int(train.step)
+    stage = 1 if isinstance(optim.sharded, ZeroRedundancyOptimizer) else engine.stage
     directory = step_dir(path, step, share_text(comm, secrets.token_hex(4) if comm.rank == 0 else ""))
     name = shard_name(comm.rank, comm.size)
-    rows, values, chunks, scalars, buffers = local_chunks(comm, engine, optimizer)
-    meta = state.collect(comm, named_params=[], optimizer=_Scalars(scalars), **collect_kwargs)
-    info, message = np.zeros(2, dtype=np.int64), None
+    rows, values, chunks, scalars, buffers = local_chunks(comm, engine, optim)
+    rest = ModelState([], model.dropouts, engine)              # everything but the parameters, stored once
+    meta = state.collect(comm, rest, _Scalars(scalars), train, info)
+    written, message = np.zeros(2, dtype=np.int64), None
     target = os.path.join(directory, name)
     try:
         os.makedirs(directory, exist_ok=True)
-        info[:] = write_shard(target, rank=comm.rank, size=comm.size, stage=stage, step=step, rows=rows,
+        written[:] = write_shard(target, rank=comm.rank, size=comm.size, stage=stage, step=step, rows=rows,
                               values=values, chunks=chunks)
     except OSError as exc:
-        message = f"cannot write {target}: {exc.strerror or exc}; the previous checkpoint is kept, training stopped"
+        message = f"cannot write {target}: {exc.strerror or exc}; the previous checkpoint is kept"
     message = agree(comm, message)
     if message:
         if comm.rank == 0:                                 # the incomplete new set; the index names the old one
             shutil.rmtree(directory, ignore_errors=True)
-        raise JobError(message, EXIT_WRITE)
-    table = comm.gather(info, root=0)                      # (size, 2) on rank 0
+        raise OSError(message)
+    table = comm.gather(written, root=0)                      # (size, 2) on rank 0
     if comm.rank == 0:
         try:
             params = engine.parameters()
@@ -163,14 +166,14 @@ def save(comm, path, *, stage: int, named_params, engine, optimizer, **collect_k
             _write_index(path, meta, stage=stage, directory=directory[len(path):], files=files,
                          table=np.asarray(table), layout=layout)
         except OSError as exc:
-            message = f"cannot write {path}: {exc.strerror or exc}; the previous checkpoint is kept, training stopped"
+            message = f"cannot write {path}: {exc.strerror or exc}; the previous checkpoint is kept"
         if message is None:
             remove_old_steps(path, keep=directory)
         else:
             shutil.rmtree(directory, ignore_errors=True)
     message = agree(comm, message)
     if message:
-        raise JobError(message, EXIT_WRITE)
+        raise OSError(message)
 
 
 def _write_index(path: str, meta, *, stage: int, directory: str, files: list, table: np.ndarray,

@@ -1,4 +1,4 @@
-"""Reading a sharded checkpoint (see :mod:`npddp.train.checkpoint.shardwrite`) into one process: the whole-model state.
+"""Reading a sharded checkpoint (see :mod:`npddp.checkpoint.shardwrite`) into one process: the whole-model state.
 
 :func:`assemble` checks every shard file against the size and CRC-32 its index records, then
 copies each shard's chunks into the whole parameters and optimizer buffers by the shard's

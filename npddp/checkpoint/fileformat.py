@@ -25,8 +25,8 @@ them and refuses a file that fails, lacks them, or holds a position or counter o
 (:class:`CheckpointError`, one line naming the file and what is wrong).
 
 The data order needs no state: the sampler shuffles with ``sampler_seed + epoch``. Gathering and
-restoring state over the communicator lives in :mod:`npddp.train.checkpoint.state`; :func:`load_model`
-rebuilds the trained model for use after training.
+restoring state over the communicator lives in :mod:`npddp.checkpoint.state`;
+:func:`npddp.load_model` rebuilds the trained model for use after training.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from npddp.train.checkpoint.shardread import ShardError, assemble
+from npddp.checkpoint.shardread import ShardError, assemble
 from npddp.util.atomicfile import atomic_h5
 from npddp.util.runinfo import SCHEMA_VERSION, read_attrs, write_attrs
 
@@ -234,7 +234,7 @@ def read(path) -> Checkpoint:
             if whole:
                 raise CheckpointError(f"checkpoint {path!r} {whole}")
             ckpt = _from_file(f, attrs)
-            if attrs.get("sharded"):          # --zero: the index of shard files (npddp.train.checkpoint.shardwrite)
+            if attrs.get("sharded"):          # --zero: the index of shard files (npddp.checkpoint.shardwrite)
                 try:
                     ckpt = assemble(path, f, ckpt)
                 except ShardError as exc:
@@ -308,31 +308,3 @@ def validate(ckpt: Checkpoint) -> str | None:
     if np.ndim(ckpt.totals) != 1 or len(ckpt.totals) != len(ckpt.totals_columns):
         return f"progress/totals has shape {np.shape(ckpt.totals)}; valid: ({len(ckpt.totals_columns)},)"
     return None
-
-
-# ----------------------------------------------------------------------------- using a trained model
-
-def load_model(path, rank: int = 0):
-    """The model a checkpoint describes, with its trained parameters, in eval mode.
-
-    Built from the settings stored in the file (``--model``, ``--hidden``, ...) and its
-    ``input_shape`` and ``num_classes``. With local SGD, where replicas differ, rank
-    ``rank``'s replica is loaded. ``model.forward(x)`` then gives logits for rows of
-    ``input_shape`` (flattened for an MLP: see :func:`npddp.train.models.shape_rows`).
-    """
-    from npddp.train.models import build_model
-
-    ckpt = read(path)
-    if not ckpt.input_shape or not ckpt.num_classes:
-        raise CheckpointError(f"checkpoint {os.fspath(path)!r} does not record the model's input shape "
-                              "and classes (written before npddp stored them)")
-    model, _, _ = build_model(ckpt.config, ckpt.input_shape, ckpt.num_classes)
-    if ckpt.per_rank and not 0 <= rank < ckpt.world_size:
-        raise ValueError(f"rank {rank} is out of range; the checkpoint holds replicas 0..{ckpt.world_size - 1}")
-    state = {k: (v[rank] if ckpt.per_rank else v) for k, v in ckpt.params.items()}
-    try:
-        model.load_state_dict(state)
-    except ValueError as exc:
-        raise CheckpointError(f"checkpoint {os.fspath(path)!r} does not fit the model it describes: {exc}") \
-            from None
-    return model.eval()

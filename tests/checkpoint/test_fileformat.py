@@ -1,6 +1,6 @@
 """Checkpoint files: round trip, checksums and validation that refuse damaged files, survival of a
 SIGKILL mid-write (and removal of the temporary file it leaves), a full disk, load_model, and
-(under MPI) gather and restore of every rank's state (npddp.train.checkpoint.state).
+(under MPI) gather and restore of every rank's state (npddp.checkpoint.state).
 
 Serial tests run with plain pytest; the MPI tests run under ``mpirun -n K python -m pytest --with-mpi``.
 """
@@ -21,10 +21,11 @@ import numpy as np
 import pytest
 
 from npddp.util import atomicfile
-from npddp.train.checkpoint import fileformat
-from npddp.train.checkpoint import state
+from npddp.checkpoint import fileformat
+from npddp.checkpoint import state
 from npddp.parallel.hooks import HookState
-from npddp.train.checkpoint.fileformat import Checkpoint, CheckpointError
+from npddp.checkpoint.fileformat import Checkpoint, CheckpointError
+from npddp.checkpoint.stateful import ModelState, RunInfo, TrainState
 from npddp.nn import mlp
 from npddp.optim import SGD, AdamW
 from npddp.util.runinfo import SCHEMA_VERSION
@@ -138,7 +139,7 @@ def test_unreadable_checkpoints_give_one_clear_error_naming_the_file(tmp_path, h
 CHILD = textwrap.dedent("""
     import sys
     import numpy as np
-    from npddp.train.checkpoint.fileformat import Checkpoint, write
+    from npddp.checkpoint.fileformat import Checkpoint, write
 
     def make(tag, n):
         params = {f"p{i}": np.full(n, float(tag)) for i in range(4)}
@@ -273,7 +274,7 @@ def test_positions_and_counters_out_of_range_are_refused_even_with_a_valid_check
 
 
 def _read_in_child(path, timeout=30):
-    code = (f"from npddp.train.checkpoint import fileformat\ntry:\n    fileformat.read({str(path)!r})\n"
+    code = (f"from npddp.checkpoint import fileformat\ntry:\n    fileformat.read({str(path)!r})\n"
             "except fileformat.CheckpointError as e:\n    print(e)")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
 
@@ -372,6 +373,7 @@ def test_a_metrics_write_past_a_file_size_limit_is_one_oserror_and_a_clean_exit(
 # ----------------------------------------------------------------------------- using the model
 
 def test_load_model_rebuilds_the_trained_model(tmp_path):
+    from npddp.train.checkpoint.saving import load_model
     from npddp.train.models import build_model
 
     settings = {"model": "mlp", "hidden": [6], "channels": [2], "dtype": "float64", "seed": 3, "dropout": 0.2}
@@ -383,13 +385,13 @@ def test_load_model_rebuilds_the_trained_model(tmp_path):
                       params=model.state_dict(), optimizer={**opt.state_dict(), "step": np.int64(1)},
                       optimizer_name="sgd", input_shape=(4,), num_classes=3)
     fileformat.write(tmp_path / "c.h5", ckpt)
-    back = fileformat.load_model(tmp_path / "c.h5")
+    back = load_model(tmp_path / "c.h5")
     x = np.random.default_rng(2).standard_normal((5, 4))
     assert not back.training and np.array_equal(back.forward(x), model.eval().forward(x))
     ckpt.input_shape, ckpt.num_classes = (), 0
     fileformat.write(tmp_path / "old.h5", ckpt)
     with pytest.raises(CheckpointError, match="does not record the model's input shape"):
-        fileformat.load_model(tmp_path / "old.h5")
+        load_model(tmp_path / "old.h5")
 
 
 def _model_and_optimizer(hidden=5, kind="sgd"):
@@ -443,10 +445,9 @@ def test_collect_then_restore_brings_back_every_ranks_state(comm_world, assert_a
         if averager is not None:
             averager.average_parameters(ddp.parameters())
     before = _state(model, opt, dropouts, ddp)
-    ckpt = state.collect(comm, named_params=model.named_parameters(), optimizer=opt, ddp=ddp,
-                              dropouts=dropouts, position=(1, 2, 3), totals=np.arange(4.0),
-                              totals_columns=("a", "b", "c", "d"), config=dict(CONFIG), backend="mpi",
-                              optimizer_name="sgd", attrs={}, local_sgd=bool(local_sgd))
+    ckpt = state.collect(comm, ModelState(model.named_parameters(), dropouts, ddp, per_rank=bool(local_sgd)), opt,
+                         TrainState(1, 2, 3, np.arange(4.0), ("a", "b", "c", "d")),
+                         RunInfo(dict(CONFIG), "mpi", "sgd"))
     ok = (ckpt is not None) == (comm.rank == 0)
     if comm.rank == 0:
         with tempfile.TemporaryDirectory() as tmp:    # only rank 0 ever touches the file
@@ -459,12 +460,12 @@ def test_collect_then_restore_brings_back_every_ranks_state(comm_world, assert_a
     dropouts[0].set_rng_state(np.arange(6, dtype=np.uint64))
     if hook != "allreduce":                      # a fresh hook state: restore must fill it
         ddp.register_comm_hook(*build(hook, comm, topk_ratio=0.2, powersgd_start_iter=2, powersgd_rank=2))
-    got = state.restore(comm, ckpt, named_params=model.named_parameters(), optimizer=opt,
-                               ddp=ddp, dropouts=dropouts)
+    where = TrainState()
+    got = state.restore(comm, ckpt, ModelState(model.named_parameters(), dropouts, ddp), opt, where)
     after = _state(model, opt, dropouts, ddp)
     ok = ok and np.array_equal(before[0], after[0]) and after[1:] == (3, 3)
-    ok = ok and (got["epochs_done"], got["batches_done"], got["step"]) == (1, 2, 3)
-    ok = ok and np.array_equal(got["totals"], np.arange(4.0)) and got["fresh"] == []
+    ok = ok and (where.epochs_done, where.batches_done, where.step) == (1, 2, 3)
+    ok = ok and np.array_equal(where.totals, np.arange(4.0)) and got["fresh"] == []
     assert_all_ranks(ok, f"rank {comm.rank}: state differs after restore")
 
 
@@ -492,8 +493,8 @@ def test_restore_from_another_world_size_takes_rank_0s_row(comm_world, assert_al
     expected = [p.data.copy() for p in model.parameters()]
     for p in model.parameters():
         p.data[...] = -1
-    got = state.restore(comm, saved, named_params=model.named_parameters(), optimizer=opt, ddp=ddp,
-                               dropouts=[])
+    where = TrainState()
+    got = state.restore(comm, saved, ModelState(model.named_parameters(), [], ddp), opt, where)
     ok = all(np.array_equal(p.data, e) for p, e in zip(model.parameters(), expected))
-    ok = ok and got["world_size"] == rows and got["step"] == 1
+    ok = ok and got["world_size"] == rows and where.step == 1
     assert_all_ranks(ok, f"rank {comm.rank}: not rank 0's row")

@@ -1,8 +1,8 @@
 """Training state over the communicator: gathered for a checkpoint, restored from one.
 
-:func:`collect` gathers every rank's state into a :class:`~npddp.train.checkpoint.fileformat.Checkpoint` on rank
-0; :func:`restore` puts rank 0's checkpoint back into every rank's model, optimizer, DDP and
-dropout streams. Both are collective. Per-rank arrays travel as int64 or float buffers
+:func:`collect` gathers every rank's state into a :class:`~npddp.checkpoint.fileformat.Checkpoint` on rank
+0; :func:`restore` puts rank 0's checkpoint back into every rank's objects (model, optimizer,
+position: :mod:`npddp.checkpoint.stateful`). Both are collective. Per-rank arrays travel as int64 or float buffers
 through the communicator's gather, scatter and broadcast; nothing is pickled.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from npddp.parallel.hooks import HookState
-from npddp.train.checkpoint.fileformat import Checkpoint
+from npddp.checkpoint.fileformat import Checkpoint
+from npddp.checkpoint.stateful import ModelState, RunInfo, TrainState
 
 
 def _row(array) -> np.ndarray:
@@ -37,69 +37,66 @@ def _gathered(comm, array: np.ndarray, per_rank: bool):
     return np.array(array, copy=True) if comm.rank == 0 else None
 
 
-def collect(comm, *, named_params, optimizer, ddp, dropouts, position: tuple[int, int, int],
-            totals: np.ndarray, totals_columns, config: dict, backend: str,
-            optimizer_name: str, attrs: dict, input_shape=(), num_classes: int = 0,
-            local_sgd: bool = False) -> Checkpoint | None:
-    """Gather this step's training state; the Checkpoint on rank 0, None elsewhere.
+def collect(comm, model: ModelState, optim, train: TrainState, info: RunInfo) -> Checkpoint | None:
+    """Gather this step's state of ``model``, ``optim`` and ``train``; the Checkpoint on rank 0, None elsewhere.
 
     Collective: every rank calls it at the same step. Parameters and optimizer buffers are
-    stored once, or per rank with local SGD (``local_sgd``) where replicas differ.
+    stored once (rank 0's), or per rank when ``model.per_rank`` (local SGD: replicas differ);
+    dropout streams and comm hook state always per rank.
     """
-    per_rank = bool(local_sgd) and comm.size > 1
-    params = {name: _gathered(comm, p.data, per_rank) for name, p in named_params}
-    state = optimizer.state_dict()
+    per_rank = model.per_rank and comm.size > 1
+    mine = model.state_dict()
+    params = {name: _gathered(comm, value, per_rank) for name, value in mine["params"].items()}
     opt = {k: _gathered(comm, v, per_rank) if isinstance(v, np.ndarray) and v.ndim else v
-           for k, v in state.items()}
+           for k, v in optim.state_dict().items()}
     dropout = None
-    if dropouts:
-        words = np.stack([d.get_rng_state() for d in dropouts])               # (n_dropout, 6) uint64
-        dropout = comm.gather(words.view(np.int64), root=0)                   # (size, n_dropout, 6)
-    hook = ddp.comm_hook_state
-    arrays = hook.state_dict() if isinstance(hook, HookState) else {}
+    if mine["dropout"] is not None:
+        dropout = comm.gather(mine["dropout"].view(np.int64), root=0)        # (size, n_dropout, 6)
+    arrays = mine["hooks"]
     hook_state = {name: comm.gather(_row(arrays[name]), root=0) for name in sorted(arrays)}  # (size, ...)
     if comm.rank != 0:
         return None
-    epochs_done, batches_done, step = position
-    return Checkpoint(epochs_done=epochs_done, batches_done=batches_done, step=step,
-                      world_size=comm.size, backend=backend, config=config, params=params,
-                      optimizer=opt, optimizer_name=optimizer_name, per_rank=per_rank,
-                      dropout_rng=None if dropout is None else dropout.view(np.uint64),
-                      hook_state=hook_state, totals=np.array(totals, dtype=np.float64),
-                      totals_columns=tuple(totals_columns), attrs=attrs,
-                      input_shape=tuple(int(v) for v in input_shape), num_classes=int(num_classes))
-
+    where = train.state_dict()
+    world = model.replicas or comm.size
+    return Checkpoint(epochs_done=where["epochs_done"], batches_done=where["batches_done"], step=where["step"],
+                      world_size=world, backend=info.backend, config=info.config, params=params,
+                      optimizer=opt, optimizer_name=info.optimizer, per_rank=per_rank,
+                      dropout_rng=None if dropout is None else dropout.view(np.uint64)[:world],
+                      hook_state=hook_state, totals=where["totals"], totals_columns=where["columns"],
+                      attrs=info.attrs, input_shape=tuple(int(v) for v in info.input_shape),
+                      num_classes=int(info.num_classes))
 
 
 _DTYPES = ("float16", "float32", "float64", "int32", "int64")
 
 
-def restore(comm, ckpt: Checkpoint | None, *, named_params, optimizer, ddp, dropouts) -> dict:
-    """Load rank 0's ``ckpt`` into every rank's model, optimizer, DDP and dropout streams.
+def restore(comm, ckpt: Checkpoint | None, model: ModelState, optim, train: TrainState) -> dict:
+    """Load rank 0's ``ckpt`` into every rank's ``model``, ``optim`` and ``train`` (collective).
 
-    Collective; ``ckpt`` is only read on rank 0 (and must have passed :func:`incompatibility`).
-    Returns the position (epochs_done, batches_done, step), the checkpoint's world_size, the
-    epoch totals, and ``fresh``: the per-rank state that could not be restored (another world size).
+    ``ckpt`` is only read on rank 0 (and must fit the objects: :func:`npddp.checkpoint.saveload.misfit`).
+    Returns the checkpoint's ``world_size`` and ``fresh``: the per-rank state that could not be
+    restored (another world size).
     """
     epochs_done, batches_done, step, saved_size, per_rank, has_dropout, n_hook = _shared_head(comm, ckpt)
     same = saved_size == comm.size
     root = comm.rank == 0
-    for name, p in named_params:
+    for name, p in model.named:
         _place(comm, ckpt.params[name] if root else None, p.data, bool(per_rank) and same, bool(per_rank))
-    _restore_optimizer(comm, ckpt, optimizer, bool(per_rank), same)
-    fresh = []
+    if optim is not None:
+        _restore_optimizer(comm, ckpt, optim, bool(per_rank), same)
+    fresh, loaded = [], {"steps": step}
     if has_dropout and same:
-        _restore_dropouts(comm, ckpt, dropouts)
-    elif dropouts:
+        loaded["dropout"] = _scattered_dropouts(comm, ckpt, len(model.dropouts))
+    elif model.dropouts:
         fresh.append("dropout streams")
-    hook = ddp.comm_hook_state
-    if n_hook and same and isinstance(hook, HookState):
-        hook.load_state_dict(_scattered_hook_state(comm, ckpt))
+    if n_hook and same and model.hooks is not None:
+        loaded["hooks"] = _scattered_hook_state(comm, ckpt)
     elif n_hook:
         fresh.append("comm hook state")
-    ddp.steps = step
-    return {"epochs_done": epochs_done, "batches_done": batches_done, "step": step,
-            "world_size": saved_size, "totals": _shared_totals(comm, ckpt), "fresh": fresh}
+    model.load_state_dict(loaded)
+    train.load_state_dict({"epochs_done": epochs_done, "batches_done": batches_done, "step": step,
+                           "totals": _shared_totals(comm, ckpt)})
+    return {"world_size": saved_size, "fresh": fresh}
 
 
 def _shared_head(comm, ckpt: Checkpoint | None) -> tuple[int, ...]:
@@ -140,13 +137,10 @@ def _restore_optimizer(comm, ckpt: Checkpoint | None, optimizer, per_rank: bool,
     optimizer.load_state_dict(state)
 
 
-def _restore_dropouts(comm, ckpt: Checkpoint | None, dropouts) -> None:
-    """Each rank's own dropout streams from the checkpoint's (same world size)."""
-    words = np.stack([d.get_rng_state() for d in dropouts]).view(np.int64)       # (n_dropout, 6)
-    stack = ckpt.dropout_rng.view(np.int64) if comm.rank == 0 else np.empty((comm.size,) + words.shape, np.int64)
-    mine = comm.scatter(np.ascontiguousarray(stack), root=0).view(np.uint64)
-    for d, w in zip(dropouts, mine):
-        d.set_rng_state(w)
+def _scattered_dropouts(comm, ckpt: Checkpoint | None, n: int) -> np.ndarray:
+    """This rank's (n, 6) uint64 dropout stream words from the checkpoint's (same world size)."""
+    stack = ckpt.dropout_rng.view(np.int64) if comm.rank == 0 else np.empty((comm.size, n, 6), np.int64)
+    return comm.scatter(np.ascontiguousarray(stack), root=0).view(np.uint64)
 
 
 def _scattered_hook_state(comm, ckpt: Checkpoint | None) -> dict:
