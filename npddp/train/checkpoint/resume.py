@@ -172,7 +172,7 @@ def restore_into(trainer, ckpt, saved: dict, out, named=None, optimizer=None) ->
     """Check ``ckpt`` against ``trainer``'s run and load it (collective); JobError (exit 2) when it does not fit.
 
     ``named``, ``optimizer``: where the parameters and optimizer state go instead of the trainer's
-    (a split model's whole-model targets, :mod:`npddp.train.checkpoint.whole`).
+    (a split model's whole-model targets, :mod:`npddp.parallel.model.whole`).
     """
     cfg, comm = trainer.cfg, trainer.comm
     named = trainer.model.named_parameters() if named is None else named
@@ -181,11 +181,11 @@ def restore_into(trainer, ckpt, saved: dict, out, named=None, optimizer=None) ->
     if comm.rank == 0:
         steps = steps_per_epoch(trainer.n_train, cfg.batch_size, ckpt.world_size)
         message = incompatibility(ckpt, cfg.checkpoint, named_params=named, optimizer=optimizer,
-                                  ddp=trainer.ddp, optimizer_name=cfg.optimizer, steps=steps)
+                                  ddp=trainer.engine, optimizer_name=cfg.optimizer, steps=steps)
     message = agree(comm, message)
     if message:
         raise JobError(message, EXIT_USAGE)
-    got = state.restore(comm, ckpt, named_params=named, optimizer=optimizer, ddp=trainer.ddp,
+    got = state.restore(comm, ckpt, named_params=named, optimizer=optimizer, ddp=trainer.engine,
                         dropouts=trainer.dropouts)
     if trainer.averager is not None:
         trainer.averager.step = got["step"]
