@@ -20,6 +20,7 @@ from npddp.parallel.engine import Engine
 from npddp.parallel.hooks import allreduce_hook
 from npddp.parallel.model.engine import MeshEngine
 from npddp.parallel.zero import ShardedOptimizer, ZeroDataParallel, ZeroRedundancyOptimizer
+from npddp.util.tracing import NullTracer
 
 from tests.conftest import world_raw
 
@@ -39,19 +40,30 @@ def make_data():
             rng.integers(0, CLASSES, size=(STEPS, GLOBAL_BATCH)))
 
 
-def build(kind: str, comm):
+class StepWatch(NullTracer):
+    """An untraced run's tracer that notes every step count it is told of (what moves a real trace's window)."""
+
+    def __init__(self):
+        self.told = []
+
+    def at_step(self, done: int) -> None:
+        self.told.append(done)
+
+
+def build(kind: str, comm, tracer):
     """``(engine, optimizer)`` of ``kind`` over ``comm`` (the split model: a pipeline of up to 3 stages)."""
     model = make_model()
     if kind == "split":
         pp = comm.size if comm.size <= 3 else 2
         engine = MeshEngine(comm, model, [], tp=1, pp=pp, backend="ring", timeout=120.0, micro_batches=2,
                             schedule="1f1b", sync="overlap", bucket_cap_mb=25.0,
-                            comm_hook=lambda group: (group, allreduce_hook), eval_batch=5)
+                            comm_hook=lambda group: (group, allreduce_hook), eval_batch=5, tracer=tracer)
         return engine, SGD(engine.parameters(), **SETTINGS)
     if kind in ("zero2", "zero3"):
-        engine = ZeroDataParallel(model, comm, stage=int(kind[-1]), bucket_cap_mb=2e-3)
+        engine = ZeroDataParallel(model, comm, stage=int(kind[-1]), bucket_cap_mb=2e-3, tracer=tracer)
         return engine, ShardedOptimizer(engine, SGD, **SETTINGS)
-    engine = DistributedDataParallel(model, comm, sync="overlap" if kind == "zero1" else kind[4:], bucket_cap_mb=2e-3)
+    engine = DistributedDataParallel(model, comm, sync="overlap" if kind == "zero1" else kind[4:], bucket_cap_mb=2e-3,
+                                     tracer=tracer)
     if kind == "zero1":
         return engine, ZeroRedundancyOptimizer(engine.parameters(), SGD, comm, **SETTINGS)
     return engine, SGD(engine.parameters(), **SETTINGS)
@@ -87,7 +99,8 @@ def drive(engine, optimizer):
 
 def check_contract(kind: str, comm) -> None:
     """Train ``kind`` over ``comm`` and check it against one process (call on every rank of ``comm``)."""
-    engine, optimizer = build(kind, comm)
+    watch = StepWatch()
+    engine, optimizer = build(kind, comm, watch)
     assert isinstance(engine, Engine) and not type(engine).__abstractmethods__
     X, y = make_data()
     before = engine.evaluate(X[0], y[0], CrossEntropyLoss())        # the initial model: one process's totals
@@ -99,7 +112,7 @@ def check_contract(kind: str, comm) -> None:
     losses = drive(engine, optimizer)
     rows = np.arange(engine.replicas.rank, GLOBAL_BATCH, engine.replicas.size)
     want_params, want_losses = reference(rows)
-    assert engine.steps == STEPS
+    assert engine.steps == STEPS and watch.told[-1] == STEPS and set(range(STEPS + 1)) <= set(watch.told)
     with engine.full_parameters():
         got = {n: p.data.copy() for n, p in engine.named_parameters()}
     assert got and set(got) <= set(want_params)
