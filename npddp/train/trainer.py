@@ -30,6 +30,7 @@ from npddp.train.models import shape_rows
 from npddp.nn import CrossEntropyLoss
 from npddp.train.console.printer import Printer, epoch_line
 
+
 class InjectedFault(RuntimeError):
     """The exception ``--inject-fault RANK:STEP`` raises."""
 
@@ -55,7 +56,10 @@ def _nonfinite(arrays) -> int | None:
 
 
 class Trainer:
-    """The training loop and what it writes: metrics rows, checkpoints, epoch lines."""
+    """The training loop and what it writes: metrics rows, checkpoints, epoch lines.
+
+    ``engine`` is any :class:`~npddp.parallel.engine.Engine` (DDP, a ZeRO stage, a split model), driven alike.
+    """
 
     def __init__(self, cfg: Config, comm, out: Printer, ds, model, dropouts, engine: Engine, optimizer, attrs: dict):
         self.cfg, self.comm, self.out = cfg, comm, out
@@ -78,7 +82,7 @@ class Trainer:
         self.saved_at = -1
         self.fault = parse_fault(cfg.inject_fault, comm.size) if cfg.inject_fault else None
         self.names = [name for name, _ in engine.named_parameters()]
-        self.watched = engine.parameters()[-2:]               # the output layer: weight and bias
+        self.watched = engine.parameters()[-2:]             # the output layer: weight and bias
         self.progress = None
         self.pending = None                                 # rank 0: the checkpoint to write next
         self.trace_data, self.trace_save = engine.tracer.name("load batch"), engine.tracer.name("checkpoint")
