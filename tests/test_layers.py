@@ -133,3 +133,45 @@ def test_inside_comm_every_import_goes_down_or_stays_level(name):
     upward = sorted(f"{t} ({COMM_LEVELS[comm_level(t)][0]})" for t in graph()[name]
                     if t in COMM and comm_level(t) > mine)
     assert not upward, f"{name} ({COMM_LEVELS[mine][0]}) imports upward inside comm: {upward}"
+
+
+#: Inside train, top to bottom: a module imports only from its own floor and the floors below it.
+#: Each entry: a floor and the train modules (or subpackages) on it.
+TRAIN_FLOORS = (
+    ("commands", ("__main__", "cli", "evaluate", "generate")),    # parse flags, run: python -m npddp.train/...
+    ("loop", ("trainer", "engines")),                              # the training loop; its engine from Config
+    ("checkpoint", ("checkpoint",)),                               # files of a run and resuming one
+    ("sharding", ("sharding",)),                                   # --zero's optimizers and memory line
+    ("console", ("console",)),                                     # what is printed and written as metrics
+    ("config", ("config", "faults")),                              # the flags as one dataclass, their values read
+    ("base", ("models", "")),                             # decisions shared by ranks, model builders
+)
+
+
+def train_floor(name: str) -> int:
+    """Index in :data:`TRAIN_FLOORS` of train module ``name`` (``npddp.train.x.y``), counted from the top."""
+    first = name.split(".")[2] if name.count(".") >= 2 else ""
+    for index, (_, members) in enumerate(TRAIN_FLOORS):
+        if first in members:
+            return index
+    raise AssertionError(f"{name} is on no floor of TRAIN_FLOORS; add it where it belongs")
+
+
+TRAIN = sorted(n for n in GRAPH if n == "npddp.train" or n.startswith("npddp.train."))
+
+
+@pytest.mark.parametrize("name", TRAIN)
+def test_inside_train_every_import_goes_down_or_stays_level(name):
+    mine = train_floor(name)
+    upward = sorted(f"{t} ({TRAIN_FLOORS[train_floor(t)][0]})" for t in GRAPH[name]
+                    if t in TRAIN and train_floor(t) < mine)
+    assert not upward, f"{name} ({TRAIN_FLOORS[mine][0]}) imports upward inside train: {upward}"
+
+
+def test_the_floor_checks_catch_a_loop_importing_the_cli_and_a_circle_through_the_console():
+    """Both checks see the two upward imports train once had (trainer -> cli, config -> console)."""
+    def upward(name, target):
+        return train_floor(target) < train_floor(name)
+    assert upward("npddp.train.trainer", "npddp.train.cli.validate")
+    assert upward("npddp.train.config", "npddp.train.console.printer")
+    assert not upward("npddp.train.console.banner", "npddp.train.config")

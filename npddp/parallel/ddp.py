@@ -139,16 +139,6 @@ class DistributedDataParallel(DataParallelModule):
                                        algorithm=algorithm, sync=self.sync)
         return {"wait": tracer.name("all-reduce wait"), "optimizer": tracer.name("optimizer step")}
 
-    @property
-    def steps(self) -> int:
-        """Optimizer steps taken (restored on resume); setting it moves the tracer's window."""
-        return self._steps
-
-    @steps.setter
-    def steps(self, value: int) -> None:
-        self._steps = value
-        self.tracer.at_step(value)
-
     # --- forward / backward ---------------------------------------------------------
     def register_comm_hook(self, state, hook) -> None:
         """Reduce every bucket with ``hook(state, bucket) -> handle`` (see :mod:`npddp.parallel.hooks`).

@@ -12,7 +12,7 @@ rows is the training run's, from the same seed). Rank 0 reads the checkpoint and
 every rank reads the data set. Prints one line; exit 0, or 2 with one ``error: ...`` line
 (a missing, damaged or foreign checkpoint, unreadable data, rows that do not fit the model).
 One process needs no MPI. The rows go through forward passes only, as many per pass as fit
-the working set of :mod:`npddp.train.validation` unless ``--batch-size`` says.
+the working set of :mod:`npddp.parallel.evaluation` unless ``--batch-size`` says.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from npddp.process.agree import agree, share_text
 from npddp.checkpoint import fileformat
 from npddp.train.cli.inputs import load_data
 from npddp.train.models import build_model, shape_rows
-from npddp.train.validation import WORKING_SET, agreed_batch, evaluate_rows
+from npddp.parallel.evaluation import WORKING_SET, agreed_batch, evaluate_rows
 from npddp.util import env
 
 PROG = "python -m npddp.evaluate"

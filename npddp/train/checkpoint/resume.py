@@ -138,10 +138,10 @@ def restore_into(trainer, ckpt, saved: dict, out, named=None, optimizer=None) ->
     """Check ``ckpt`` against ``trainer``'s run and load it (collective); JobError (exit 2) when it does not fit.
 
     ``named``, ``optimizer``: where the parameters and optimizer state go instead of the trainer's
-    (a split model's whole-model targets, :mod:`npddp.train.checkpoint.whole`).
+    (a split model's whole-model targets, :mod:`npddp.parallel.model.whole`).
     """
     cfg, comm = trainer.cfg, trainer.comm
-    model = ModelState(trainer.model.named_parameters() if named is None else named, trainer.dropouts, trainer.ddp)
+    model = ModelState(trainer.model.named_parameters() if named is None else named, trainer.dropouts, trainer.engine)
     optim = trainer.optimizer if optimizer is None else optimizer
     position = TrainState()
 

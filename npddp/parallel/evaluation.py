@@ -1,7 +1,7 @@
 """Evaluation at forward speed: rows split over ranks, forward passes without gradients, batches sized by memory.
 
-:func:`evaluate_rows` is the validation of ``python -m npddp.train`` and the body of
-``python -m npddp.evaluate``. Rank r takes rows r::size and passes them through the model
+:func:`evaluate_rows` is a data-parallel engine's ``evaluate`` (the validation of
+``python -m npddp.train``) and the body of ``python -m npddp.evaluate``. Rank r takes rows r::size and passes them through the model
 under :meth:`~npddp.nn.Module.no_grad` (no activation kept for a backward, no gradient
 touched), scoring each batch with :meth:`~npddp.nn.CrossEntropyLoss.score`; one reduction then
 sums (loss sum, correct, rows) over ranks, so every row counts once and every rank gets the
@@ -79,13 +79,15 @@ def _parts(most: int, fewest: int, batch: int) -> int:
     return max(1, min(math.ceil(most / batch), fewest))
 
 
-def evaluate_rows(model, X: np.ndarray, y: np.ndarray, rank: int, size: int, batch: int, reduce) -> np.ndarray:
+def evaluate_rows(model, X: np.ndarray, y: np.ndarray, rank: int, size: int, batch: int, reduce,
+                  loss_fn=None) -> np.ndarray:
     """(loss sum, correct, rows) over all ranks; rank r evaluates rows r::size, ``reduce`` sums over ranks.
 
     Collective: every rank calls it with the same rows and ``batch``. The model's training mode
-    is left as it is (call ``eval()`` first to turn dropout off).
+    is left as it is (call ``eval()`` first to turn dropout off). ``loss_fn``: a CrossEntropyLoss
+    (its ``score``), a new one when None.
     """
-    loss_fn, sums = CrossEntropyLoss(), np.zeros(3)
+    loss_fn, sums = CrossEntropyLoss() if loss_fn is None else loss_fn, np.zeros(3)
     idx = np.arange(rank, len(X), size)
     most, fewest = -(-len(X) // size), len(X) // size
     with model.no_grad():

@@ -1,20 +1,20 @@
-"""The training CLI's engine for a split model (``--tp``/``--pp``): a Pipeline over the mesh, in DDP's place.
+"""The engine of a split model (tensor and pipeline parallelism): a Pipeline over a mesh, with DDP over its data group.
 
 :class:`MeshEngine` builds the (dp, pp, tp) groups from the world, splits the full model
 (``tensor_parallel``, then ``PipelineStage``) and runs it as a :class:`Pipeline` with DDP over
-the data group. It offers what :class:`npddp.train.trainer.Trainer` asks of DDP (zero_grad,
-step, parameters, reduce_metrics, stats, tracer, ...), plus :meth:`train_batch` and
-:meth:`evaluate` through the pipeline, and the whole-model views a checkpoint is written from
-and resumed into (:mod:`npddp.train.checkpoint.whole`). Dropout streams are seeded as one
-process's and positioned by sample row, so a run matches one process on the same global batch.
+the data group. It keeps the engine contract (:class:`~npddp.parallel.engine.Engine`):
+:meth:`train_batch` and :meth:`evaluate` run through the pipeline, and it offers the whole-model
+views a checkpoint is written from and resumed into (:mod:`npddp.parallel.model.whole`). Dropout
+streams are seeded as one process's and positioned by sample row, so a run matches one process
+on the same global batch.
 
-With ``--trace`` (or ``NPDDP_TRACE``) one tracer over the world records every rank: the pipeline's
-micro-batches, sends, receives and idle stretches, the tensor group's all-reduces and the data
-group's DDP; each rank's process is named by its (dp, pp, tp) coordinates.
+With a tracer over the world every rank is recorded: the pipeline's micro-batches, sends,
+receives and idle stretches, the tensor group's all-reduces and the data group's DDP; each
+rank's process is named by its (dp, pp, tp) coordinates.
 
-Over the data group, as for a model that is not split: ``--comm-hook`` reduces DDP's buckets,
-``--zero 1`` shards the optimizer state (:meth:`make_optimizer`), ``--local-sgd`` runs the
-step without gradient averaging (``train_batch(local=True)``; the trainer's averager works over
+Over the data group, as for a model that is not split: a comm hook reduces DDP's buckets, a
+ZeRO-1 optimizer may shard its state (over :attr:`MeshEngine.data`, clocked), local SGD runs the
+step without gradient averaging (``train_batch(local=True)``; an averager works over
 :attr:`replicas`). A step's :attr:`stats` count as communication the tensor group's
 all-reduces, the pipeline's sends and receives (waiting included) and the data group's sync.
 """
@@ -29,15 +29,17 @@ import numpy as np
 
 from npddp.data import iterate_batches
 from npddp.nn import CrossEntropyLoss
-from npddp.optim import make_optimizer
-from npddp.parallel import hook_registry as hooks
+from npddp.parallel.engine import Engine
 from npddp.parallel.hooks import HookState
-from npddp.parallel.model import Mesh, Pipeline, PipelineStage, mesh_groups, shard_indices, tensor_parallel
+from npddp.parallel.model import whole
 from npddp.parallel.model.clock import ClockedGroup
+from npddp.parallel.model.convert import tensor_parallel
+from npddp.parallel.model.groups import mesh_groups
+from npddp.parallel.model.mesh import Mesh
+from npddp.parallel.model.pipeline import Pipeline
+from npddp.parallel.model.stages import PipelineStage
+from npddp.parallel.model.tensor import shard_indices
 from npddp.parallel.wrapper import StepStats
-from npddp.train import sharding
-from npddp.train.checkpoint import whole
-from npddp.train.cli.layout import micro_batches
 from npddp.util import tracing
 
 
@@ -53,35 +55,45 @@ def process_names(mesh: Mesh) -> dict:
     return {str(r): f"rank {r}: dp {c.dp}, pp {c.pp}, tp {c.tp}" for r, c in coords.items()}
 
 
-class MeshEngine:
-    """A split model's training step, validation and checkpoint views (see the module docstring)."""
+class MeshEngine(Engine):
+    """A split model's training step, validation and checkpoint views (see the module docstring).
 
-    def __init__(self, cfg, comm, model, dropouts):
-        self.comm, self.mesh = comm, Mesh(comm.size, tp=cfg.tp, pp=cfg.pp)
-        self.groups = mesh_groups(self.mesh, raw_world(comm), cfg.backend, timeout=cfg.timeout)
+    ``model``: the full model, built alike on every rank, and ``dropouts`` its Dropout layers;
+    ``tp``, ``pp``: the mesh (the data replicas are the rest of the world); ``backend``,
+    ``timeout``: what the groups are created with; ``micro_batches``, ``schedule``: the
+    pipeline's; ``sync``, ``bucket_cap_mb``: DDP's over the data group, and ``comm_hook(group)
+    -> (state, hook)`` its hook; ``eval_batch``: rows per validation forward pass; ``tracer``:
+    None for ``NPDDP_TRACE``'s.
+    """
+
+    splits_model = True
+
+    def __init__(self, comm, model, dropouts, *, tp: int, pp: int, backend: str, timeout: float,
+                 micro_batches: int, schedule: str, sync: str, bucket_cap_mb: float, comm_hook,
+                 eval_batch: int, tracer=None):
+        self.comm, self.mesh = comm, Mesh(comm.size, tp=tp, pp=pp)
+        self.groups = mesh_groups(self.mesh, raw_world(comm), backend, timeout=timeout)
         self.here = self.mesh.coords(comm.rank)
-        self.tracer = tracing.Tracer(cfg.trace, comm, cfg.trace_steps) if cfg.trace else tracing.from_env(comm)
+        self.tracer = tracing.from_env(comm) if tracer is None else tracer
         self.tracer.describe(process_names=process_names(self.mesh))
         #: the communicator the data replicas share (local SGD averages over it); clocked groups for the stats
         self.replicas = self.groups.data
         self.clocks = [ClockedGroup(self.groups.tensor), ClockedGroup(self.groups.pipeline),
                        ClockedGroup(self.groups.data)]
         full = [(n, p.data.shape, p.data.dtype) for n, p in model.named_parameters()]
-        if cfg.tp > 1:
+        if tp > 1:
             model = tensor_parallel(model, self.clocks[0], tracer=self.tracer)
         shards = shard_indices(model)
-        self.stage = PipelineStage(model, cfg.pp, self.here.pp)
-        self.micro = micro_batches(cfg)
+        self.stage = PipelineStage(model, pp, self.here.pp)
+        self.micro, self.eval_batch = micro_batches, eval_batch
         self.pipeline = Pipeline(self.stage, self.clocks[1], CrossEntropyLoss(), self.micro,
-                                 cfg.pp_schedule, data=self.groups.data if self.mesh.dp > 1 else None,
-                                 tracer=self.tracer, sync=cfg.sync, bucket_cap_mb=cfg.bucket_mb)
+                                 schedule, data=self.groups.data if self.mesh.dp > 1 else None,
+                                 tracer=self.tracer, sync=sync, bucket_cap_mb=bucket_cap_mb)
         if self.pipeline.ddp is not None:
-            self.pipeline.ddp.register_comm_hook(*hooks.build(
-                cfg.comm_hook, self.groups.data, topk_ratio=cfg.topk_ratio, powersgd_rank=cfg.powersgd_rank,
-                powersgd_start_iter=cfg.powersgd_start_iter, seed=cfg.seed))
+            self.pipeline.ddp.register_comm_hook(*comm_hook(self.groups.data))
         names = self.stage.original_names()
         self.local = [(names[n], p) for n, p in self.stage.named_parameters()]
-        tied = "" if self.stage.tied is None or not self.pipeline.last or cfg.pp == 1 else \
+        tied = "" if self.stage.tied is None or not self.pipeline.last or pp == 1 else \
             next(n for n, p in self.local if p is self.stage.tied)
         first_copy = self.here.dp == 0
         self.pieces = whole.Pieces(full, self.local, shards, lambda name: first_copy and name != tied and (
@@ -96,42 +108,47 @@ class MeshEngine:
         #: this rank's losses and validation counts are the ones added up (last stage, first tensor slice)
         self.reports = self.pipeline.last and self.here.tp == 0
 
-    def make_optimizer(self, cfg):
-        """This stage's optimizer; with ``--zero 1`` its state sharded over the data replicas (ZeRO-1)."""
-        if cfg.zero == 1:
-            return sharding.shard_optimizer(cfg, self, self.clocks[2])
-        return make_optimizer(cfg.optimizer, self.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                              weight_decay=cfg.weight_decay)
-
     @property
-    def steps(self) -> int:
-        """Optimizer steps taken (restored on resume); setting it moves the tracer's window."""
-        return self._steps
+    def data(self) -> ClockedGroup:
+        """The data group, clocked: a ZeRO-1 optimizer's exchanges over it count as communication."""
+        return self.clocks[2]
 
-    @steps.setter
-    def steps(self, value: int) -> None:
-        self._steps = value
-        self.tracer.at_step(value)
-
-    def unkept_state(self, cfg) -> str:
+    def unkept_state(self, local_sgd: bool, comm_hook: str) -> str:
         """What this run's whole-model checkpoints leave out ("" for nothing), for the resume line."""
         parts = []
-        if cfg.local_sgd and self.mesh.dp > 1:
+        if local_sgd and self.mesh.dp > 1:
             parts.append("each data replica's own parameters and optimizer state (local SGD: it holds replica 0's)")
         if self.pipeline.ddp is not None and isinstance(self.pipeline.ddp.comm_hook_state, HookState):
-            parts.append(f"the --comm-hook {cfg.comm_hook} state (error feedback)")
+            parts.append(f"the --comm-hook {comm_hook} state (error feedback)")
         return " or ".join(parts)
 
     def whole_count(self) -> int:
         """Parameters of the whole model."""
         return sum(int(np.prod(shape)) for _, shape, _ in self.pieces.full)
 
-    # --- what the Trainer asks of DDP ------------------------------------------------------
+    # --- the engine contract ---------------------------------------------------------------
     def parameters(self):
+        """This rank's parameters."""
         return [p for _, p in self.local]
 
     def named_parameters(self):
+        """This rank's parameters, each by its name in the full model."""
         return list(self.local)
+
+    def state_dict(self) -> dict:
+        """This rank's parameters (its shards) by their names in the full model (copies)."""
+        return {name: p.data.copy() for name, p in self.local}
+
+    def load_state_dict(self, state: dict, strict: bool = True) -> tuple[list[str], list[str]]:
+        """Copy ``state`` (name -> this rank's shard) into the parameters; (missing names, unexpected names)."""
+        mine = dict(self.local)
+        missing, unexpected = sorted(set(mine) - set(state)), sorted(set(state) - set(mine))
+        if strict and (missing or unexpected):
+            raise KeyError(f"load_state_dict: missing {missing[:4]}, unexpected {unexpected[:4]}")
+        for name, values in state.items():
+            if name in mine:
+                np.copyto(mine[name].data, np.asarray(values).reshape(mine[name].data.shape))
+        return missing, unexpected
 
     def zero_grad(self) -> None:
         self.pipeline.zero_grad()
@@ -157,14 +174,16 @@ class MeshEngine:
         return self.comm.allreduce(np.array(sums, dtype=np.float64))
 
     # --- steps ---------------------------------------------------------------------------
-    def train_batch(self, xb: np.ndarray, yb: np.ndarray, local: bool = False):
-        """One step's forward and backward on this replica's rows; the mean loss on the last stage, else None.
+    def train_batch(self, xb: np.ndarray, yb: np.ndarray, loss_fn, local: bool = False):
+        """One step's forward, ``loss_fn`` and backward on this replica's rows; the mean loss on the last stage,
+        else None.
 
         A short last batch of an epoch runs as at most one micro-batch per row. ``local``: the
         gradients are not averaged over the data replicas (local SGD between averagings).
         """
         rows = len(yb)
         self.pipeline.micro_batches = min(self.micro, rows)
+        self.pipeline.loss = loss_fn
         ddp = self.pipeline.ddp
         for clock in self.clocks:
             clock.reset()
@@ -185,17 +204,18 @@ class MeshEngine:
                          comm_calls=tensor.calls + pipe.calls + data.comm_calls,
                          comm_bytes=tensor.nbytes + pipe.nbytes + data.comm_bytes)
 
-    def evaluate(self, X: np.ndarray, y: np.ndarray, batch: int, loss_fn) -> np.ndarray:
-        """(loss sum, correct, rows) of this replica's validation rows, on reporting ranks (zeros elsewhere)."""
+    def evaluate(self, X: np.ndarray, y: np.ndarray, loss_fn) -> np.ndarray:
+        """(loss sum, correct, rows) over all ranks, through the pipeline: replica r evaluates rows r::replicas
+        in passes of ``eval_batch`` rows, and only reporting ranks add theirs (collective)."""
         sums = np.zeros(3)
         idx = np.arange(self.here.dp, len(X), self.mesh.dp)
         self.stage.eval()
-        for xb, yb in iterate_batches(X, y, idx, batch):
+        for xb, yb in iterate_batches(X, y, idx, self.eval_batch):
             logits = self.pipeline.predict(xb)
             if self.reports:
                 sums += (loss_fn.forward(logits, yb) * len(yb), loss_fn.correct(logits, yb) / yb[0].size, len(yb))
         self.stage.train()
-        return sums
+        return self.reduce_metrics(sums)
 
     # --- checkpoints ---------------------------------------------------------------------
     def whole_state(self, optimizer):
