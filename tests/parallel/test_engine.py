@@ -22,7 +22,7 @@ from npddp.parallel.model.engine import MeshEngine
 from npddp.parallel.zero import ShardedOptimizer, ZeroDataParallel, ZeroRedundancyOptimizer
 from npddp.util.tracing import NullTracer
 
-from tests.conftest import world_raw
+from tests.helpers.ranks import world_raw
 
 GLOBAL_BATCH, STEPS, FEATURES, CLASSES = 12, 3, 5, 3
 SETTINGS = {"lr": 0.1, "momentum": 0.9}
