@@ -21,11 +21,11 @@ Runs COMMAND on N MPI ranks (default 2) with the mpirun of the active environmen
 Environment:
   Each rank gets its share of this machine's CPUs as BLAS/OpenMP threads
   (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, MKL_NUM_THREADS = CPUs / N, at least 1, as
-  `python -m npddp.process.threads --ranks N` computes it) unless you already set them: ranks
+  `python -m npddp.util.threads --ranks N` computes it) unless you already set them: ranks
   sharing cores otherwise fight over them.  With --hostfile nothing is exported: npddp's
   entry points apply the same rule inside each rank, per node (--threads auto).
 
-MPI libraries (MPICH, Open MPI, Intel MPI; see docs/launching.md, "Every MPI"):
+MPI libraries (MPICH, Open MPI, Intel MPI; see docs/guide/launching.md, "Every MPI"):
   The library is told by the launcher's name (prterun) or its --version text. Open MPI gets
   --oversubscribe (and --allow-run-as-root when running as root), its --hostfile and -x VAR;
   MPICH and Intel MPI get -f FILE and -envlist. Intel MPI's mpirun is a shell script that passes
@@ -89,12 +89,12 @@ if [[ -z "$mpirun" ]]; then mpirun="$(command -v mpirun || command -v mpiexec ||
 
 python="$(command -v python3 || command -v python || true)"
 npddp_ok=0
-if [[ -n "$python" ]] && "$python" -c "import npddp.process.threads, npddp.process.cleanup" 2>/dev/null; then npddp_ok=1; fi
+if [[ -n "$python" ]] && "$python" -c "import npddp.util.threads, npddp.process.cleanup" 2>/dev/null; then npddp_ok=1; fi
 # BLAS threads per rank: this machine's CPUs / N (npddp's auto rule), unless already chosen. With a
 # hostfile the ranks per node are not known here: npddp's entry points then apply the rule per node.
 if [[ -z "$hostfile" ]]; then
   threads=1
-  if [[ "$npddp_ok" == 1 ]]; then threads="$("$python" -m npddp.process.threads --ranks "$nprocs")"; fi
+  if [[ "$npddp_ok" == 1 ]]; then threads="$("$python" -m npddp.util.threads --ranks "$nprocs")"; fi
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$threads}"
   export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-$threads}"
   export MKL_NUM_THREADS="${MKL_NUM_THREADS:-$threads}"

@@ -83,8 +83,18 @@ def check_collective(collective: str, n: int) -> None:
         raise ValueError(f"world size must be an int >= 1, got {n!r}")
 
 
+def offered(collective: str) -> bool:
+    """True when npddp's communicator protocol declares ``collective`` (so every backend has it); MPI's own call in a
+    bare mpi4py loop times it either way. A collective the protocol gains later (all-to-all) needs no change here."""
+    from npddp.comm import Communicator
+
+    check_collective(collective, 1)
+    return collective in vars(Communicator)
+
+
 def busbw_factor(collective: str, n: int) -> float:
-    """busbw = algbw x this: all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n, broadcast 1."""
+    """busbw = algbw x this (nccl-tests'): all-reduce 2(n-1)/n, all-gather, reduce-scatter and all-to-all (n-1)/n,
+    broadcast 1."""
     check_collective(collective, n)
     if collective == "allreduce":
         return 2.0 * (n - 1) / n
@@ -189,7 +199,7 @@ def create_comm(backend: str, mpi_comm, transport: str = DEFAULT_TRANSPORT, tcp_
 
 def tcp_world(mpi_comm):
     """A TCP mesh among ``mpi_comm``'s ranks, so one mpirun job can put the tcp transport beside mpi's."""
-    from npddp.comm.transports.rendezvous import world_over_mpi
+    from npddp.comm.transports.world import world_over_mpi
 
     return world_over_mpi(mpi_comm, 300.0)
 

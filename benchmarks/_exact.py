@@ -90,6 +90,19 @@ def kernel(comm, collective: str, place: str, count: int, dtype: str, op: str, s
         return (lambda: comm.allgather(src),
                 lambda: _mismatches(comm.allgather(own(blk)),
                                     np.stack([periodic(f, r, blk, dtype) for r in range(n)])))
+    if collective == "alltoall":   # row p of rank s's input goes to rank p: it starts at f[s * n + p]
+        blk = count // n
+
+        def sent():
+            """This rank's fresh input, shape (n, blk)."""
+            return np.stack([periodic(f, rank * n + p, blk, dtype) for p in range(n)])
+        src = sent()
+
+        def check():
+            fresh = sent()
+            expected = np.stack([periodic(f, p * n + rank, blk, dtype) for p in range(n)])  # row p from rank p
+            return _mismatches(comm.alltoall(fresh), expected) + _mismatches(fresh, src)
+        return (lambda: comm.alltoall(src)), check
     if collective == "broadcast":
         buf = own(count)
 

@@ -1,15 +1,19 @@
-"""The all-reduce sweep across emulated nodes (``python -m npddp.cluster``), summarised against the link rate.
+"""A collective's sweep across emulated nodes (``python -m npddp.cluster``), summarised against the link rate.
 
     python benchmarks/cluster_study.py --nodes 2 --ranks-per-node 1 --rate 1gbit -b 1K -e 64M --out study/
+    python benchmarks/cluster_study.py --collective allgather --nodes 2 --rate 1gbit -b 1K -e 16M --out study/
     python benchmarks/cluster_study.py --summarize study/ar_2x1_1gbit.csv --rate 1gbit   # an existing sweep
     python benchmarks/cluster_study.py --nodes 4 -b 1K -e 256K --calls 50 --iters 20 --out study/  # small sizes
     python benchmarks/cluster_study.py --ddp --nodes 2 --rate 1gbit --out study/          # DDP, seed model sizes
 
-Each configuration runs ``benchmarks/allreduce.py`` inside the cluster (``--launcher mpi``:
-MPI's own Allreduce and every hand-written backend over both transports, MPI point-to-point
-and TCP) and prints, per size, the in-place median time of each backend, the ring's bus
-bandwidth as a share of the link rate (busbw / rate; the ring puts 2(N-1)/N x size on each
-link), and ``auto``'s time over the fastest fixed algorithm on the same transport.
+Each configuration runs ``benchmarks/collectives.py`` inside the cluster (``--launcher mpi``:
+MPI's own call, in npddp's ``mpi`` backend and in a bare mpi4py loop (``raw``), and every
+hand-written backend over both transports, MPI point-to-point and TCP) and prints, per size,
+the median time of each backend (in place where the collective has that form, else out of
+place), the ring's bus bandwidth as a share of the link rate (busbw / rate; the ring puts
+busbw_factor x size on each link: 2(N-1)/N for all-reduce, (N-1)/N for all-gather,
+reduce-scatter and all-to-all, 1 for broadcast), and ``auto``'s time over the fastest fixed
+algorithm on the same transport. ``--collective`` picks the collective (default allreduce).
 Every rank shares this machine's cores: figures are only as good as the link, not the CPU,
 is the bottleneck (rates of 1 Gbit/s and below on a 2-core box), and the machine's load is
 part of every number.
@@ -29,10 +33,16 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks._common import busbw_factor, offered  # noqa: E402
 from benchmarks._costmodel import fit_alpha_beta  # noqa: E402
+from benchmarks.columns import COLLECTIVES  # noqa: E402
 from npddp.cluster.shaping import parse_rate  # noqa: E402
 
 FIXED = ("ring", "rd", "rabenseifner", "tree")
+#: The backends swept when --backends is not given: every fixed all-reduce algorithm; for the other collectives, whose
+#: fixed backends all run the same schedule today, the ring and the naive one.
+DEFAULT_BACKENDS = {"allreduce": "mpi,ring,rd,rabenseifner,tree,auto,hier"}
+OTHERS_DEFAULT = "mpi,ring,naive,auto"
 #: The second fit starts here: below it a 1 Gbit/s token bucket lets a message through faster than the rate.
 FIT_FROM = 256 << 10
 
@@ -41,39 +51,43 @@ def run_sweep(args, path: Path) -> int:
     """One sweep inside a fresh cluster; the harness's exit code."""
     cmd = [sys.executable, "-m", "npddp.cluster", "--nodes", str(args.nodes), "--ranks-per-node",
            str(args.ranks_per_node), "--rate", args.rate, "--launcher", "mpi", "--",
-           sys.executable, str(ROOT / "benchmarks" / "allreduce.py"), "--backends", args.backends,
+           sys.executable, str(ROOT / "benchmarks" / "collectives.py"), "--collective", args.collective,
+           "--backends", args.backends,
            "--transports", "mpi,tcp", "-b", args.minbytes, "-e", args.maxbytes, "-f", str(args.factor),
            "--iters", str(args.iters), "--budget", str(args.budget), "--calls", str(args.calls), "--csv", str(path)]
     print("+", " ".join(cmd), flush=True)
     return subprocess.call(cmd)
 
 
-def read(path: Path) -> dict:
-    """(bytes, backend, transport) -> in-place median seconds."""
-    out = {}
+def read(path: Path) -> tuple[dict, str]:
+    """((bytes, backend, transport) -> median seconds in place, or out of place where the collective has no in-place
+    form; the collective)."""
     with open(path) as f:
-        for row in csv.DictReader(f):
-            if row["place"] == "inplace":
-                out[int(row["bytes"]), row["backend"], row["transport"]] = float(row["time_median_s"])
-    return out
+        rows = list(csv.DictReader(f))
+    place = "inplace" if any(r["place"] == "inplace" for r in rows) else "outofplace"
+    times = {(int(r["bytes"]), r["backend"], r["transport"]): float(r["time_median_s"]) for r in rows
+             if r["place"] == place}
+    return times, (rows[0]["collective"] if rows else "allreduce")
 
 
 def summarize(path: Path, rate: float | None, world: int) -> list[str]:
     """The table's lines: per size, times, the ring's share of the link rate, auto over the best fixed."""
-    times = read(path)
+    times, collective = read(path)
+    factor = busbw_factor(collective, world)
     by_size = defaultdict(dict)
     for (n, backend, transport), t in times.items():
         by_size[n][backend if transport == "mpi" else f"{backend}/tcp"] = t
-    names = [b for b in ("mpi", *FIXED, "auto", "hier") for b in (b, f"{b}/tcp") if any(b in v for v in by_size.values())]
+    names = [b for b in ("raw", "mpi", *FIXED, "naive", "auto", "hier") for b in (b, f"{b}/tcp")
+             if any(b in v for v in by_size.values())]
     head = f"{'bytes':>10} " + " ".join(f"{b:>16}" for b in names)
     head += "   ring share (mpi, tcp)   auto/best (mpi, tcp)"
-    lines = ["# in-place median ms; share = (2(N-1)/N x bytes / time) / link rate", head]
+    lines = [f"# {collective}: median ms; share = ({factor:g} x bytes / time) / link rate", head]
     for n in sorted(by_size):
         row = by_size[n]
         cells = " ".join(f"{row[b] * 1e3:16.3f}" if b in row else f"{'-':>16}" for b in names)
         share = []
         for key in ("ring", "ring/tcp"):
-            share.append(f"{2 * (world - 1) / world * n * 8 / row[key] / rate:.2f}" if rate and key in row else "-")
+            share.append(f"{factor * n * 8 / row[key] / rate:.2f}" if rate and key in row else "-")
         ratio = []
         for suffix in ("", "/tcp"):
             best = min((row[f + suffix] for f in FIXED if f + suffix in row), default=None)
@@ -89,16 +103,17 @@ def fit_network(path: Path, rate: float | None, world: int, min_bytes: int = 0) 
     Each algorithm is fitted with its own steps and bytes (``benchmarks/_costmodel.py``), so alpha is the
     network's per-message latency and bandwidth what it sees (bytes/s); ``bandwidth / rate`` is the link's share.
     """
-    times = {key: t for key, t in read(path).items() if key[0] >= min_bytes}
+    times, collective = read(path)
+    times = {key: t for key, t in times.items() if key[0] >= min_bytes}
     lines = [f"# alpha-beta fit per algorithm, sizes >= {min_bytes} B (T = steps x alpha + bytes sent / bandwidth; "
              "weighted by 1/T)",
              f"{'algorithm':>16} {'alpha us':>9} {'bandwidth Gbit/s':>16} {'bw / rate':>9} {'rel rms':>8} {'sizes':>6}"]
     for transport in ("mpi", "tcp"):
-        for name in FIXED:
+        for name in (FIXED if collective == "allreduce" else ("ring", "naive")):
             pts = sorted((n, t) for (n, b, tr), t in times.items() if b == name and tr == transport)
             if len({n for n, _ in pts}) < 2 or world < 2:
                 continue
-            fit = fit_alpha_beta([n for n, _ in pts], [t for _, t in pts], "allreduce", world, name)
+            fit = fit_alpha_beta([n for n, _ in pts], [t for _, t in pts], collective, world, name)
             gbit = fit.bandwidth * 8 / 1e9
             share = f"{fit.bandwidth * 8 / rate:.2f}" if rate else "-"
             label = name if transport == "mpi" else f"{name}/tcp"
@@ -144,14 +159,16 @@ def main(argv=None) -> int:
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--ranks-per-node", type=int, default=1)
     p.add_argument("--rate", default="1gbit", help="tc rate or none (default: 1gbit)")
-    p.add_argument("--backends", default="mpi,ring,rd,rabenseifner,tree,auto,hier")
+    p.add_argument("--collective", default="allreduce", choices=COLLECTIVES)
+    p.add_argument("--backends", default="", help=f"comma-separated backends (default: {DEFAULT_BACKENDS['allreduce']} "
+                   f"for allreduce, {OTHERS_DEFAULT} for the others, raw for one npddp does not have)")
     p.add_argument("-b", "--minbytes", default="1K")
     p.add_argument("-e", "--maxbytes", default="64M")
     p.add_argument("-f", "--factor", type=int, default=4)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--budget", type=float, default=1.5)
     p.add_argument("--calls", type=int, default=1,
-                   help="all-reduces back to back per timed iteration (benchmarks/allreduce.py --calls): for small "
+                   help="collectives back to back per timed iteration (benchmarks/collectives.py --calls): for small "
                         "sizes, where a barrier's skew outweighs the call (default 1)")
     p.add_argument("--out", default="cluster_study", help="directory of the sweeps' CSV files")
     p.add_argument("--summarize", default="", metavar="CSV", help="only print the summary of an existing sweep")
@@ -160,9 +177,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.calls < 1:
         p.error(f"--calls must be >= 1, got {args.calls}")
+    if not args.backends:
+        args.backends = DEFAULT_BACKENDS.get(args.collective, OTHERS_DEFAULT if offered(args.collective) else "raw")
     rate = parse_rate(args.rate)
     world = args.nodes * args.ranks_per_node
-    kind = "ddp" if args.ddp else "ar"
+    kind = "ddp" if args.ddp else {"allreduce": "ar"}.get(args.collective, args.collective)
     if args.summarize:
         path = Path(args.summarize)
     else:

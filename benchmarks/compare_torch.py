@@ -6,7 +6,7 @@
 Both sides train the same model of benchmarks/ddp.py (``--model``, default ``small``:
 784-1024x5-10, 5.0M parameters) from the same initial weights on the same random batch
 (``--batch`` rows per rank), float32, SGD (lr 0.01, momentum 0.9), cross-entropy, one thread
-per rank (``torch.set_num_threads(1)``; NumPy's BLAS through ``npddp.process.threads.set_threads(1)``).
+per rank (``torch.set_num_threads(1)``; NumPy's BLAS through ``npddp.util.threads.set_threads(1)``).
 PyTorch: ``torch.nn.parallel.DistributedDataParallel`` on the gloo
 backend (``bucket_cap_mb`` = ``--bucket-mb``, ``gradient_as_bucket_view=True``, the
 optimizer's default ``zero_grad``); its process group takes rank and size from mpi4py and
@@ -54,7 +54,7 @@ from npddp import comm as npcomm  # noqa: E402
 from benchmarks import results  # noqa: E402
 from npddp.parallel.ddp import BUCKET_CAP_MB, SYNCS, DistributedDataParallel  # noqa: E402
 from npddp.process.job import abort_on_exception  # noqa: E402
-from npddp.process.threads import set_threads  # noqa: E402
+from npddp.util.threads import set_threads  # noqa: E402
 from npddp.nn import CrossEntropyLoss, mlp  # noqa: E402
 from npddp.optim import SGD  # noqa: E402
 

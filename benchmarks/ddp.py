@@ -10,7 +10,7 @@ Models (benchmarks/_common.py): MLPs on 784 inputs, 10 outputs, ReLU between lay
 by default: ``tiny`` 784-1024-256-10 (1,068,810 parameters, 6 tensors), ``small``
 784-1024x5-10 (5,012,490, 12 tensors), ``medium`` 784-2048x5-10 (18,413,578, 12 tensors),
 trained with SGD (lr 0.01, momentum 0.9) and cross-entropy on one random batch per rank
-(``--batch`` rows, random labels) reused every step. BLAS threads per rank: npddp.process.threads'
+(``--batch`` rows, random labels) reused every step. BLAS threads per rank: npddp.util.threads'
 auto rule (the CPUs a rank may use / the ranks on its node; 1 for 2 ranks on 2 cores).
 
 Breakdown (default): every model x sync x backend, and for ``bucketed`` and ``overlap`` every
@@ -34,7 +34,7 @@ sub-communicator; the others wait in a barrier that sleeps between polls), the w
 the median over all backends' one-rank runs of the same combination and repeat (on one rank
 they do the same work, so one shared reference keeps noise out of the comparison).
 
-Trace (``--trace FILE.json``, ``--trace-steps FIRST:LAST``, docs/traces.md): the timeline of
+Trace (``--trace FILE.json``, ``--trace-steps FIRST:LAST``, docs/guide/traces.md): the timeline of
 the first combination's steps (warm-up included, counted from 1) on every rank.
 
 Output: a table (rank 0); ``--out`` the dump (kinds ``ddp_breakdown``, ``weak_scaling``;
@@ -62,7 +62,7 @@ from benchmarks.columns import BARE, NO_COMM  # noqa: E402
 from benchmarks._bare import BareMLP  # noqa: E402
 from npddp.parallel.ddp import BUCKET_CAP_MB, SYNCS, DistributedDataParallel  # noqa: E402
 from npddp.process.job import abort_on_exception  # noqa: E402
-from npddp.process.threads import set_threads  # noqa: E402
+from npddp.util.threads import set_threads  # noqa: E402
 from npddp.nn import CrossEntropyLoss, mlp  # noqa: E402
 from npddp.optim import SGD  # noqa: E402
 from npddp.util import tracing  # noqa: E402
@@ -161,7 +161,7 @@ def build_parser(verbose: bool = True):
     p.add_argument("--out", default="", help="write the HDF5 dump here (rank 0)")
     p.add_argument("--csv", default="", help="write the dump's rows as CSV here (rank 0)")
     p.add_argument("--trace", default="", metavar="FILE.json",
-                   help="timeline of the first combination's --trace-steps steps (docs/traces.md)")
+                   help="timeline of the first combination's --trace-steps steps (docs/guide/traces.md)")
     p.add_argument("--trace-steps", type=tracing.steps_text, default=tracing.DEFAULT_STEPS, metavar="FIRST:LAST",
                    help=f"steps --trace records, from 1, warm-up included (default {tracing.DEFAULT_STEPS})")
     return p

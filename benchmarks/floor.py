@@ -1,6 +1,6 @@
 """The small-message floor: a plain loop of all-reduces per backend beside MPI's own, as a program calls them.
 
-Run it with MPI (N = 2 is the table of docs/performance.md)::
+Run it with MPI (N = 2 is the table of docs/results/2026-12-02-performance.md)::
 
     mpirun -n 2 python benchmarks/floor.py
     mpirun -n 2 python benchmarks/floor.py --sizes 1K --columns raw,mpi,mpi/unchecked,mpi/inf --rounds 9

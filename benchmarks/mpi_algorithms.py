@@ -1,19 +1,26 @@
-"""Each MPI library's own all-reduce algorithms, forced one at a time, beside the library's default choice.
+"""Each MPI library's own algorithms of a collective, forced one at a time, beside the library's default choice.
 
     python benchmarks/mpi_algorithms.py -n 4 -b 1K -e 64M -f 4 --out mpi_algorithms.h5
     python benchmarks/mpi_algorithms.py -n 2 --algorithms ring,tree -b 1K -e 64K -f 8 --iters 5 --out a.h5
+    python benchmarks/mpi_algorithms.py -n 2 --collective allgather -b 1K -e 16M -f 16 --out ag.h5   # MPI_Allgather's
     python benchmarks/mpi_algorithms.py -n 4 --backends ring,rabenseifner --out both.h5  # npddp's in the same dump
-    python benchmarks/mpi_algorithms.py --list                         # what the active MPI lets a user force
+    python benchmarks/mpi_algorithms.py --list --collective broadcast  # what the active MPI lets a user force
     python benchmarks/mpi_algorithms.py --cluster 2x1@1gbit --lock /tmp/cluster.lock -b 1K -e 32M -f 8 --out c.h5
     python benchmarks/report.py mpi_algorithms.h5 ar.h5                # drawn beside npddp's algorithms
 
-MPI's ``Allreduce`` is not one algorithm: each library picks one of several by size and lets a
-user force one through environment variables (:data:`LIBRARIES`, one entry per library). This
-script finds the active library (mpi4py's ``MPI.Get_library_version`` in a small subprocess),
-then runs benchmarks/allreduce.py (backend ``mpi`` only) under ``-n`` ranks once with none of
+MPI's collectives are not one algorithm each: each library picks one of several by size and
+lets a user force one through environment variables (:data:`LIBRARIES`, one entry per library,
+one menu per collective: ``MPIR_CVAR_<COLL>_INTRA_ALGORITHM`` for MPICH,
+``coll_tuned_<coll>_algorithm`` with ``coll_tuned_use_dynamic_rules`` for Open MPI,
+``I_MPI_ADJUST_<COLL>`` for Intel MPI; a reduce-scatter sets the variables of both
+``MPI_Reduce_scatter``, which npddp's ``mpi`` backend calls, and ``MPI_Reduce_scatter_block``,
+which the bare ``raw`` loop calls, where the library has the algorithm for both). This script
+finds the active library (mpi4py's ``MPI.Get_library_version`` in a small subprocess), then runs
+benchmarks/collectives.py (``--collective``, default allreduce; backend ``mpi`` and the ``raw``
+loop beside it, or ``raw`` alone for a collective npddp has no call for yet) under ``-n`` ranks once with none of
 the library's variables set (``mpi:default``) and once per algorithm with its variables set
 (``mpi:<algorithm>``), each a fresh job of the mpirun beside this Python (else the one on PATH)
-with a time limit (``--timeout``). Every flag this script does not know goes to allreduce.py
+with a time limit (``--timeout``). Every flag this script does not know goes to collectives.py
 unchanged (sizes, iterations, dtype, buffers, ...); ``--backends`` adds npddp backends to the
 default run, so one dump holds both. ``--cluster KxR@RATE`` runs each job across K emulated
 nodes of R ranks with links of RATE instead (``python -m npddp.cluster --launcher mpi``, a fresh
@@ -23,7 +30,7 @@ average (``/proc/loadavg``) before and after it. ``--rounds R`` runs every job R
 order (round 2 backwards), and pools each algorithm's iterations over its rounds: a load that
 drifts while the jobs run, as on a shared machine, then weighs on every algorithm alike.
 
-Every run is checked: allreduce.py's ``#wrong`` must be 0; a run that fails, times out or
+Every run is checked: collectives.py's ``#wrong`` must be 0; a run that fails, times out or
 returns wrong results is reported in the summary (its rows, if any, stay in the dump) and the
 other runs still go on. A forced algorithm whose p10-p90 range of times overlaps the default's
 at every size and place is marked "suspect: not honoured?" (the library may ignore the variable
@@ -69,7 +76,7 @@ from benchmarks import results
 
 PROG = "mpi_algorithms.py"
 KIND = "allreduce_sweep"
-ALLREDUCE = Path(__file__).resolve().with_name("allreduce.py")
+SWEEP = Path(__file__).resolve().with_name("collectives.py")
 DEFAULT = "default"
 #: The ``backend`` of MPI's rows: ``mpi:<algorithm>``.
 PREFIX = "mpi:"
@@ -89,32 +96,48 @@ class Algorithm:
 
 @dataclass(frozen=True)
 class Library:
-    """How one MPI library names and forces its all-reduce algorithms."""
+    """How one MPI library names and forces its algorithms of each collective (``menus``: collective -> algorithms)."""
 
     family: str
     marker: str                         # text in the first line of its version string
-    source: str                         # where the list comes from
-    algorithms: tuple
+    source: str                         # where the lists come from
+    menus: dict
     launcher_args: tuple = ()           # always given to its mpirun
     root_args: tuple = ()               # given when running as root
     fallback_notice: str = ""           # what it prints when a forced algorithm cannot run
     probe: tuple = ()                   # command listing a component (with {component}); empty output: absent
 
+    def menu(self, collective: str) -> tuple:
+        """The algorithms this library lets a user force for ``collective`` (empty when none)."""
+        return self.menus.get(collective, ())
+
     def all_variables(self) -> set:
-        """Every variable an algorithm of this library sets (unset for the default run)."""
-        return {k for a in self.algorithms for k in a.env}
+        """Every variable an algorithm of this library sets, of any collective (unset for the default run)."""
+        return {k for menu in self.menus.values() for a in menu for k in a.env}
 
 
-def _mpich(name: str, about: str) -> Algorithm:
+#: The MPI calls whose algorithm variables each collective's forced runs set: the sweep's ``mpi`` row calls the
+#: first (npddp's ``mpi`` backend), its ``raw`` row the last (:mod:`benchmarks._raw`); reduce-scatter sets both.
+CALLS = {"allreduce": ("ALLREDUCE",), "allgather": ("ALLGATHER",), "reduce_scatter": ("REDUCE_SCATTER",
+         "REDUCE_SCATTER_BLOCK"), "alltoall": ("ALLTOALL",), "broadcast": ("BCAST",)}
+
+
+def _mpich(name: str, about: str, *, collective: str = "allreduce") -> Algorithm:
     """An MPICH algorithm: the MPIR-level choice, with the device's own collectives off so it is used."""
-    return Algorithm(name, {"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": name, "MPIR_CVAR_DEVICE_COLLECTIVES": "none",
-                            "MPIR_CVAR_COLLECTIVE_FALLBACK": "print"}, about)
+    chosen = {f"MPIR_CVAR_{call}_INTRA_ALGORITHM": name for call in CALLS[collective]}
+    return Algorithm(name, {**chosen, "MPIR_CVAR_DEVICE_COLLECTIVES": "none", "MPIR_CVAR_COLLECTIVE_FALLBACK": "print"},
+                     about)
 
 
-def _tuned(value: int, name: str, about: str) -> Algorithm:
-    """An Open MPI coll/tuned algorithm, forced by dynamic rules, with han (which would take precedence) off."""
-    return Algorithm(name, {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
-                            "OMPI_MCA_coll_tuned_allreduce_algorithm": str(value), "OMPI_MCA_coll": "^han"}, about)
+def _tuned(value: int | None, name: str, about: str, block: int | None = None, *, collective: str = "allreduce") -> Algorithm:
+    """An Open MPI coll/tuned algorithm, forced by dynamic rules, with han (which would take precedence) off.
+
+    Reduce-scatter: ``value`` is MPI_Reduce_scatter's number, ``block`` MPI_Reduce_scatter_block's (either may be
+    None where that call has no such algorithm)."""
+    calls = {"reduce_scatter": (("reduce_scatter", value), ("reduce_scatter_block", block)),
+             "broadcast": (("bcast", value),)}.get(collective, ((collective, value),))
+    chosen = {f"OMPI_MCA_coll_tuned_{call}_algorithm": str(v) for call, v in calls if v is not None}
+    return Algorithm(name, {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", **chosen, "OMPI_MCA_coll": "^han"}, about)
 
 
 def _han(name: str, about: str) -> Algorithm:
@@ -123,55 +146,121 @@ def _han(name: str, about: str) -> Algorithm:
                                      "OMPI_MCA_coll_han_use_allreduce_algorithm": name}, about, component="han")
 
 
-def _intel(value: int, name: str, about: str) -> Algorithm:
-    """An Intel MPI preset."""
-    return Algorithm(name, {"I_MPI_ADJUST_ALLREDUCE": str(value)}, about)
+def _intel(value: int, name: str, about: str, *, collective: str = "allreduce") -> Algorithm:
+    """An Intel MPI preset (reduce-scatter: the same number for MPI_Reduce_scatter and MPI_Reduce_scatter_block)."""
+    return Algorithm(name, {f"I_MPI_ADJUST_{call}": str(value) for call in CALLS[collective]}, about)
 
 
-#: Per library: the variables that force each all-reduce algorithm, and the source of the list.
+def _menus(make, lists: dict) -> dict:
+    """{collective: algorithms} from ``lists`` {collective: ((args of make), ...)}, each made with its collective."""
+    return {coll: tuple(make(*args, collective=coll) for args in entries) for coll, entries in lists.items()}
+
+
+_MPICH_MENUS = _menus(_mpich, {
+    "allgather": (("auto", "MPIR-level selection (with the device's override off)"), ("brucks", "Bruck's"),
+                  ("k_brucks", "radix-k Bruck's (MPIR_CVAR_ALLGATHER_BRUCKS_KVAL)"),
+                  ("nb", "the non-blocking algorithm, waited for"), ("recursive_doubling", "recursive doubling"),
+                  ("ring", "ring"), ("recexch_doubling", "recursive exchange, distance doubling"),
+                  ("recexch_halving", "recursive exchange, distance halving")),
+    "reduce_scatter": (("auto", "MPIR-level selection (with the device's override off)"),
+                       ("nb", "the non-blocking algorithm, waited for"),
+                       ("noncommutative", "the algorithm for non-commutative ops"), ("pairwise", "pairwise exchange"),
+                       ("recursive_doubling", "recursive doubling"), ("recursive_halving", "recursive halving")),
+    "alltoall": (("auto", "MPIR-level selection (with the device's override off)"), ("brucks", "Bruck's"),
+                 ("k_brucks", "radix-k Bruck's (MPIR_CVAR_ALLTOALL_BRUCKS_KVAL)"),
+                 ("nb", "the non-blocking algorithm, waited for"), ("pairwise", "pairwise exchange"),
+                 ("pairwise_sendrecv_replace", "pairwise exchange with MPI_Sendrecv_replace"),
+                 ("scattered", "every send and receive posted at once, in batches")),
+    "broadcast": (("auto", "MPIR-level selection (with the device's override off)"), ("binomial", "binomial tree"),
+                  ("nb", "the non-blocking algorithm, waited for"),
+                  ("smp", "node-aware: across nodes, then on each node"),
+                  ("scatter_recursive_doubling_allgather", "scatter, then recursive-doubling all-gather"),
+                  ("scatter_ring_allgather", "scatter, then ring all-gather"),
+                  ("pipelined_tree", "pipelined tree (MPIR_CVAR_BCAST_TREE_TYPE)"),
+                  ("tree", "tree (MPIR_CVAR_BCAST_TREE_TYPE)")),
+})
+_OPEN_MPI_MENUS = _menus(_tuned, {
+    "allgather": ((1, "linear", "gather to rank 0, then broadcast"), (2, "bruck", "Bruck's"),
+                  (3, "recursive_doubling", "recursive doubling"), (4, "ring", "ring"),
+                  (5, "neighbor", "neighbour exchange"), (6, "two_proc", "two ranks only"),
+                  (7, "sparbit", "sparbit (data-locality aware)")),
+    "reduce_scatter": ((1, "basic_linear", "reduce to rank 0, then scatter", 1),
+                       (None, "recursive_doubling", "recursive doubling (MPI_Reduce_scatter_block only)", 2),
+                       (2, "recursive_halving", "recursive halving", 3),
+                       (3, "ring", "ring (MPI_Reduce_scatter only)", None),
+                       (4, "butterfly", "butterfly", 4)),
+    "alltoall": ((1, "linear", "every send and receive posted at once"), (2, "pairwise", "pairwise exchange"),
+                 (3, "modified_bruck", "modified Bruck's"), (4, "linear_sync", "linear, a bounded number at a time"),
+                 (5, "two_proc", "two ranks only")),
+    "broadcast": ((1, "basic_linear", "root sends to every rank"), (2, "chain", "pipelined chain"),
+                  (3, "pipeline", "pipeline"), (4, "split_binary_tree", "split binary tree"),
+                  (5, "binary_tree", "binary tree"), (6, "binomial", "binomial tree"), (7, "knomial", "k-nomial tree"),
+                  (8, "scatter_allgather", "scatter, then all-gather"),
+                  (9, "scatter_allgather_ring", "scatter, then ring all-gather")),
+})
+_INTEL_MENUS = _menus(_intel, {
+    "allgather": ((1, "recursive_doubling", "recursive doubling"), (2, "brucks", "Bruck's"), (3, "ring", "ring"),
+                  (4, "topo_gatherv_bcast", "topology-aware gatherv, then broadcast"), (5, "knomial", "k-nomial")),
+    "reduce_scatter": ((1, "recursive_halving", "recursive halving"), (2, "pairwise", "pairwise exchange"),
+                       (3, "recursive_doubling", "recursive doubling"), (4, "reduce_scatterv", "reduce, then scatter")),
+    "alltoall": ((1, "brucks", "Bruck's"), (2, "isend_irecv_waitall", "every send and receive posted, then waitall"),
+                 (3, "pairwise", "pairwise exchange"), (4, "plum", "Plum's")),
+    "broadcast": ((1, "binomial", "binomial tree"), (2, "recursive_doubling", "recursive doubling"), (3, "ring", "ring"),
+                  (4, "topo_binomial", "topology-aware binomial"),
+                  (5, "topo_recursive_doubling", "topology-aware recursive doubling"), (6, "topo_ring", "topology-aware ring"),
+                  (7, "shumilin", "Shumilin's"), (8, "knomial", "k-nomial"),
+                  (9, "topo_shm_flat", "topology-aware, shared-memory based, flat"),
+                  (10, "topo_shm_knomial", "topology-aware, shared-memory based, k-nomial"),
+                  (11, "topo_shm_knary", "topology-aware, shared-memory based, k-ary")),
+})
+
+#: Per library: the variables that force each algorithm of each collective, and the source of the lists.
 LIBRARIES = (
-    Library("MPICH", "MPICH", "mpivars (MPICH 5.0.2's own list of MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM values)", (
-        _mpich("auto", "MPIR-level selection (with the device's override off)"),
-        _mpich("nb", "the non-blocking algorithm, waited for"),
-        _mpich("smp", "node-aware: reduce on the node, across nodes, broadcast on the node"),
-        _mpich("recursive_doubling", "recursive doubling"),
-        _mpich("recursive_multiplying", "recursive multiplying (radix MPIR_CVAR_ALLREDUCE_RECURSIVE_MULTIPLYING_KVAL)"),
-        _mpich("reduce_scatter_allgather", "Rabenseifner's reduce-scatter then all-gather"),
-        _mpich("tree", "pipelined tree (MPIR_CVAR_ALLREDUCE_TREE_TYPE)"),
-        _mpich("recexch", "recursive exchange"),
-        _mpich("ring", "ring"),
-        _mpich("k_reduce_scatter_allgather", "k-port reduce-scatter then all-gather"),
-        _mpich("ccl", "a vendor collective library (CCL), where MPICH was built with one"),
-    ), fallback_notice="cannot be applied"),
-    Library("Open MPI", "Open MPI", "ompi_info --all (Open MPI 5.0.11: coll_tuned_allreduce_algorithm, "
-                                   "coll_han_use_allreduce_algorithm, the coll components)", (
-        _tuned(1, "basic_linear", "reduce to rank 0, then broadcast, both linear"),
-        _tuned(2, "nonoverlapping", "tuned reduce, then tuned broadcast"),
-        _tuned(3, "recursive_doubling", "recursive doubling"),
-        _tuned(4, "ring", "ring"),
-        _tuned(5, "segmented_ring", "ring in segments (coll_tuned_allreduce_algorithm_segmentsize)"),
-        _tuned(6, "rabenseifner", "Rabenseifner's reduce-scatter then all-gather"),
-        _han("simple", "han's simple: reduce on the node, all-reduce across nodes, broadcast on the node"),
-        _han("reproducible", "han's reproducible order of reduction"),
-        Algorithm("xhc", {"OMPI_MCA_coll_xhc_priority": "100"}, "XPMEM-based hierarchical collectives",
-                  component="xhc"),
-    ), launcher_args=("--oversubscribe",), root_args=("--allow-run-as-root",),
+    Library("MPICH", "MPICH", "mpivars (MPICH 5.0.2's own lists of MPIR_CVAR_<COLL>_INTRA_ALGORITHM values)", {
+        "allreduce": (
+            _mpich("auto", "MPIR-level selection (with the device's override off)"),
+            _mpich("nb", "the non-blocking algorithm, waited for"),
+            _mpich("smp", "node-aware: reduce on the node, across nodes, broadcast on the node"),
+            _mpich("recursive_doubling", "recursive doubling"),
+            _mpich("recursive_multiplying", "recursive multiplying (radix MPIR_CVAR_ALLREDUCE_RECURSIVE_MULTIPLYING_KVAL)"),
+            _mpich("reduce_scatter_allgather", "Rabenseifner's reduce-scatter then all-gather"),
+            _mpich("tree", "pipelined tree (MPIR_CVAR_ALLREDUCE_TREE_TYPE)"),
+            _mpich("recexch", "recursive exchange"),
+            _mpich("ring", "ring"),
+            _mpich("k_reduce_scatter_allgather", "k-port reduce-scatter then all-gather"),
+            _mpich("ccl", "a vendor collective library (CCL), where MPICH was built with one"),
+        ), **_MPICH_MENUS}, fallback_notice="cannot be applied"),
+    Library("Open MPI", "Open MPI", "ompi_info --all (Open MPI 5.0.11: coll_tuned_<coll>_algorithm, "
+                                   "coll_han_use_allreduce_algorithm, the coll components)", {
+        "allreduce": (
+            _tuned(1, "basic_linear", "reduce to rank 0, then broadcast, both linear"),
+            _tuned(2, "nonoverlapping", "tuned reduce, then tuned broadcast"),
+            _tuned(3, "recursive_doubling", "recursive doubling"),
+            _tuned(4, "ring", "ring"),
+            _tuned(5, "segmented_ring", "ring in segments (coll_tuned_allreduce_algorithm_segmentsize)"),
+            _tuned(6, "rabenseifner", "Rabenseifner's reduce-scatter then all-gather"),
+            _han("simple", "han's simple: reduce on the node, all-reduce across nodes, broadcast on the node"),
+            _han("reproducible", "han's reproducible order of reduction"),
+            Algorithm("xhc", {"OMPI_MCA_coll_xhc_priority": "100"}, "XPMEM-based hierarchical collectives",
+                      component="xhc"),
+        ), **_OPEN_MPI_MENUS}, launcher_args=("--oversubscribe",), root_args=("--allow-run-as-root",),
         probe=("ompi_info", "--param", "coll", "{component}", "--parsable")),
-    Library("Intel MPI", "Intel(R) MPI", "Intel MPI Developer Reference, I_MPI_ADJUST family (the numbered list of "
-                                         "the 2020 Update 2 edition; 2021 editions list the same algorithms)", (
-        _intel(1, "recursive_doubling", "recursive doubling"),
-        _intel(2, "rabenseifner", "Rabenseifner's"),
-        _intel(3, "reduce_bcast", "reduce, then broadcast"),
-        _intel(4, "topo_reduce_bcast", "topology-aware reduce, then broadcast"),
-        _intel(5, "binomial_gather_scatter", "binomial gather and scatter"),
-        _intel(6, "topo_binomial_gather_scatter", "topology-aware binomial gather and scatter"),
-        _intel(7, "shumilin_ring", "Shumilin's ring"),
-        _intel(8, "ring", "ring"),
-        _intel(9, "knomial", "k-nomial"),
-        _intel(10, "topo_shm_flat", "topology-aware, shared-memory based, flat"),
-        _intel(11, "topo_shm_knomial", "topology-aware, shared-memory based, k-nomial"),
-        _intel(12, "topo_shm_knary", "topology-aware, shared-memory based, k-ary"),
-    )),
+    Library("Intel MPI", "Intel(R) MPI", "Intel MPI Developer Reference, I_MPI_ADJUST family (the numbered lists of "
+                                         "the 2020 Update 2 edition; 2021 editions list the same algorithms)", {
+        "allreduce": (
+            _intel(1, "recursive_doubling", "recursive doubling"),
+            _intel(2, "rabenseifner", "Rabenseifner's"),
+            _intel(3, "reduce_bcast", "reduce, then broadcast"),
+            _intel(4, "topo_reduce_bcast", "topology-aware reduce, then broadcast"),
+            _intel(5, "binomial_gather_scatter", "binomial gather and scatter"),
+            _intel(6, "topo_binomial_gather_scatter", "topology-aware binomial gather and scatter"),
+            _intel(7, "shumilin_ring", "Shumilin's ring"),
+            _intel(8, "ring", "ring"),
+            _intel(9, "knomial", "k-nomial"),
+            _intel(10, "topo_shm_flat", "topology-aware, shared-memory based, flat"),
+            _intel(11, "topo_shm_knomial", "topology-aware, shared-memory based, k-nomial"),
+            _intel(12, "topo_shm_knary", "topology-aware, shared-memory based, k-ary"),
+        ), **_INTEL_MENUS}),
 )
 
 
@@ -212,7 +301,7 @@ def present(lib: Library, algorithm: Algorithm) -> bool:
 
 @dataclass
 class Run:
-    """One relaunch of allreduce.py: which algorithm, its variables, and what came of it."""
+    """One relaunch of collectives.py: which algorithm, its variables, and what came of it."""
 
     backend: str
     algorithm: Algorithm | None         # None: the default run
@@ -235,9 +324,9 @@ class Run:
         return self.status == "ok"
 
 
-def plan(lib: Library, names) -> list[Run]:
-    """The default run, then one run per algorithm of ``names`` (all when None), in the table's order."""
-    wanted = [a for a in lib.algorithms if names is None or a.name in names]
+def plan(lib: Library, names, collective: str = "allreduce") -> list[Run]:
+    """The default run, then one run per algorithm of ``collective`` in ``names`` (all when None), in the table's order."""
+    wanted = [a for a in lib.menu(collective) if names is None or a.name in names]
     return [Run(PREFIX + DEFAULT, None)] + [Run(PREFIX + a.name, a) for a in wanted]
 
 
@@ -283,8 +372,8 @@ def relaunch(command: list, env: dict, limit_s: float, workdir: Path, name: str)
 
 
 def launch_command(lib: Library, launcher: str, nproc: int, args: list, cluster=None, lock: str = "") -> list:
-    """The launcher command of one run of allreduce.py: ``nproc`` ranks here, or across ``cluster`` (nodes, ranks, rate)."""
-    job = [sys.executable, str(ALLREDUCE), *args]
+    """The launcher command of one run of collectives.py: ``nproc`` ranks here, or across ``cluster`` (nodes, ranks, rate)."""
+    job = [sys.executable, str(SWEEP), *args]
     if cluster is None:
         extra = lib.launcher_args + (lib.root_args if os.geteuid() == 0 else ())
         command = [launcher, *extra, "-n", str(nproc), *job]
@@ -398,12 +487,25 @@ def pool(rows: list[dict], raw: list) -> tuple[list[dict], list]:
     return out, out_raw
 
 
+def judged(rows: list[dict], backend: str) -> str:
+    """The series that says how ``backend`` (``mpi:<algorithm>``) ran: its own rows, or where a collective has only
+    the bare loop's (npddp has no such call yet), ``raw:<algorithm>``."""
+    if any(r["backend"] == backend for r in rows):
+        return backend
+    return RAW + backend[len(PREFIX) - 1:]
+
+
+def _default_of(backend: str) -> str:
+    """The default run's series beside ``backend``: ``mpi:default`` (``raw:default`` for a ``raw:`` series)."""
+    return f"{backend.split(':')[0]}:{DEFAULT}"
+
+
 def honoured(rows: list[dict], backend: str) -> bool | None:
-    """Whether ``backend``'s times differ from mpi:default's by more than their spread at some size and place.
+    """Whether ``backend``'s times differ from its default run's by more than their spread at some size and place.
 
     They differ where the two p10-p90 ranges do not overlap; None when there is nothing to compare.
     """
-    default = {(r["place"], r["buffers"], r["bytes"]): r for r in rows if r["backend"] == PREFIX + DEFAULT}
+    default = {(r["place"], r["buffers"], r["bytes"]): r for r in rows if r["backend"] == _default_of(backend)}
     seen = False
     for r in rows:
         d = default.get((r["place"], r["buffers"], r["bytes"]))
@@ -416,9 +518,9 @@ def honoured(rows: list[dict], backend: str) -> bool | None:
 
 
 def ratios(rows: list[dict], backend: str) -> tuple[float, float] | None:
-    """(smallest, largest) median time / mpi:default's over the sizes and places both measured; None without any."""
+    """(smallest, largest) median time / its default run's over the sizes and places both measured; None without any."""
     default = {(r["place"], r["buffers"], r["bytes"]): r["time_median_s"] for r in rows
-               if r["backend"] == PREFIX + DEFAULT}
+               if r["backend"] == _default_of(backend)}
     found = [r["time_median_s"] / default[k] for r in rows if r["backend"] == backend
              and (k := (r["place"], r["buffers"], r["bytes"])) in default]
     return (min(found), max(found)) if found else None
@@ -428,12 +530,13 @@ def summary(runs: list[Run], rows: list[dict]) -> list[str]:
     """One line per run: its backend, status, #wrong, time / default's over sizes, and notes."""
     lines = [f"# {'backend':<34} {'status':<24} {'#wrong':>7} {'time/default':>13}  note"]
     for run in runs:
-        mine = [r for r in rows if r["backend"] == run.backend]
+        name = judged(rows, run.backend)
+        mine = [r for r in rows if r["backend"] == name]
         wrong = sum(r["wrong"] for r in mine)
-        span = ratios(rows, run.backend)
+        span = ratios(rows, name)
         cell = "" if span is None else f"{span[0]:.2f}-{span[1]:.2f}"
-        notes = []
-        if run.backend != PREFIX + DEFAULT and mine and honoured(rows, run.backend) is False:
+        notes = [] if name == run.backend else [f"judged by {name}: MPI's call in a bare loop"]
+        if run.backend != PREFIX + DEFAULT and mine and honoured(rows, name) is False:
             notes.append("suspect: not honoured? (its p10-p90 overlaps the default's at every size)")
         if run.fallbacks:
             notes.append(f"the library printed {run.fallbacks} fallback notice(s)")
@@ -449,14 +552,16 @@ def variables_text(env: dict) -> str:
 # ----------------------------------------------------------------------------- CLI
 
 def build_parser(lib_names=()) -> argparse.ArgumentParser:
-    """This script's own flags; every other flag goes to allreduce.py."""
+    """This script's own flags; every other flag goes to collectives.py."""
     p = argparse.ArgumentParser(prog=PROG, allow_abbrev=False,
-                                description="Time the active MPI's own all-reduce algorithms, each forced in turn, "
-                                            "with benchmarks/allreduce.py (its flags pass through).")
+                                description="Time the active MPI's own algorithms of a collective, each forced in turn, "
+                                            "with benchmarks/collectives.py (its flags pass through).")
     p.add_argument("-n", "--nproc", type=bc.int_at_least(1), default=2, help="ranks of each run (default 2)")
+    p.add_argument("--collective", default="allreduce", choices=tuple(CALLS),
+                   help="the collective whose algorithms are forced (default allreduce)")
     p.add_argument("--algorithms", default="",
                    help="comma-separated algorithms to force (default: every one the library offers; see --list)")
-    p.add_argument("--backends", default="", help="npddp backends timed beside MPI in the default run (allreduce.py's "
+    p.add_argument("--backends", default="", help="npddp backends timed beside MPI in the default run (collectives.py's "
                                                   "names, comma-separated; default none)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds each run may take (default 600)")
     p.add_argument("--out", default="", help="write the merged HDF5 dump here")
@@ -473,11 +578,15 @@ def build_parser(lib_names=()) -> argparse.ArgumentParser:
     return p
 
 
-def child_args(passthrough: list, backends: str, default_run: bool) -> list:
-    """allreduce.py's flags of one run: the user's, the backends, its own dump (added by the caller)."""
-    names = ["mpi"] + [b for b in backends.split(",") if b.strip() and b.strip() != "mpi"] if default_run else ["mpi"]
+def child_args(passthrough: list, backends: str, default_run: bool, collective: str = "allreduce") -> list:
+    """collectives.py's flags of one run: the user's, the collective, the backends, its own dump (added by the caller).
+
+    MPI's own call is the ``mpi`` backend's (the sweep adds the bare ``raw`` loop beside it); for a collective
+    npddp's protocol does not have yet, the ``raw`` loop alone."""
+    mine = "mpi" if bc.offered(collective) else RAW
+    names = [mine] + [b for b in backends.split(",") if b.strip() and b.strip() != mine] if default_run else [mine]
     forced = [] if default_run else ["--transports", "mpi"]
-    return [*passthrough, "--backends", ",".join(b.strip() for b in names), *forced]
+    return [*passthrough, "--collective", collective, "--backends", ",".join(b.strip() for b in names), *forced]
 
 
 def main(argv=None) -> int:
@@ -486,9 +595,9 @@ def main(argv=None) -> int:
     args, passthrough = parser.parse_known_args(argv)
     if not args.timeout > 0:
         parser.error(f"--timeout must be > 0 seconds, got {args.timeout}")
-    for flag in ("--collective", "--out", "--csv"):
+    for flag in ("--out", "--csv"):
         if any(a == flag or a.startswith(flag + "=") for a in passthrough):
-            parser.error(f"{flag}: this script times allreduce only and writes its own dump (--out, --csv)")
+            parser.error(f"{flag}: this script writes its own dump (--out, --csv)")
     try:
         args.cluster = parse_cluster(args.cluster) if args.cluster else None
     except ValueError as e:
@@ -509,21 +618,21 @@ def main(argv=None) -> int:
     if lib is None:
         parser.error(f"unknown MPI library {library_name(version)!r}; known: "
                      f"{', '.join(lib.family for lib in LIBRARIES)}")
-    valid = [a.name for a in lib.algorithms]
+    valid = [a.name for a in lib.menu(args.collective)]
     names = [n.strip() for n in args.algorithms.split(",") if n.strip()] or None
     bad = [n for n in names or () if n not in valid]
     if bad or (names is not None and len(set(names)) != len(names)):
         parser.error(f"--algorithms: {bad[0] if bad else args.algorithms!r} is not one of {lib.family}'s "
-                     f"(each once): {', '.join(valid)}")
+                     f"{args.collective} algorithms (each once): {', '.join(valid)}")
     if args.list:
-        print(f"# {library_name(version)} ({lib.family}); source: {lib.source}")
-        for a in lib.algorithms:
+        print(f"# {library_name(version)} ({lib.family}), {args.collective}; source: {lib.source}")
+        for a in lib.menu(args.collective):
             print(f"  {PREFIX + a.name:<34} {variables_text(a.env)}\n  {'':<34} {a.about}")
         return 0
     launcher = find_program("mpirun") or find_program("mpiexec")
     if launcher is None:
         parser.error("no mpirun or mpiexec beside this Python or on PATH")
-    return measure(lib, version, plan(lib, names), launcher, args, passthrough, argv)
+    return measure(lib, version, plan(lib, names, args.collective), launcher, args, passthrough, argv)
 
 
 def run_once(lib: Library, run: Run, k: int, launcher: str, args, passthrough, workdir: Path) -> int | None:
@@ -532,7 +641,7 @@ def run_once(lib: Library, run: Run, k: int, launcher: str, args, passthrough, w
     dump = workdir / f"{label}.h5"
     default_run = run.algorithm is None
     command = launch_command(lib, launcher, args.nproc,
-                             child_args(passthrough, args.backends, default_run) + ["--out", str(dump)],
+                             child_args(passthrough, args.backends, default_run, args.collective) + ["--out", str(dump)],
                              args.cluster, args.lock)
     before = load_average()
     code, log, seconds = relaunch(command, run_environment(lib, run, launcher), args.timeout, workdir, label)
@@ -556,7 +665,7 @@ def run_once(lib: Library, run: Run, k: int, launcher: str, args, passthrough, w
 def measure(lib: Library, version: str, runs: list[Run], launcher: str, args, passthrough, argv) -> int:
     """Run each of ``runs`` (the default first: bad flags end everything there), then summarise and write."""
     where = launcher if args.cluster is None else "npddp.cluster {}x{} at {}".format(*args.cluster)
-    print(f"# {library_name(version)}: {len(runs)} runs of allreduce.py on {args.nproc} ranks with {where}",
+    print(f"# {library_name(version)}: {len(runs)} runs of collectives.py on {args.nproc} ranks with {where}",
           flush=True)
     with tempfile.TemporaryDirectory(prefix="mpi-algorithms-") as tmp:
         workdir = Path(tmp)
@@ -569,7 +678,7 @@ def measure(lib: Library, version: str, runs: list[Run], launcher: str, args, pa
             for run in (todo if k % 2 == 0 else todo[::-1]):   # ABBA: a steady drift of load hits every run alike
                 code = run_once(lib, run, k, launcher, args, passthrough, workdir)
                 if k == 0 and run is runs[0] and code == EXIT_BAD:
-                    return EXIT_BAD          # allreduce.py refused the flags: every run would
+                    return EXIT_BAD          # collectives.py refused the flags: every run would
         rows, raw, meta = merge(runs)
         print("\n".join(summary(runs, rows)))
         if rows:
@@ -581,7 +690,8 @@ def write(args, lib: Library, version: str, runs: list[Run], rows: list[dict], r
           argv) -> None:
     """The merged dump (``--out``) and CSV (``--csv``), each if asked for."""
     record = [{"backend": r.backend, "variables": r.env, "status": r.status, "seconds": round(r.seconds, 2),
-               "fallback_notices": r.fallbacks, "honoured": honoured(rows, r.backend), "load_average": list(r.load)}
+               "fallback_notices": r.fallbacks, "honoured": honoured(rows, judged(rows, r.backend)),
+               "load_average": list(r.load)}
               for r in runs]
     backends = list(dict.fromkeys(r["backend"] for r in rows))
     if args.out:

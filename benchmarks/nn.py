@@ -17,7 +17,7 @@ exact GELU, against the same network in PyTorch eager mode built from a copy of 
 softmax, as npddp does; ``torch-sdpa`` calls PyTorch's fused scaled_dot_product_attention.
 Without torch installed only npddp is timed. Loss and gradients are compared first.
 
-Everything runs on one thread: ``npddp.process.threads.set_threads(1)`` caps NumPy's BLAS (and
+Everything runs on one thread: ``npddp.util.threads.set_threads(1)`` caps NumPy's BLAS (and
 torch.set_num_threads(1)).  After a warm-up the contenders are timed in
 alternating order, ``--repeats`` times each; the median wall time, its interquartile range and
 minimum, the median CPU time of the process (steadier on a shared machine) and the ratios
@@ -39,7 +39,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from npddp.nn import PRESETS, CrossEntropyLoss, cnn, gpt_preset, mlp
-from npddp.process.threads import set_threads
+from npddp.util.threads import set_threads
 
 
 # --- bare NumPy -----------------------------------------------------------------------

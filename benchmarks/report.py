@@ -12,7 +12,7 @@ one line naming the file, the field and what was expected, and the report exits 
 prints or draws anything. The tables are then read with ``benchmarks.results.read_table`` and
 printed with pandas; per kind:
 
-* ``allreduce_sweep`` (benchmarks/allreduce.py): bus bandwidth and median time per size and
+* ``allreduce_sweep`` (benchmarks/collectives.py, any collective): bus bandwidth and median time per size and
   series, the time ratio to ``--baseline`` (default ``raw``, the bare mpi4py row, else ``mpi``), and an alpha-beta fit per series (``time = steps
   x alpha + fraction x bytes / bandwidth`` with the algorithm's own steps and fraction when it has
   a cost model, the ring's otherwise: benchmarks/_costmodel.py); plots ``<stem>_busbw`` (bus
@@ -20,6 +20,8 @@ printed with pandas; per kind:
   A sweep of MPI's own algorithms (benchmarks/mpi_algorithms.py: backends ``mpi:<algorithm>``)
   joins the first other sweep of its collective, world size, dtype and op (stem ``<a>+<b>``);
   alone, its ratios divide by ``mpi:default`` when ``--baseline mpi`` is not in it.
+  Sweeps of two or more collectives (benchmarks/collectives.py ``--collective``) also get one table
+  over them all: per collective and size, MPI's own call (``--baseline``) beside npddp's fastest backend.
 * ``ddp_breakdown`` (benchmarks/ddp.py): the rows; plot ``<stem>_breakdown`` (per model,
   each step split into forward / backward / comm issued inside backward / exposed comm /
   optimizer as % of the step, ms on the bars, DDP efficiency at the end).
@@ -30,7 +32,7 @@ printed with pandas; per kind:
 * ``parallelism`` (benchmarks/parallelism.py): the rows, then every such dump (one node, emulated
   clusters) side by side: step, exposed communication, bytes per rank handed / sent / on the
   links, bubble beside (K-1)/(M+K-1), peak memory; plot ``parallelism`` (benchmarks/_parallelism_plot.py).
-* a ``.json`` trace (``--trace``, docs/traces.md): per step and rank backward, hidden and
+* a ``.json`` trace (``--trace``, docs/guide/traces.md): per step and rank backward, hidden and
   exposed communication, each all-reduce's slowest rank; plot ``<stem>_timeline`` (one step
   of every rank: benchmarks/_timeline.py; ``--trace-step`` picks the step). A split model's trace
   (``--tp``/``--pp``) gets per step and rank its stage, forward, backward, communication and idle
@@ -121,6 +123,34 @@ def sweep_tables(df, meta: dict, baseline: str) -> str:
                                       sort=False).reindex(index=sizes).to_string()]
     parts.append(f"#wrong total: {int(df['wrong'].sum())}")
     return "\n".join(parts)
+
+
+def collectives_table(dumps, baseline: str = RAW) -> str:
+    """One table over every collective's sweep: per collective and size, MPI's median time (``baseline``, else
+    ``mpi``), npddp's fastest backend and its time, and their ratio (> 1: npddp slower); "" with fewer than two."""
+    import pandas as pd
+
+    lines = []
+    for _, meta, df in dumps:
+        if meta["kind"] != "allreduce_sweep":
+            continue
+        base_name = resolve_baseline(df, baseline)
+        mpi_side = df["backend"].astype(str).str.startswith((RAW, "mpi")) | (df["backend"] == "gloo")
+        for (place, nbytes), part in df.groupby(["place", "bytes"], sort=False):
+            base = part[part["backend"] == base_name]["time_median_s"]
+            ours = part[~mpi_side.loc[part.index]]
+            best = ours.loc[ours["time_median_s"].idxmin()] if len(ours) else None
+            lines.append({"collective": meta["collective"], "place": place, "size": bc.format_size(int(nbytes)),
+                          f"{base_name} (us)": base.iloc[0] * 1e6 if len(base) else float("nan"),
+                          "npddp best": best["backend"] if best is not None else "-",
+                          "npddp (us)": best["time_median_s"] * 1e6 if best is not None else float("nan"),
+                          "npddp / MPI": (best["time_median_s"] / base.iloc[0]) if best is not None and len(base)
+                          else float("nan")})
+    if len({r["collective"] for r in lines}) < 2:
+        return ""
+    table = pd.DataFrame(lines)
+    return ("== every collective: MPI's own call beside npddp's fastest backend, median time per call\n"
+            + table.to_string(index=False, float_format="{:.2f}".format))
 
 
 def is_mpi_algorithms(df) -> bool:
@@ -406,6 +436,9 @@ def main(argv=None) -> int:
             return code
     dumps = join_mpi_algorithms([(path, results.read_meta(path), results.read_table(path)) for path in args.dumps])
     local_fits, breakdowns, algorithms = print_dumps(dumps, args.baseline)
+    summary = collectives_table(dumps, args.baseline)
+    if summary:
+        print(f"{summary}\n")
     rate, source = compute_rate(breakdowns, args.compute_ms, args.compute_params)
     found = algorithms or list(cm.ALLREDUCE_MODELS)
     modelled = [a for a in found if cm.modelled(a)] or list(cm.ALLREDUCE_MODELS)

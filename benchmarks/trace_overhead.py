@@ -34,7 +34,7 @@ from npddp.nn import CrossEntropyLoss, mlp  # noqa: E402
 from npddp.optim import SGD  # noqa: E402
 from npddp.parallel.ddp import SYNCS, DistributedDataParallel  # noqa: E402
 from npddp.process.job import abort_on_exception  # noqa: E402
-from npddp.process.threads import set_threads  # noqa: E402
+from npddp.util.threads import set_threads  # noqa: E402
 from npddp.util import tracing  # noqa: E402
 
 from benchmarks import _common as bc  # noqa: E402

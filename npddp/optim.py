@@ -18,11 +18,14 @@ import numbers
 
 import numpy as np
 
-from npddp.nn.module import Parameter
+from npddp.nn.parameter import Parameter
+
+__all__ = ["Optimizer", "SGD", "AdamW", "Wrapping", "make_optimizer", "OPTIMIZERS", "DEFAULT_LR"]
 
 #: The optimizers the training CLI offers by name (``--optimizer``), each with its default ``lr``
 #: (AdamW's is PyTorch's).
 DEFAULT_LR = {"sgd": 0.05, "adamw": 1e-3}
+#: Their names.
 OPTIMIZERS = tuple(DEFAULT_LR)
 
 

@@ -43,6 +43,7 @@ run() {  # run NAME LIMIT_S COMMAND...: one run under its limit, its name record
   part_pid=""
   sweep "$part_token"
   if [[ $status == 124 || $status == 137 ]]; then echo "=== $name: stopped at its limit of $limit s"; fi
+  if [[ $status == 5 ]]; then echo "=== $name: selected no test (a marker or path renamed?)"; fi
   echo "=== $name: exit $status after $(( SECONDS - started )) s (load $(cut -d' ' -f1 /proc/loadavg))"
   [[ $status == 0 ]] || failed+=("$name")
 }
@@ -63,15 +64,19 @@ for sig in INT TERM HUP; do trap "interrupted $sig" "$sig"; done
 [[ "${BASH_SOURCE[0]}" == "$0" ]] || return 0
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONUNBUFFERED=1
+# Compiled modules and pytest's rewritten test modules are kept (__pycache__, git-ignored): with
+# PYTHONDONTWRITEBYTECODE set, every pytest process of every run rewrote every test module it collects again, and
+# every rank the tests start compiled the package again (docs/tests.md: suite time)
+unset PYTHONDONTWRITEBYTECODE
 TCP_TESTS=(tests/comm tests/reliability/test_timeouts.py tests/reliability/test_mismatch.py)
 TCP_TESTS+=(tests/parallel/test_zero.py)   # ZeRO stages equal DDP over TCP too
 # The serial tests on two pytest-xdist workers, then those marked alone (they watch the whole machine or time a job's
-# end: tests/conftest.py's ALONE) by themselves (tests/slurm has its own run below);
+# end) by themselves (tests/slurm has its own run below);
 # NPDDP_TEST_WORKERS (2) sets the workers, 0 runs without them
 run serial 1500 python -m pytest -q -n "${NPDDP_TEST_WORKERS:-2}" --dist worksteal -m "not mpi and not alone" \
   --ignore=tests/slurm "$@"
 run serial-alone 900 python -m pytest -q -m "not mpi and alone" --ignore=tests/slurm "$@"
-run mpi-1 300 python -m pytest -q --with-mpi -m mpi tests/parallel/test_ddp.py -k "not overlap_starts and not mismatched" "$@"
+run mpi-1 300 python -m pytest -q --with-mpi -m mpi tests/parallel/test_ddp.py "$@"   # min_size=2 tests skip here
 run mpi-2 1200 ./mpi_run.sh -n 2 python -m pytest -q --with-mpi -m mpi "$@"
 # N = 3 (not a power of two: the folding paths, uneven splits) runs every distributed test but the benchmark scripts'
 # (N = 2 only); N = 4 the collectives' and the parallel layers' (several rounds of rd, rabenseifner and tree; 2 x 2
@@ -82,18 +87,20 @@ run mpi-4 1200 ./mpi_run.sh -n 4 python -m pytest -q --with-mpi -m mpi tests/com
 # tests/test_no_mpi.py and tests/comm/test_tcp.py); the failure tests and ZeRO at 3, the collectives at both
 run tcp-3 600 python -m npddp.run --nproc 3 -m pytest -q -p no:pytest_mpi "${TCP_TESTS[@]}" "$@"
 run tcp-4 600 python -m npddp.run --nproc 4 -m pytest -q -p no:pytest_mpi tests/comm "$@"
-NPDDP_RANKS_PER_NODE=2 run hier-mpi-4 600 ./mpi_run.sh -n 4 python -m pytest -q --with-mpi -m mpi -k "hier or auto" tests/comm "$@"
-NPDDP_RANKS_PER_NODE=2 run hier-tcp-4 600 python -m npddp.run --nproc 4 -m pytest -q -p no:pytest_mpi -k "hier or auto" tests/comm "$@"
+NPDDP_RANKS_PER_NODE=2 run hier-mpi-4 600 ./mpi_run.sh -n 4 python -m pytest -q --with-mpi -m "mpi and across_nodes" tests/comm "$@"
+NPDDP_RANKS_PER_NODE=2 run hier-tcp-4 600 python -m npddp.run --nproc 4 -m pytest -q -p no:pytest_mpi -m across_nodes tests/comm "$@"
 # The comm contract across emulated nodes (python -m npddp.cluster; needs CAP_NET_ADMIN, else skipped with the
 # reason): every backend but shm (hier included) at N = 2 (2 nodes x 1) and 4 (2 x 2) on both transports (the
 # non-power-of-two paths are mpi-3's and tcp-3's on one node; across nodes they send what they send on one).
-CLUSTER_K=(-q -k "allreduce_exact and not shm-backend" tests/comm/test_comm_allreduce.py)
+CLUSTER_TESTS=(-q tests/comm/test_comm_allreduce.py)
 if why=$(python -c "from tests.cluster.conftest import WHY_NOT; print(WHY_NOT or '')") && [[ -z "$why" ]]; then
   for shape in "2 1" "2 2"; do
     read -r nodes per <<< "$shape"
     up=(python -m npddp.cluster --nodes "$nodes" --ranks-per-node "$per" --rate none)
-    run "cluster-tcp-${nodes}x$per" 600 "${up[@]}" --launcher tcp -- python -m pytest -p no:pytest_mpi "${CLUSTER_K[@]}" "$@"
-    run "cluster-mpi-${nodes}x$per" 600 "${up[@]}" --launcher mpi -- python -m pytest --with-mpi -m mpi "${CLUSTER_K[@]}" "$@"
+    run "cluster-tcp-${nodes}x$per" 600 "${up[@]}" --launcher tcp -- \
+      python -m pytest -p no:pytest_mpi -m "cluster and not one_node" "${CLUSTER_TESTS[@]}" "$@"
+    run "cluster-mpi-${nodes}x$per" 600 "${up[@]}" --launcher mpi -- \
+      python -m pytest --with-mpi -m "mpi and cluster and not one_node" "${CLUSTER_TESTS[@]}" "$@"
   done
 else
   echo "=== cluster runs skipped: emulated nodes unavailable: $why"

@@ -1,4 +1,4 @@
-"""The command blocks of README.md and docs/*.md marked runnable run, and print the lines the page quotes.
+"""The command blocks of README.md and the pages under docs/ marked runnable run, and print the lines the page quotes.
 
 A page marks a fenced block with an HTML comment on the line before it (invisible when rendered):
 
@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 MARKER = re.compile(r"<!--\s*(runnable|output)((?:;\s*\w+:[^;]*?)*)\s*-->")
 #: Parts of a line that vary from run to run: seconds, samples or tokens per second, percentage shares.
 VARY = (r"\d+(?:\.\d+)? s\b", r"\d+ (?:samples|tokens)/s", r"(?<![\d.])\d+%")
@@ -82,7 +82,7 @@ def blocks_of(page: Path) -> list[Block]:
         kind, vary = mark.group(1), _options(mark.group(2))
         if i + 1 >= len(lines) or not lines[i + 1].lstrip().startswith("```"):
             raise ValueError(f"{page.name}:{i + 1}: a <!-- {kind} --> marker must stand right before a fenced block")
-        where = f"{page.name if page.parent == ROOT else 'docs/' + page.name}:{i + 2}"   # the fence's line
+        where = f"{page.relative_to(ROOT) if page.is_relative_to(ROOT) else page.name}:{i + 2}"   # the fence's line
         body, i = _fenced(lines, i + 1)
         if kind == "runnable":
             session = any(line.startswith("$ ") for line in body)

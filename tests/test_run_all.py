@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import agreed_directory
+from tests.helpers.ranks import agreed_directory
+
+#: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
+pytestmark = pytest.mark.alone
 
 ROOT = Path(__file__).resolve().parents[1]
 #: A run that leaves processes everywhere: one in its process group, one in a session of its own, and itself
@@ -118,6 +121,20 @@ def test_killing_the_runner_ends_the_run_it_is_in(tmp_path, sig):
     assert f"interrupted by {signal.Signals(sig).name}: stopping stubborn" in out and "went-on" not in out, out
     assert not left, f"still running after the runner's end: {left}\n{out}"
 
+
+
+def test_a_run_that_selects_no_test_or_names_an_unknown_marker_fails():
+    """A renamed test or marker must not drop coverage silently: no test selected (pytest's exit 5, passed on by
+    mpirun and npddp.run) or a marker setup.cfg does not list (exit 4) fails the run."""
+    none = '-m "slow and not slow" tests/test_optim.py'
+    body = (f'source tests/run_all.sh; run plain 120 python -m pytest -q {none}; '
+            f'run mpi 120 ./mpi_run.sh -n 2 python -m pytest -q --with-mpi {none}; '
+            f'run tcp 120 python -m npddp.run --nproc 2 -m pytest -q -p no:pytest_mpi {none}; '
+            f'run renamed 120 python -m pytest -q -m no_such_marker tests/test_optim.py; '
+            f'run some 120 python -m pytest -q -k test_adamw_hand_computed_first_steps tests/test_optim.py; echo "failed: ${{failed[*]}}"')
+    out = subprocess.run(["bash", "-c", body], cwd=ROOT, capture_output=True, text=True, timeout=300).stdout
+    assert "failed: plain mpi tcp renamed\n" in out, out
+    assert out.count("selected no test") == 3 and "=== renamed: exit 4" in out, out
 
 def test_a_sigterm_ends_a_process_that_waits_in_watch(tmp_path):
     """Watch forwards the signal to its command and then delivers it to its own process, which must end."""

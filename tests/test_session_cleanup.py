@@ -14,6 +14,9 @@ import pytest
 
 from tests.reliability.conftest import job_env, mpirun
 
+#: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
+pytestmark = pytest.mark.alone
+
 ROOT = Path(__file__).resolve().parents[1]
 #: A test that runs a 2-rank plain mpirun job whose ranks abort: rank 0 first prints the topology file its hydra
 #: proxy holds; the test checks the file outlived the job (so the run's end is what removes it).

@@ -16,7 +16,7 @@ Two environment variables reach every communicator ``create`` builds (and so the
 * ``NPDDP_CHECK_ARGS=0`` turns off the check every collective makes by default: that all ranks
   passed the same kind of collective, dtype, element count, op and root (a mismatch raises
   :class:`CollectiveMismatchError` on every rank and closes the communicator; see
-  :mod:`npddp.comm.signature` and docs/comm.md). Off only to measure what the check costs.
+  :mod:`npddp.comm.signature` and docs/guide/comm.md). Off only to measure what the check costs.
 * ``NPDDP_TIMEOUT=SECONDS`` sets the timeout of every backend when ``create`` is given none
   (default ``DEFAULT_TIMEOUT``, 300 s): no wait lasts longer.
 
@@ -29,7 +29,8 @@ notices by which a rank that leaves normally ends the ranks still waiting for it
 
 from __future__ import annotations
 
-from npddp.comm.checks import DEFAULT_TIMEOUT, DTYPES, OPS, check_timeout
+from npddp.comm.checks import (DEFAULT_TIMEOUT, DTYPES, OPS, check_args_from_env, check_timeout, debug_from_env,
+                               timeout_from_env)
 from npddp.comm.base import Communicator, Work
 from npddp.comm.engine.work import DoneWork
 from npddp.comm.signature import CollectiveMismatchError
@@ -39,29 +40,11 @@ from npddp.comm.algorithms.registry import ALGORITHMS, BACKENDS, backend_names, 
 from npddp.comm.algorithms.api import register_algorithm
 from npddp.comm.transports.base import (TRANSPORTS, Transport, is_transport, register_transport, resolve_transport,
                                        transport_names, world_transport)
-from npddp.util import guard, variables
+from npddp.util import guard
 
 __all__ = ["ALGORITHMS", "BACKENDS", "DEFAULT_TIMEOUT", "DTYPES", "OPS", "TRANSPORTS",
-           "CollectiveMismatchError", "Communicator", "DoneWork", "Transport", "Work", "check_args_from_env", "create",
-           "debug_from_env",
-           "timeout_from_env", "register_algorithm", "register_transport", "backend_names", "load_plugins",
-           "transport_names"]
-
-
-def debug_from_env(environ=None) -> bool:
-    """``NPDDP_DEBUG`` as a bool (unset: False); ValueError naming the valid values otherwise."""
-    return variables.flag(variables.DEBUG, environ)
-
-
-def check_args_from_env(environ=None) -> bool:
-    """``NPDDP_CHECK_ARGS`` as a bool (unset: True); ValueError naming the valid values otherwise."""
-    return variables.flag(variables.CHECK_ARGS, environ)
-
-
-def timeout_from_env(environ=None) -> float:
-    """``NPDDP_TIMEOUT`` in seconds (unset or empty: ``DEFAULT_TIMEOUT``); ValueError when malformed."""
-    value = variables.number(variables.TIMEOUT, environ, "seconds > 0 (inf: wait forever)")
-    return DEFAULT_TIMEOUT if value is None else check_timeout(value, variables.TIMEOUT.name)
+           "CollectiveMismatchError", "Communicator", "DoneWork", "Transport", "Work", "create",
+           "register_algorithm", "register_transport", "backend_names", "load_plugins", "transport_names"]
 
 
 def create(name: str, group=None, debug: bool = False, timeout: float | None = None, *,

@@ -1,4 +1,5 @@
-"""What all backends share: the op table, argument checks, timeouts and block layout.
+"""What all backends share: the op table, argument checks, timeouts, block layout and the settings every
+communicator reads from the environment (``NPDDP_DEBUG``, ``NPDDP_CHECK_ARGS``, ``NPDDP_TIMEOUT``).
 
 Every check here runs before a backend sends a single message, so a bad argument
 raises the same error on the rank that passed it and nothing is left half-sent.
@@ -39,6 +40,22 @@ def check_timeout(value, what: str = "timeout") -> float:
     if not value > 0:  # also rejects NaN
         raise ValueError(f"{what}={value} is out of range; valid: seconds > 0 (inf: wait forever)")
     return float(value)
+
+
+def debug_from_env(environ=None) -> bool:
+    """``NPDDP_DEBUG`` as a bool (unset: False); ValueError naming the valid values otherwise."""
+    return variables.flag(variables.DEBUG, environ)
+
+
+def check_args_from_env(environ=None) -> bool:
+    """``NPDDP_CHECK_ARGS`` as a bool (unset: True); ValueError naming the valid values otherwise."""
+    return variables.flag(variables.CHECK_ARGS, environ)
+
+
+def timeout_from_env(environ=None) -> float:
+    """``NPDDP_TIMEOUT`` in seconds (unset or empty: ``DEFAULT_TIMEOUT``); ValueError when malformed."""
+    value = variables.number(variables.TIMEOUT, environ, "seconds > 0 (inf: wait forever)")
+    return DEFAULT_TIMEOUT if value is None else check_timeout(value, variables.TIMEOUT.name)
 
 
 def check_op(op: str):

@@ -12,7 +12,8 @@ from npddp.nn.gelu import GELU
 from npddp.nn.gpt import GPT, PRESETS, Block, gpt, gpt_num_parameters, gpt_preset
 from npddp.nn.layers import Flatten, Linear, ReLU, Tanh
 from npddp.nn.losses import CrossEntropyLoss, MSELoss
-from npddp.nn.module import Module, Parameter, Sequential, settle_grads
+from npddp.nn.module import Module, Sequential
+from npddp.nn.parameter import Parameter, settle_grads
 from npddp.nn.norm import LayerNorm
 from npddp.nn.pool import MaxPool2d
 

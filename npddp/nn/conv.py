@@ -16,7 +16,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from npddp.nn._check import cached, check_dout, check_dtype_arg, check_input, check_positive_int, check_rng
 from npddp.nn.init import get_init
-from npddp.nn.module import Module, Parameter
+from npddp.nn.module import Module
+from npddp.nn.parameter import Parameter
 
 
 def as_pair(name: str, value, minimum: int) -> tuple[int, int]:

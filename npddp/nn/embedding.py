@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from npddp.nn._check import cached, check_dout, check_dtype_arg, check_positive_int, check_rng
-from npddp.nn.module import Module, Parameter
+from npddp.nn.module import Module
+from npddp.nn.parameter import Parameter
 
 
 class Embedding(Module):

@@ -12,7 +12,8 @@ import numpy as np
 
 from npddp.nn._check import cached, check_dout, check_dtype_arg, check_float_array, check_last_dim, check_positive_int, check_rng
 from npddp.nn.init import get_init
-from npddp.nn.module import Module, Parameter
+from npddp.nn.module import Module
+from npddp.nn.parameter import Parameter
 
 
 class Linear(Module):

@@ -1,13 +1,6 @@
-"""Parameter, the Module base class and Sequential.
+"""The Module base class and Sequential.
 
-Contract used by DDP:
-* ``Parameter.data`` and ``Parameter.grad`` exist from construction; backward only ever
-  writes into ``grad`` in place (``+=`` or ``out=``), so DDP may swap ``grad`` for a view into
-  a flat bucket once, after construction, and every later backward writes into the bucket.
-* ``zero_grad`` zeroes lazily, as PyTorch's ``set_to_none`` does in effect: the gradient is
-  marked zero, the next backward overwrites it instead of adding (no pass of zeros, no
-  temporary), and reading ``grad`` before that writes the zeros. Code that reads gradient
-  memory other than through ``grad`` (a bucket) calls :func:`settle_grads` first.
+Contract used by DDP (the parameters' own is :mod:`npddp.nn.parameter`):
 * ``named_parameters()`` has a fixed order: attribute definition order, depth first; a
   parameter shared by two layers (tied weights) appears once, and its gradient is final
   only after the backward of every layer that uses it.
@@ -15,16 +8,8 @@ Contract used by DDP:
   right after each leaf layer's backward returns, at which point that layer's parameter
   gradients are final for this backward pass (layers without parameters report too, so a
   listener can poll outstanding communication between layers).
-* Call hooks (PyTorch's module hooks, for a module's own ``forward``/``backward``):
-  ``register_forward_pre_hook(fn)`` runs ``fn(module, args)`` before each ``forward(*args)``,
-  ``register_forward_hook(fn)`` runs ``fn(module, args, output)`` after it, and
-  ``register_backward_pre_hook``/``register_backward_hook`` do the same around ``backward``
-  (``args`` the tuple it was called with, ``output`` what it returned). Pre-hooks run in
-  registration order, post-hooks in reverse, so a pair registered together brackets every pair
-  registered after it (as nested context managers do). Each returns a :class:`HookHandle`
-  whose ``remove()`` takes the hook off; return values are ignored. A module without such hooks
-  is not touched: its calls cost nothing extra. The tracer (``trace_layers``) and ZeRO-3's
-  gather/free schedule are both built on them.
+* Call hooks around a module's own ``forward``/``backward`` (``register_forward_pre_hook`` and
+  its kin) are :mod:`npddp.nn.callhooks`.
 * ``trace_layers(tracer)``: record every module's forward and backward on a timeline (see
   :mod:`npddp.util.tracing`); an untraced model gets no hooks.
 * Forward without gradients (PyTorch's ``no_grad``, per model rather than per thread): inside
@@ -32,167 +17,17 @@ Contract used by DDP:
   computes the same bits but keeps nothing for a backward -- its caches are emptied, so each
   activation is freed as soon as the next layer has read it -- and no gradient buffer is
   touched; a ``backward`` then raises. Evaluation runs this way.
-* ``building(sink)``: a context within which every Parameter made hands its initial values to
-  ``sink(parameter, values)`` instead of keeping them, in the order the parameters are made;
-  the sink sets what the parameter holds (ZeRO-3 keeps this rank's part and leaves
-  placeholders that occupy no memory, so no rank ever holds the whole model). Scoped to the
-  ``with`` block and to the thread or task that entered it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import itertools
 from typing import Callable, Iterator
 
 import numpy as np
 
-
-class Parameter:
-    """A trainable array with its gradient buffer, allocated together."""
-
-    __slots__ = ("data", "_grad", "_zero")
-
-    def __init__(self, data: np.ndarray):
-        self._zero = False   # zero_grad was called and nothing has written the gradient since
-        sink = _SINK.get()
-        if sink is not None:   # inside building(sink): the sink sets data and grad
-            sink(self, np.asarray(data))
-            return
-        self.data = np.ascontiguousarray(data)
-        self._grad = np.zeros(self.data.shape, self.data.dtype)   # calloc'd: no memory until written
-
-    @property
-    def grad(self) -> np.ndarray:
-        """The gradient (same shape as ``data``); zeros after ``zero_grad`` until a backward writes it."""
-        if self._zero:
-            self.settle()
-        return self._grad
-
-    def settle(self) -> None:
-        """Write the zeros a lazy ``zero_grad`` left pending (nothing if none are)."""
-        if self._zero:
-            self._zero = False
-            if self._grad.flags.writeable:   # a read-only gradient (ZeRO-3's freed one) is zeros already
-                self._grad[...] = 0
-
-    @grad.setter
-    def grad(self, array: np.ndarray) -> None:
-        self._grad, self._zero = array, False
-
-    def zero_grad(self) -> None:
-        """Make the gradient zero, lazily: the next backward overwrites it, a read first writes zeros."""
-        self._zero = True
-
-    def grad_to_write(self) -> tuple[np.ndarray, bool]:
-        """For a backward: ``(gradient, overwrite)``; overwrite when it is zero by ``zero_grad``, else add into it."""
-        zero, self._zero = self._zero, False
-        return self._grad, zero
-
-    @property
-    def shape(self):
-        """Shape of ``data``."""
-        return self.data.shape
-
-    @property
-    def dtype(self):
-        """dtype of ``data``."""
-        return self.data.dtype
-
-    def __repr__(self) -> str:
-        return f"Parameter(shape={self.data.shape}, dtype={self.data.dtype})"
-
-
-_SINK: contextvars.ContextVar = contextvars.ContextVar("npddp_parameter_sink", default=None)
-
-
-@contextlib.contextmanager
-def building(sink: Callable[[Parameter, np.ndarray], None]):
-    """Within this context every new Parameter calls ``sink(parameter, values)``, which sets its data and grad."""
-    if not callable(sink):
-        raise TypeError(f"building: the sink must be callable, got {type(sink).__name__}")
-    token = _SINK.set(sink)
-    try:
-        yield sink
-    finally:
-        _SINK.reset(token)
-
-
-class HookHandle:
-    """What a ``register_*_hook`` returns: ``remove()`` takes that hook off its module (again: nothing)."""
-
-    __slots__ = ("_table", "_key")
-
-    def __init__(self, table: "_CallHooks", key: int):
-        self._table, self._key = table, key
-
-    def remove(self) -> None:
-        """Take the hook off; the module's own method is back once it has no hooks left."""
-        self._table.remove(self._key)
-
-
-class _CallHooks:
-    """The pre- and post-hooks of one method (``forward`` or ``backward``) of one module instance.
-
-    While any hook is registered the instance attribute of that name is a dispatcher running
-    them around the method found before (the class's, or one the instance already had); with the
-    last hook removed that earlier state comes back.
-    """
-
-    __slots__ = ("module", "kind", "pre", "post", "keys", "saved", "dispatcher")
-
-    def __init__(self, module: "Module", kind: str):
-        self.module, self.kind, self.keys = module, kind, itertools.count()
-        self.pre: dict[int, Callable] = {}
-        self.post: dict[int, Callable] = {}
-        self.saved = None        # the instance attribute the dispatcher replaced (None: the class's method)
-        self.dispatcher = None   # installed while any hook is registered
-
-    def add(self, fn: Callable, after: bool) -> HookHandle:
-        """Register ``fn`` as a post-hook (``after``) or pre-hook; install the dispatcher if needed."""
-        if not callable(fn):
-            raise TypeError(f"a {self.kind} hook must be callable, got {type(fn).__name__}")
-        key = next(self.keys)
-        (self.post if after else self.pre)[key] = fn
-        if self.dispatcher is None:
-            self._install()
-        return HookHandle(self, key)
-
-    def remove(self, key: int) -> None:
-        """Drop hook ``key``; with none left put the method back as it was."""
-        self.pre.pop(key, None)
-        self.post.pop(key, None)
-        if not (self.pre or self.post) and self.dispatcher is not None:
-            attrs = vars(self.module)
-            if attrs.get(self.kind) is self.dispatcher:
-                if self.saved is None:
-                    del attrs[self.kind]
-                else:
-                    attrs[self.kind] = self.saved
-            self.dispatcher = self.saved = None
-
-    def _install(self) -> None:
-        module, pre, post = self.module, self.pre, self.post
-        self.saved = vars(module).get(self.kind)
-        inner = getattr(module, self.kind)
-
-        def dispatch(*args):
-            for fn in tuple(pre.values()):
-                fn(module, args)
-            out = inner(*args)
-            for fn in reversed(tuple(post.values())):
-                fn(module, args, out)
-            return out
-        dispatch.__doc__, dispatch.__wrapped__ = inner.__doc__, inner
-        self.dispatcher = dispatch
-        setattr(module, self.kind, dispatch)
-
-
-def settle_grads(params) -> None:
-    """Write the zeros of every gradient in ``params`` still zero by ``zero_grad`` (before reading their memory directly)."""
-    for p in params:
-        p.settle()
+from npddp.nn.callhooks import CallHooks, HookHandle, timing_hooks
+from npddp.nn.parameter import Parameter
 
 
 class Module:
@@ -350,11 +185,11 @@ class Module:
         """Run ``fn(module, args, dx)`` after each call of this module's ``backward``."""
         return self._call_hooks("backward").add(fn, after=True)
 
-    def _call_hooks(self, kind: str) -> _CallHooks:
+    def _call_hooks(self, kind: str) -> CallHooks:
         """This instance's hook table for ``kind``, made on first use."""
         tables = vars(self).setdefault("_call_hook_tables", {})
         if kind not in tables:
-            tables[kind] = _CallHooks(self, kind)
+            tables[kind] = CallHooks(self, kind)
         return tables[kind]
 
     # --- timeline tracing -------------------------------------------------------------
@@ -375,7 +210,7 @@ class Module:
             handles = []
             for kind in ("forward", "backward"):
                 label = f"{kind} {name}" if name else kind
-                start, end = _timing_hooks(tracer, tracer.name(label, layer=name, type=type(module).__name__), track)
+                start, end = timing_hooks(tracer, tracer.name(label, layer=name, type=type(module).__name__), track)
                 add_pre, add_post = ((module.register_forward_pre_hook, module.register_forward_hook)
                                      if kind == "forward" else
                                      (module.register_backward_pre_hook, module.register_backward_hook))
@@ -404,18 +239,6 @@ class Module:
             return f"{type(self).__name__}({self.extra_repr()})"
         body = "\n".join(f"  ({k}): " + repr(m).replace("\n", "\n  ") for k, m in kids)
         return f"{type(self).__name__}(\n{body}\n)"
-
-
-def _timing_hooks(tracer, event: int, track: int) -> tuple[Callable, Callable]:
-    """A pre-hook reading ``tracer``'s clock and a post-hook recording ``event`` from it (calls may nest)."""
-    starts: list[int] = []
-
-    def start(module, args) -> None:
-        starts.append(tracer.clock())
-
-    def end(module, args, out) -> None:
-        tracer.add(starts.pop(), event, track)
-    return start, end
 
 
 class Sequential(Module):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from npddp.nn.module import Parameter
+from npddp.nn.parameter import Parameter
 
 __all__ = ["cut_buckets"]
 

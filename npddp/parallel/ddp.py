@@ -34,7 +34,8 @@ from collections import Counter
 
 import numpy as np
 
-from npddp.nn.module import Module, Parameter, settle_grads
+from npddp.nn.module import Module
+from npddp.nn.parameter import Parameter, settle_grads
 from npddp.parallel.buckets import cut_buckets
 from npddp.parallel.hooks import GradBucket, Handle, allreduce_hook
 from npddp.parallel.wrapper import DataParallelModule, StepStats
@@ -137,16 +138,6 @@ class DistributedDataParallel(DataParallelModule):
                                        params=len(b.params), dtype=str(b.buffer.dtype), backend=comm.name,
                                        algorithm=algorithm, sync=self.sync)
         return {"wait": tracer.name("all-reduce wait"), "optimizer": tracer.name("optimizer step")}
-
-    @property
-    def steps(self) -> int:
-        """Optimizer steps taken (restored on resume); setting it moves the tracer's window."""
-        return self._steps
-
-    @steps.setter
-    def steps(self, value: int) -> None:
-        self._steps = value
-        self.tracer.at_step(value)
 
     # --- forward / backward ---------------------------------------------------------
     def register_comm_hook(self, state, hook) -> None:

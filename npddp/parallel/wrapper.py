@@ -1,7 +1,8 @@
 """What every data-parallel wrapper of a model shares (DDP and the ZeRO stages).
 
 The model check at construction, which bucket each leaf layer's parameters fall in, forward,
-``no_sync``, metric sums and the pass-throughs to the wrapped model. :class:`DataParallelModule`
+``no_sync``, metric sums, the pass-throughs to the wrapped model, and the engine contract's
+``train_batch`` and ``evaluate`` (:class:`~npddp.parallel.engine.Engine`). :class:`DataParallelModule`
 is an abstract base: a subclass sets the attributes it declares (each annotated there, one line
 each, the buckets following :class:`Bucket`) and defines its abstract methods: ``backward``,
 ``step``, ``zero_grad``, and ``_start``/``_polled``, which the grad hook calls per bucket.
@@ -26,7 +27,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from npddp.nn.module import Module, Parameter
+from npddp.nn.module import Module
+from npddp.nn.parameter import Parameter
+from npddp.parallel.engine import Engine
+from npddp.parallel.evaluation import agreed_batch, evaluate_rows
 
 __all__ = ["Bucket", "DataParallelModule", "StepStats", "UnsyncedGradientsError"]
 
@@ -68,8 +72,11 @@ class Bucket(Protocol):
     work: Any             # the communication in flight (``test()``, ``wait()``), None when none
 
 
-class DataParallelModule(abc.ABC):
+class DataParallelModule(Engine):
     """The parts of a data-parallel wrapper that do not depend on how gradients travel."""
+
+    reports = True               # every rank's loss and validation rows count
+    splits_model = False         # every rank holds the whole model (ZeRO-3: gathered by full_parameters)
 
     # --- what a subclass sets in its constructor
     module: Module               # the wrapped model
@@ -84,6 +91,7 @@ class DataParallelModule(abc.ABC):
     _sync_enabled: bool          # False inside no_sync
     _in_backward: bool           # True while the wrapper's backward runs and buckets start from the grad hook
 
+    _eval_batch: int | None = None   # rows per validation forward pass, measured by the first evaluate
     _wrapped = False   # True while the wrapper's own backward runs (when _in_backward alone does not say so)
     _unsynced = False  # the model's backward ran outside the wrapper's, outside no_sync, since the last sync
 
@@ -160,14 +168,6 @@ class DataParallelModule(abc.ABC):
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """Backward through the model, leaving the gradients reduced over ranks; returns dL/d(input)."""
 
-    @abc.abstractmethod
-    def step(self, optimizer) -> None:
-        """Step ``optimizer`` on the reduced gradients and count the step."""
-
-    @abc.abstractmethod
-    def zero_grad(self) -> None:
-        """Zero every gradient this wrapper reduces."""
-
     # --- forward / backward ---------------------------------------------------------
     def forward(self, x: np.ndarray) -> np.ndarray:
         """Run the wrapped model's forward (UnsyncedGradientsError after a backward that bypassed the wrapper)."""
@@ -179,6 +179,31 @@ class DataParallelModule(abc.ABC):
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return self.forward(x)
+
+    @property
+    def replicas(self):
+        """The communicator the data replicas share: every rank is one."""
+        return self.comm
+
+    def train_batch(self, x: np.ndarray, y: np.ndarray, loss_fn, local: bool = False):
+        """Forward, ``loss_fn`` and backward of one batch; the loss. ``local``: inside :meth:`no_sync`."""
+        loss = loss_fn.forward(self(x), y)
+        with self.no_sync() if local else contextlib.nullcontext():
+            self.backward(loss_fn.backward())
+        return loss
+
+    def evaluate(self, X: np.ndarray, y: np.ndarray, loss_fn) -> np.ndarray:
+        """(loss sum, correct, rows) over all ranks; rank r evaluates rows r::size, forward only in eval mode.
+
+        The rows per forward pass are measured on the first call (collective) and kept.
+        """
+        net = self.module.eval()
+        if self._eval_batch is None:           # measured once, agreed over ranks
+            self._eval_batch = agreed_batch(self.comm, net, X)
+        sums = evaluate_rows(net, X, y, self.comm.rank, self.comm.size, self._eval_batch, self.reduce_metrics,
+                             loss_fn)
+        net.train()
+        return sums
 
     @contextlib.contextmanager
     def no_sync(self):

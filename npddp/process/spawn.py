@@ -19,7 +19,7 @@ segments the job left behind are removed when it ends abnormally.
 
 Every job gets a fresh secret in ``NPDDP_JOB_SECRET`` (or ``--secret-file``'s, shared by every
 machine of a multi-node job) that every TCP connection of the job must prove it holds
-(docs/security.md). ``--max-restarts K`` starts the whole job again after a failure, at most
+(docs/design/security.md). ``--max-restarts K`` starts the whole job again after a failure, at most
 K times, with ``NPDDP_RESTART_COUNT`` set (``npddp.train --resume auto`` then continues from
 its checkpoint); exit status 2 (bad flags or files) is final.
 """

@@ -4,7 +4,7 @@ A benchmark dump holds one flat table (one row per measurement). Each kind of du
 here its columns in order, with a type, a unit and a one-line meaning, plus the root
 attributes the table cannot be read without and any raw (per-iteration) arrays beside it.
 :mod:`benchmarks.results` writes and :mod:`npddp.results` checks and reads dumps from these declarations;
-docs/benchmarks.md's analysis section and ``python -m benchmarks.results --schema`` print them. To add a kind of dump,
+docs/guide/benchmarks.md's analysis section and ``python -m benchmarks.results --schema`` print them. To add a kind of dump,
 add its ``Kind`` to :data:`KINDS`.
 
 Units: ``B`` bytes, ``s``/``ms`` seconds/milliseconds, ``GB/s`` with GB = 1e9 B, ``MiB`` =
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 STR, INT, FLOAT = "str", "int", "float"
 #: Collectives the sweep can time.
-COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce_scatter")
+COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce_scatter", "alltoall")
 #: Where a collective leaves its result: over its input, or in another buffer.
 PLACES = ("inplace", "outofplace")
 #: Where the timed buffers live: from ``comm.empty`` (node shared memory where the backend offers
@@ -151,7 +151,8 @@ KIND_ATTRS = (
 )
 
 ALLREDUCE_SWEEP = Kind(
-    "allreduce_sweep", "benchmarks/allreduce.py: one row per size, backend, transport and place",
+    "allreduce_sweep", "benchmarks/collectives.py (any collective; allreduce.py is its old name): one row per size, "
+                      "backend, transport and place",
     columns=(
         _label("collective", "collective timed", COLLECTIVES),
         BACKEND,
@@ -161,9 +162,9 @@ ALLREDUCE_SWEEP = Kind(
         _label("place", "inplace: the result overwrites the input; outofplace: it goes to another buffer", PLACES),
         WORLD_SIZE,
         _label("dtype", "element type"),
-        _label("op", "reduction; 'none' for broadcast and allgather"),
+        _label("op", "reduction; 'none' for broadcast, allgather and alltoall"),
         _count("bytes", "B", "size of the whole vector (nccl-tests' convention): the all-reduce and broadcast "
-                             "buffer, the reduce-scatter input, the all-gather output", low=1),
+                             "buffer, the reduce-scatter input, the all-gather output, one rank's all-to-all input", low=1),
         _count("count", "elements", "elements of the whole vector", low=1),
         _count("iters", "iterations", "timed iterations at this size", low=1),
         _time("time_min_s", "s", "fastest timed iteration; an iteration's time is the max over ranks"),
@@ -173,14 +174,14 @@ ALLREDUCE_SWEEP = Kind(
         _time("time_max_s", "s", "slowest timed iteration"),
         _time("algbw_GBps", "GB/s", "algorithm bandwidth: bytes / time_median_s"),
         Column("busbw_GBps", FLOAT, "GB/s", "bus bandwidth: algbw x 2(N-1)/N (all-reduce), (N-1)/N (all-gather, "
-                                            "reduce-scatter), 1 (broadcast); 0 on one rank", low=0.0),
+                                            "reduce-scatter, all-to-all), 1 (broadcast); 0 on one rank", low=0.0),
         _count("wrong", "elements", "elements that differ from the exact result in the checked iteration, summed "
                                     "over ranks (nccl-tests' #wrong)"),
         _label("buffers", "shared: the all-reduce buffers come from comm.empty (node shared memory where the "
                           "backend offers it); private: ordinary NumPy arrays", BUFFERS),
     ),
     attrs=KIND_ATTRS + (_label("collective", "collective timed", COLLECTIVES), _label("dtype", "element type"),
-                        _label("op", "reduction ('none' for broadcast and allgather)")),
+                        _label("op", "reduction ('none' for broadcast, allgather and alltoall)")),
     raw=(Raw("time_s", "s", "every timed iteration's time (max over ranks), one row per table row; NaN past "
                             "that row's iters", row_axis=0),),
     ordered=(("time_min_s", "time_p10_s", "time_median_s", "time_p90_s", "time_max_s"),),

@@ -20,6 +20,7 @@ from npddp.util import runinfo
 
 #: Version of the benchmark-dump layout (1: nested per-backend groups and /rows, before flat tables).
 SCHEMA_VERSION = 2
+#: The root attribute ``format`` of every dump.
 FORMAT = "npddp-benchmark"
 
 

@@ -28,11 +28,13 @@ from npddp.optim import DEFAULT_LR, OPTIMIZERS
 from npddp.parallel.ddp import BUCKET_CAP_MB, SYNCS
 from npddp.parallel.hook_registry import comm_hook_help, comm_hook_names
 from npddp.parallel.model.schedules import SCHEDULES
-from npddp.process.threads import parse_threads
-from npddp.train.console.printer import PROGRESS_MODES
+from npddp.util.threads import parse_threads
 from npddp.train.models import DTYPES, MODELS
 from npddp.util import variables
 from npddp.util.tracing import DEFAULT_STEPS, steps_text
+
+#: When and how progress within an epoch is shown (``--progress``; :class:`~npddp.train.console.printer.Printer`).
+PROGRESS_MODES = ("auto", "bar", "log", "none")
 
 #: Data set names the CLI trains on: the classification sets among the loaders' names.
 DATASETS = tuple(n for n in DATASET_NAMES if n != "regression")

@@ -6,13 +6,13 @@
     mpirun -n 4 python -m npddp.evaluate run.h5              # each rank evaluates rows r::4
     python -m npddp.evaluate run.h5 --batch-size 64          # rows per forward pass (default: by memory)
 
-The model is rebuilt from the settings stored in the checkpoint (:func:`npddp.train.checkpoint.fileformat.load_model`);
+The model is rebuilt from the settings stored in the checkpoint (:func:`npddp.load_model`);
 the data set, keys and --normalize default to the run's (the split into train and validation
 rows is the training run's, from the same seed). Rank 0 reads the checkpoint and broadcasts it;
 every rank reads the data set. Prints one line; exit 0, or 2 with one ``error: ...`` line
 (a missing, damaged or foreign checkpoint, unreadable data, rows that do not fit the model).
 One process needs no MPI. The rows go through forward passes only, as many per pass as fit
-the working set of :mod:`npddp.train.validation` unless ``--batch-size`` says.
+the working set of :mod:`npddp.parallel.evaluation` unless ``--batch-size`` says.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ import sys
 import numpy as np
 
 from npddp.process.job import EXIT_USAGE, JobError, open_communicator, run_main
-from npddp.train.agree import agree, share_text
-from npddp.train.checkpoint import fileformat
+from npddp.process.agree import agree, share_text
+from npddp.checkpoint import fileformat
 from npddp.train.cli.inputs import load_data
 from npddp.train.models import build_model, shape_rows
-from npddp.train.validation import WORKING_SET, agreed_batch, evaluate_rows
+from npddp.parallel.evaluation import WORKING_SET, agreed_batch, evaluate_rows
 from npddp.util import env
 
 PROG = "python -m npddp.evaluate"

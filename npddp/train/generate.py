@@ -19,7 +19,8 @@ import numpy as np
 
 from npddp.nn.sample import check_sampling, generate
 from npddp.process.job import EXIT_USAGE, JobError, run_main
-from npddp.train.checkpoint import fileformat
+from npddp.checkpoint import fileformat
+from npddp.train.checkpoint.saving import load_model
 
 PROG = "python -m npddp.generate"
 #: Most tokens one run samples (one forward pass each; the output array holds them all).
@@ -135,7 +136,7 @@ def run(argv=None) -> int:
         if ckpt.config.get("model") != "gpt":
             raise JobError(f"{args.checkpoint} holds a {ckpt.config.get('model')} model; "
                            "text generation needs one trained with --model gpt")
-        model = fileformat.load_model(args.checkpoint, rank=0)
+        model = load_model(args.checkpoint, rank=0)
         try:
             check_sampling(args.tokens, args.temperature, args.top_k, model.vocab_size)
         except ValueError as exc:

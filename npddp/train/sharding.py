@@ -3,52 +3,20 @@
 ``--zero 1`` is DDP with a :class:`~npddp.parallel.zero.ZeroRedundancyOptimizer`; ``--zero 2``
 and ``3`` a :class:`~npddp.parallel.zero.ZeroDataParallel` with a
 :class:`~npddp.parallel.zero.ShardedOptimizer`. Either optimizer is wrapped in
-:class:`CheckpointedOptimizer`, whose ``state_dict()`` consolidates on rank 0 (every rank calls
+:class:`~npddp.checkpoint.stateful.CheckpointedOptimizer`, whose ``state_dict()`` consolidates on rank 0 (every rank calls
 it when a checkpoint is collected or restored), so checkpoints keep the whole-model layout of
 ``--zero 0`` and a run may resume with another stage or world size. The CLI writes sharded
-checkpoints instead (:mod:`npddp.train.checkpoint.shardwrite`); restoring still takes the whole state.
+checkpoints instead (:mod:`npddp.checkpoint.shardwrite`); restoring still takes the whole state.
 """
 
 from __future__ import annotations
 
 from functools import partial
 
-from npddp.optim import Wrapping, make_optimizer
+from npddp.checkpoint.stateful import CheckpointedOptimizer
+from npddp.optim import make_optimizer
 from npddp.parallel.zero import ShardedInit, ShardedOptimizer, ZeroDataParallel, ZeroRedundancyOptimizer
 from npddp.train.console.printer import format_bytes
-
-
-class CheckpointedOptimizer(Wrapping):
-    """A sharded optimizer as the training loop and its checkpoints see a plain one."""
-
-    wrapped = "sharded"
-
-    def __init__(self, sharded, comm):
-        self.sharded, self.comm = sharded, comm
-
-    def step(self) -> None:
-        """Step this rank's shard."""
-        self.sharded.step()
-
-    def zero_grad(self) -> None:
-        """Zero every gradient."""
-        self.sharded.zero_grad()
-
-    def state_dict(self) -> dict:
-        """The whole-model state on rank 0, its keys and shapes (zeros) elsewhere; collective once stepped.
-
-        Before the first step the state is all zeros and nothing is exchanged, so rank 0 alone
-        may ask for it (a resume checks the checkpoint against it); after steps every rank
-        calls it together (a checkpoint being collected).
-        """
-        if self.sharded.step_count == 0:
-            return self.sharded.template_state_dict()
-        self.sharded.consolidate_state_dict(to=0)
-        return self.sharded.state_dict() if self.comm.rank == 0 else self.sharded.template_state_dict()
-
-    def load_state_dict(self, d: dict) -> None:
-        """Load a whole-model state (the same on every rank); each keeps its part."""
-        self.sharded.load_state_dict(d)
 
 
 def _defaults(cfg) -> tuple:

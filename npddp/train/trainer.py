@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
 import sys
@@ -14,24 +13,19 @@ import time
 
 import numpy as np
 
-from npddp.train.checkpoint import fileformat
-from npddp.train.checkpoint import state
-from npddp.train.checkpoint import shardwrite
-from npddp.train.agree import agree, any_rank
+from npddp import checkpoint
+from npddp.process.agree import agree, any_rank
 from npddp.train.config import Config
-from npddp.train.cli.validate import parse_fault
+from npddp.train.faults import parse_fault
+from npddp.parallel.engine import Engine
 from npddp.data import BatchLoader, DistributedSampler
 from npddp.parallel.averaging import PeriodicModelAverager
 from npddp.util import tracing
 from npddp.process.job import EXIT_DIVERGED, EXIT_WRITE, JobError
 from npddp.train.console.metrics import TOTALS, MetricsLog, StepRecorder, add_to_totals, epoch_row
 from npddp.train.models import shape_rows
-from npddp.train.validation import agreed_batch, evaluate_rows
 from npddp.nn import CrossEntropyLoss
 from npddp.train.console.printer import Printer, epoch_line
-
-_EVAL_BATCH = 1024      # a split model's validation rows per forward pass (through the pipeline)
-_EVAL_ELEMENTS = 1 << 24  # split GPT: validation sequences per forward pass hold at most this many logits
 
 
 class InjectedFault(RuntimeError):
@@ -59,20 +53,20 @@ def _nonfinite(arrays) -> int | None:
 
 
 class Trainer:
-    """The training loop and what it writes: metrics rows, checkpoints, epoch lines."""
+    """The training loop and what it writes: metrics rows, checkpoints, epoch lines.
 
-    def __init__(self, cfg: Config, comm, out: Printer, ds, model, dropouts, ddp, optimizer, attrs: dict):
+    ``engine`` is any :class:`~npddp.parallel.engine.Engine` (DDP, a ZeRO stage, a split model), driven alike.
+    """
+
+    def __init__(self, cfg: Config, comm, out: Printer, ds, model, dropouts, engine: Engine, optimizer, attrs: dict):
         self.cfg, self.comm, self.out = cfg, comm, out
-        self.model, self.dropouts, self.ddp, self.optimizer = model, dropouts, ddp, optimizer
-        #: a split model (--tp/--pp): ``ddp`` is a MeshEngine, whose data replicas read the batches
-        self.split = getattr(ddp, "train_batch", None) is not None
+        self.model, self.dropouts, self.engine, self.optimizer = model, dropouts, engine, optimizer
         #: local SGD (--local-sgd K): parameters averaged (over the data replicas) every K steps, gradients never
-        self.averager = (PeriodicModelAverager(ddp.replicas if self.split else comm, cfg.local_sgd)
-                         if cfg.local_sgd else None)
+        self.averager = PeriodicModelAverager(engine.replicas, cfg.local_sgd) if cfg.local_sgd else None
         self.X_val, self.y_val = shape_rows(cfg.model, ds.X_val), ds.y_val
         self.n_train, self.input_shape, self.num_classes = ds.n_train, tuple(ds.input_shape), ds.num_classes
-        self.replicas, replica = (ddp.mesh.dp, ddp.here.dp) if self.split else (comm.size, comm.rank)
-        sampler = DistributedSampler(ds.n_train, self.replicas, replica, shuffle=True, seed=cfg.seed)
+        self.replicas = engine.replicas.size               # the data replicas read the batches
+        sampler = DistributedSampler(ds.n_train, self.replicas, engine.replicas.rank, shuffle=True, seed=cfg.seed)
         self.loader = BatchLoader(shape_rows(cfg.model, ds.X_train), ds.y_train, sampler,
                                   batch_size=cfg.batch_size // self.replicas, reuse_buffers=True)
         self.loss_fn = CrossEntropyLoss()
@@ -80,17 +74,14 @@ class Trainer:
         self.log = MetricsLog() if comm.rank == 0 and cfg.metrics else None
         self.attrs = attrs                                  # rank 0: environment and run description
         self.totals = np.zeros(len(TOTALS))                 # running sums of the epoch in progress
-        self.eval_batch = ((max(1, _EVAL_ELEMENTS // (cfg.context_length * ds.num_classes))
-                            if cfg.model == "gpt" else _EVAL_BATCH) if self.split else None)  # None: by memory
         self.epochs_done, self.batches_done, self.step = 0, 0, 0
         self.last_row: dict | None = None
         self.saved_at = -1
         self.fault = parse_fault(cfg.inject_fault, comm.size) if cfg.inject_fault else None
-        self.names = [name for name, _ in ddp.named_parameters()]
-        self.watched = ddp.parameters()[-2:]                # the output layer: weight and bias
+        self.names = [name for name, _ in engine.named_parameters()]
+        self.watched = engine.parameters()[-2:]             # the output layer: weight and bias
         self.progress = None
-        self.pending = None                                 # rank 0: the checkpoint to write next
-        self.trace_data, self.trace_save = ddp.tracer.name("load batch"), ddp.tracer.name("checkpoint")
+        self.trace_data, self.trace_save = engine.tracer.name("load batch"), engine.tracer.name("checkpoint")
 
     # --- failures ----------------------------------------------------------------------
     def diverged(self, what: str, step: int) -> JobError:
@@ -118,7 +109,7 @@ class Trainer:
     def check_parameters(self, collective: bool) -> None:
         """The parameters must be finite on every rank (``collective``: agree through one all-reduce)."""
         shards = self.cfg.zero == 3             # this rank's shard of every group: the values it keeps
-        params = self.ddp.shard_parameters() if shards else self.ddp.parameters()
+        params = self.engine.shard_parameters() if shards else self.engine.parameters()
         with np.errstate(over="ignore", invalid="ignore"):
             bad = _nonfinite([p.data for p in params])
         if (any_rank(self.comm, bad is not None) if collective else bad is not None):
@@ -128,25 +119,17 @@ class Trainer:
             raise self.diverged(what, self.step)
 
     def _name_of(self, param) -> str:
-        named = self.ddp.named_parameters() if self.split else self.model.named_parameters()
-        return next(n for n, p in named if p is param)
+        return next(n for n, p in self.engine.named_parameters() if p is param)
 
-    def write_files(self, what, status: str = "running") -> None:
-        """Rank 0 writes (``what``: 'metrics' and/or 'checkpoint'); every rank agrees on a failure (exit 4)."""
-        message, target = None, None
-        if self.comm.rank == 0:
+    def write_metrics(self, status: str = "running") -> None:
+        """Rank 0 writes the metrics file (when asked for); every rank agrees on a failure (exit 4)."""
+        message, target = None, self.cfg.metrics
+        if self.comm.rank == 0 and self.log is not None:
             try:
-                if "metrics" in what and self.log is not None:
-                    target = self.cfg.metrics
-                    self.log.write(target, {**self.attrs, "status": status})
-                if "checkpoint" in what and self.pending is not None:
-                    target = self.cfg.checkpoint
-                    fileformat.write(target, self.pending)
-                    shardwrite.remove_old_steps(target, keep="")    # a sharded set this whole file replaces
+                self.log.write(target, {**self.attrs, "status": status})
             except OSError as exc:
                 kept = "the previous file is kept" if os.path.lexists(target) else "there was no previous file"
                 message = f"cannot write {target}: {exc.strerror or exc}; {kept}, training stopped"
-        self.pending = None
         message = agree(self.comm, message)
         if message:
             raise JobError(message, EXIT_WRITE)
@@ -154,7 +137,7 @@ class Trainer:
     # --- files -------------------------------------------------------------------------
     def flush(self) -> None:
         """Reduce the pending step rows (collective), add them up, and check their losses."""
-        cols = self.recorder.flush(self.ddp.reduce_metrics)
+        cols = self.recorder.flush(self.engine.reduce_metrics)
         bad = np.flatnonzero(~np.isfinite(cols["loss"]))
         if bad.size:
             raise self.diverged(f"the training loss is {cols['loss'][bad[0]]}", int(cols["step"][bad[0]]))
@@ -164,52 +147,37 @@ class Trainer:
 
     def save(self, status: str = "running") -> None:
         """Check the parameters, then write metrics and checkpoint of the current position (collective)."""
-        traced = self.ddp.tracer.clock()
+        traced = self.engine.tracer.clock()
         gather = self.cfg.zero != 3             # ZeRO-3 checks its shards and writes a shard file: nothing gathered
-        with self.ddp.full_parameters() if gather else contextlib.nullcontext():
+        with self.engine.full_parameters() if gather else contextlib.nullcontext():
             self.check_parameters(collective=True)
-            sharded = (bool(self.cfg.zero) and not self.split and self.cfg.checkpoint is not None
-                       and self.saved_at != self.step)     # a split run's checkpoint is the whole model's
-            if sharded:                          # --zero: every rank writes its shard after the metrics
-                self.saved_at = self.step
-            if self.cfg.checkpoint is not None and self.saved_at != self.step:
-                named, optimizer, dropouts = (self.ddp.whole_state(self.optimizer) if self.split else
-                                              (self.model.named_parameters(), self.optimizer, self.dropouts))
-                self.pending = state.collect(
-                    self.comm, named_params=named, optimizer=optimizer, ddp=self.ddp, dropouts=dropouts,
-                    position=(self.epochs_done, self.batches_done, self.step), totals=self.totals,
-                    totals_columns=TOTALS, config=self.attrs["config"], backend=self.cfg.backend,
-                    optimizer_name=self.cfg.optimizer, input_shape=self.input_shape, num_classes=self.num_classes,
-                    attrs={k: v for k, v in self.attrs.items() if k != "config"},
-                    local_sgd=self.averager is not None and not self.split)   # split: the first replica's
-                if self.split and self.pending is not None:      # the whole model, one row per data replica
-                    rng = self.pending.dropout_rng
-                    self.pending = dataclasses.replace(self.pending, world_size=self.replicas,
-                                                       dropout_rng=None if rng is None else rng[:self.replicas])
-                self.saved_at = self.step
-        self.write_files(("metrics", "checkpoint"), status)
-        if sharded:
-            shardwrite.save(
-                self.comm, self.cfg.checkpoint, stage=self.cfg.zero, named_params=self.model.named_parameters(),
-                engine=self.ddp, optimizer=self.optimizer, ddp=self.ddp, dropouts=self.dropouts,
-                position=(self.epochs_done, self.batches_done, self.step), totals=self.totals,
-                totals_columns=TOTALS, config=self.attrs["config"], backend=self.cfg.backend,
-                optimizer_name=self.cfg.optimizer, input_shape=self.input_shape, num_classes=self.num_classes,
-                attrs={k: v for k, v in self.attrs.items() if k != "config"})
-        self.ddp.tracer.add(traced, self.trace_save, tracing.CHECKPOINT)
+        self.write_metrics(status)
+        if self.cfg.checkpoint is not None and self.saved_at != self.step:
+            self.saved_at = self.step
+            try:
+                checkpoint.save(self.comm, self.cfg.checkpoint, self.saved_objects(), info=checkpoint.RunInfo(
+                    self.attrs["config"], self.cfg.backend, self.cfg.optimizer,
+                    {k: v for k, v in self.attrs.items() if k != "config"}, self.input_shape, self.num_classes))
+            except OSError as exc:
+                raise JobError(f"{exc}, training stopped", EXIT_WRITE) from None
+        self.engine.tracer.add(traced, self.trace_save, tracing.CHECKPOINT)
+
+    def saved_objects(self) -> dict:
+        """What a checkpoint holds: the model's state (a split model's whole), the optimizer's, the position."""
+        where = checkpoint.TrainState(self.epochs_done, self.batches_done, self.step, self.totals, TOTALS)
+        if self.engine.splits_model:            # the whole model, the first replica's, one row per data replica
+            named, optimizer, dropouts = self.engine.whole_state(self.optimizer)
+            model = checkpoint.ModelState(named, dropouts, self.engine, replicas=self.replicas)
+        else:
+            model = checkpoint.ModelState(self.model.named_parameters(), self.dropouts, self.engine,
+                                          per_rank=self.averager is not None)
+            optimizer = self.optimizer
+        return {"model": model, "optim": optimizer, "train": where}
 
     # --- steps -------------------------------------------------------------------------
     def evaluate(self) -> np.ndarray:
-        """(loss sum, correct, rows) over all ranks; rank r evaluates validation rows r::size, forward only."""
-        if self.split:                        # through the pipeline: replica r evaluates rows r::replicas
-            return self.ddp.reduce_metrics(self.ddp.evaluate(self.X_val, self.y_val, self.eval_batch, self.loss_fn))
-        net = self.model.eval()
-        if self.eval_batch is None:           # measured once, agreed over ranks
-            self.eval_batch = agreed_batch(self.comm, net, self.X_val)
-        sums = evaluate_rows(net, self.X_val, self.y_val, self.comm.rank, self.comm.size, self.eval_batch,
-                             self.ddp.reduce_metrics)
-        net.train()
-        return sums
+        """(loss sum, correct, rows) of the validation rows over all ranks, forward only."""
+        return self.engine.evaluate(self.X_val, self.y_val, self.loss_fn)
 
     def inject(self, xb: np.ndarray) -> np.ndarray:
         """Act out ``--inject-fault`` when this is its rank and step; the batch to train on."""
@@ -224,38 +192,33 @@ class Trainer:
 
     def run_epoch(self, epoch: int) -> bool:
         """Train from the saved position to the end of ``epoch`` or to --max-steps; True if stopped early."""
-        cfg, ddp, loss_fn = self.cfg, self.ddp, self.loss_fn
+        cfg, engine, loss_fn = self.cfg, self.engine, self.loss_fn
         total = len(self.loader)
         self.loader.set_epoch(epoch)
         start = min(self.batches_done, total)
         self.progress.start_epoch(epoch, start)
         stop = False
         t0 = time.perf_counter()
-        batches = self.ddp.tracer.timed(self.loader.batches(start), self.trace_data, tracing.DATA)
+        batches = self.engine.tracer.timed(self.loader.batches(start), self.trace_data, tracing.DATA)
         for b, (xb, yb) in enumerate(batches, start=start + 1):
             if self.fault is not None:
                 xb = self.inject(xb)
-            ddp.zero_grad()
+            engine.zero_grad()
             averager = self.averager
-            if self.split:                    # the loss is known on the last stage; the rest report 0 rows
-                loss = ddp.train_batch(xb, yb, local=averager is not None and averager.local())
-            else:
-                loss = loss_fn.forward(ddp(xb), yb)
-                with ddp.no_sync() if averager is not None and averager.local() else contextlib.nullcontext():
-                    ddp.backward(loss_fn.backward())
+            loss = engine.train_batch(xb, yb, loss_fn, local=averager is not None and averager.local())
             self.check_gradients()
-            ddp.step(self.optimizer)
+            engine.step(self.optimizer)
             averaged = time.perf_counter()
-            if averager is not None and averager.average_parameters(ddp.parameters()):
-                ddp.stats.comm_exposed_s += time.perf_counter() - averaged    # nothing hides it: all exposed
-                ddp.stats.comm_calls += averager.calls
-                ddp.stats.comm_bytes += averager.bytes
+            if averager is not None and averager.average_parameters(engine.parameters()):
+                engine.stats.comm_exposed_s += time.perf_counter() - averaged    # nothing hides it: all exposed
+                engine.stats.comm_calls += averager.calls
+                engine.stats.comm_bytes += averager.bytes
                 self.check_parameters(collective=False)          # identical right after averaging
             self.step, self.batches_done = self.step + 1, b
             now = time.perf_counter()
-            counted = not self.split or ddp.reports
+            counted = engine.reports          # a split model's loss is known on the last stage; the rest report 0
             self.recorder.record(self.step, epoch + 1, b, loss if counted else 0.0, len(yb) if counted else 0,
-                                 self.optimizer.lr, now - t0, ddp.stats)
+                                 self.optimizer.lr, now - t0, engine.stats)
             self.progress.update(loss)        # None under --pp: rank 0 is the first stage
             stop = bool(cfg.max_steps) and self.step >= cfg.max_steps
             if b < total and (stop or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0)):

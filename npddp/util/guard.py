@@ -16,7 +16,7 @@ sets up two things, each with an environment variable that turns it off:
   after the notice (:mod:`npddp.comm.engine.deadline`), instead of waiting for the timeout.
 * BLAS threads (``NPDDP_THREADS``: ``auto``, the default, a number, or ``off``): with several
   ranks on this node and no thread variable set (``OMP_NUM_THREADS`` and kin), each rank's BLAS
-  is limited to its share of the cores (:func:`npddp.util.cores.auto_threads`), as ``--threads
+  is limited to its share of the cores (:func:`npddp.util.threads.auto_threads`), as ``--threads
   auto`` does for the training CLI.
 
 Nothing here imports MPI: a job's MPI is used only when the script has already loaded it.
@@ -34,7 +34,7 @@ import traceback
 
 import numpy as np
 
-from npddp.util import cores, env, variables
+from npddp.util import env, threads, variables
 
 ABORT_VARIABLE = variables.ABORT_ON_EXCEPTION.name
 THREADS_VARIABLE = variables.THREADS.name
@@ -191,9 +191,9 @@ def departures() -> Departures | None:
 def share_threads(environ=None) -> int | None:
     """Limit BLAS to this rank's share of the cores; the number applied, or None (off, the user chose, one rank)."""
     environ = os.environ if environ is None else environ
-    n = cores.share(threads_setting(environ), environ)
+    n = threads.share(threads_setting(environ), environ)
     if n is not None:
-        cores.limit(n, export=False)
+        threads.limit(n, export=False)
     return n
 
 

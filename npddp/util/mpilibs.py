@@ -4,7 +4,7 @@ A row says how to recognise a library's launcher, the flags ``./mpi_run.sh`` add
 passes variables to the ranks and names a hostfile, the variable that tells a rank how many ranks
 share its node, and the files a killed job of that library leaves in /dev/shm and in the
 temporary directory (what :mod:`npddp.process.cleanup` may remove). Names were checked by running
-a job with each library's pip wheel and killing it with SIGKILL (docs/failures.md).
+a job with each library's pip wheel and killing it with SIGKILL (docs/design/failures.md).
 
     python -m npddp.process.launchflags --mpirun "$(command -v mpirun)" -n 2   # the flags, one a line
 """

@@ -3,9 +3,8 @@
 Code reads and writes these variables only through the declarations here (``variables.TIMEOUT.name``)
 and the readers below, which share one true/false table and one number parser, each raising a
 ValueError that names the variable, the value and the valid values. The table of variables in
-docs/library.md is generated from the declarations:
-
-    python -m npddp.util.variables --markdown
+docs/reference/variables.md is generated from the declarations (by docs/generate.py, which calls
+:func:`markdown`; ``python -m npddp.util.variables --markdown`` prints the same table).
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 PREFIX = "NPDDP_"
 #: Spellings of on and off (any case, surrounding blanks ignored); unset or empty takes the default.
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-#: Where the generated table sits in docs/library.md.
+#: Where the generated table sits in docs/reference/variables.md.
 BEGIN_MARK, END_MARK = "<!-- variables: begin (python -m npddp.util.variables --markdown) -->", "<!-- variables: end -->"
 
 
@@ -162,7 +161,7 @@ def threads(environ=None) -> int | str | None:
 
 
 def markdown() -> str:
-    """The table of every variable, as docs/library.md shows it between its markers."""
+    """The table of every variable, as docs/reference/variables.md shows it between its markers."""
     rows = ["| variable | value | default | what it does |", "|---|---|---|---|"]
     for v in VARIABLES:
         rows.append(f"| `{v.name}` | {v.kind} | {v.default or 'unset'} | {v.meaning} |")
@@ -173,7 +172,7 @@ def main(argv=None) -> int:
     """Print the variables: the markdown table, or one name per line."""
     parser = argparse.ArgumentParser(prog="python -m npddp.util.variables",
                                      description="The NPDDP_* environment variables npddp reads.")
-    parser.add_argument("--markdown", action="store_true", help="print the table docs/library.md holds")
+    parser.add_argument("--markdown", action="store_true", help="print the table docs/reference/variables.md holds")
     args = parser.parse_args(argv)
     print(markdown() if args.markdown else "\n".join(v.name for v in VARIABLES))
     return 0

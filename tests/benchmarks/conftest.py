@@ -57,7 +57,7 @@ def dumps(tmp_path_factory):
     """{kind: path} of one small dump of every kind, each written by its producer on MPI.COMM_SELF."""
     from mpi4py import MPI
 
-    from benchmarks import allreduce as ar
+    from benchmarks import collectives as ar
     from benchmarks import ddp as bd
     from benchmarks import results
     directory = tmp_path_factory.mktemp("dumps")

@@ -18,7 +18,7 @@ import pytest
 
 from benchmarks import _costmodel as cm
 from benchmarks import _plots as plots
-from benchmarks import allreduce as ar
+from benchmarks import collectives as ar
 from benchmarks import report
 from benchmarks import results
 from benchmarks.columns import FLOAT, INT, KINDS, STR
@@ -452,3 +452,30 @@ def test_a_file_of_brackets_is_one_line_and_exit_2(tmp_path, capsys, name):
     assert report.main([str(path), "--no-plots"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.splitlines()) == 1 and err.startswith(f"report.py: error: {path}"), err
+
+
+def test_sweeps_of_several_collectives_get_one_table_of_mpi_beside_npddps_fastest(tmp_path, capsys):
+    times = {"raw": 1e-5, "mpi": 2e-5, "ring": 4e-5, "naive": 3e-5}   # seconds per call at every size
+    paths = []
+    for collective in ("allgather", "broadcast", "alltoall"):
+        backends = "raw" if collective == "alltoall" else "raw,mpi,ring,naive"
+        cfg = ar.parse_config(["--collective", collective, "--backends", backends, "-b", "1K", "-e", "64K", "-f", "64"],
+                              verbose=False)
+        rows = [ar.row(cfg, g, g.backend, 2, int(count), times[g.backend] * np.array([0.9, 1.0, 1.1]), 0)
+                for count in ar.sizes(cfg, 2) for g in ar.groups(cfg)]
+        paths.append(tmp_path / f"{collective}.h5")
+        results.write_dump(paths[-1], "allreduce_sweep", rows, world_size=2,
+                           attrs={"collective": collective, "dtype": "float32", "op": "none"})
+    assert report.main([str(p) for p in paths] + ["--outdir", str(tmp_path / "plots"), "--dpi", "40"]) == 0
+    out = capsys.readouterr().out
+    table = out.split("== every collective")[1].split("\n\n")[0].splitlines()[2:]
+    cells = [line.split() for line in table]
+    assert [c[:3] for c in cells] == [[c, p, s] for c, p in (("allgather", "outofplace"), ("broadcast", "inplace"),
+                                                             ("alltoall", "outofplace")) for s in ("1K", "64K")]
+    for c in cells[:4]:   # npddp's fastest (naive, 30 us) against the bare MPI loop (10 us)
+        assert c[3:] == ["10.00", "naive", "30.00", "3.00"]
+    assert all(c[4] == "-" and c[5] == c[6] == "NaN" for c in cells[4:])   # all-to-all: MPI's alone, until npddp has one
+    for collective in ("allgather", "broadcast", "alltoall"):   # each collective its own figures
+        assert (tmp_path / "plots" / f"{collective}_busbw.png").exists()
+    report.main([str(paths[0]), "--no-plots"])
+    assert "== every collective" not in capsys.readouterr().out   # one collective: its own tables say it all

@@ -6,7 +6,7 @@ from mpi4py import MPI
 
 from benchmarks import ddp as bd
 from tests.benchmarks.test_ddp_bench import TINY
-from tests.util.test_trace import nesting_problems, x_events
+from tests.helpers.trace import nesting_problems, x_events
 
 
 def test_the_sweep_traces_its_first_combination_in_the_chosen_steps(tmp_path, capsys):

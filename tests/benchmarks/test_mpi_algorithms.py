@@ -11,8 +11,9 @@ import pandas as pd
 import pytest
 from matplotlib.colors import to_hex
 
+from benchmarks import _common as bc
 from benchmarks import _plots as plots
-from benchmarks import allreduce as ar
+from benchmarks import collectives as ar
 from benchmarks import mpi_algorithms as ma
 from benchmarks import report
 from benchmarks import results
@@ -47,26 +48,48 @@ def write_sweep(path, rows, n=2, dtype="float32"):
 # ----------------------------------------------------------------------------- the table
 
 @pytest.mark.parametrize("family", list(VERSIONS))
-def test_each_library_is_found_from_its_version_string_and_forces_distinct_algorithms(family):
+@pytest.mark.parametrize("collective", list(ma.CALLS))
+def test_each_library_is_found_from_its_version_string_and_forces_distinct_algorithms(family, collective):
     lib = ma.detect(VERSIONS[family])
     assert lib is not None and lib.family == family
-    names = [a.name for a in lib.algorithms]
-    assert len(names) == len(set(names)) >= 6 and ma.DEFAULT not in names
-    assert all(a.env and a.about for a in lib.algorithms)
-    assert len({tuple(sorted(a.env.items())) for a in lib.algorithms}) == len(names)   # each sets something else
-    assert lib.source
+    menu = lib.menu(collective)
+    names = [a.name for a in menu]
+    assert len(names) == len(set(names)) >= 4 and ma.DEFAULT not in names
+    assert all(a.env and a.about for a in menu)
+    assert len({tuple(sorted(a.env.items())) for a in menu}) == len(names)   # each sets something else
+    calls = ma.CALLS[collective]   # every variable names this collective's call (or is the library's general switch)
+    assert all(any(call in k.upper() for call in calls) or k in GENERAL for a in menu for k in a.env), collective
+    assert lib.source and lib.all_variables() >= {k for a in menu for k in a.env}
+
+
+GENERAL = {"MPIR_CVAR_DEVICE_COLLECTIVES", "MPIR_CVAR_COLLECTIVE_FALLBACK", "OMPI_MCA_coll_tuned_use_dynamic_rules",
+           "OMPI_MCA_coll", "OMPI_MCA_coll_han_priority", "OMPI_MCA_coll_xhc_priority"}
 
 
 def test_the_table_says_how_each_library_forces_an_algorithm():
     mpich, ompi, intel = (ma.detect(VERSIONS[f]) for f in VERSIONS)
-    ring = {a.name: a.env for a in mpich.algorithms}["ring"]
+    ring = {a.name: a.env for a in mpich.menu("allreduce")}["ring"]
     assert ring == {"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "ring", "MPIR_CVAR_DEVICE_COLLECTIVES": "none",
                     "MPIR_CVAR_COLLECTIVE_FALLBACK": "print"}
-    tuned = {a.name: a.env for a in ompi.algorithms}
+    tuned = {a.name: a.env for a in ompi.menu("allreduce")}
     assert tuned["rabenseifner"]["OMPI_MCA_coll_tuned_allreduce_algorithm"] == "6"
     assert tuned["ring"]["OMPI_MCA_coll_tuned_use_dynamic_rules"] == "1"
-    assert {a.name for a in ompi.algorithms if a.component} == {"han_simple", "han_reproducible", "xhc"}
-    assert [a.env["I_MPI_ADJUST_ALLREDUCE"] for a in intel.algorithms] == [str(k) for k in range(1, 13)]
+    assert {a.name for a in ompi.menu("allreduce") if a.component} == {"han_simple", "han_reproducible", "xhc"}
+    assert [a.env["I_MPI_ADJUST_ALLREDUCE"] for a in intel.menu("allreduce")] == [str(k) for k in range(1, 13)]
+    # the other collectives: each library's own variable of the call, both calls of a reduce-scatter where both have it
+    assert {a.name: a.env for a in mpich.menu("allgather")}["brucks"]["MPIR_CVAR_ALLGATHER_INTRA_ALGORITHM"] == "brucks"
+    pairwise = {a.name: a.env for a in mpich.menu("reduce_scatter")}["pairwise"]
+    assert pairwise["MPIR_CVAR_REDUCE_SCATTER_INTRA_ALGORITHM"] == pairwise[
+        "MPIR_CVAR_REDUCE_SCATTER_BLOCK_INTRA_ALGORITHM"] == "pairwise"
+    rs = {a.name: a.env for a in ompi.menu("reduce_scatter")}
+    assert (rs["recursive_halving"]["OMPI_MCA_coll_tuned_reduce_scatter_algorithm"],
+            rs["recursive_halving"]["OMPI_MCA_coll_tuned_reduce_scatter_block_algorithm"]) == ("2", "3")
+    assert "OMPI_MCA_coll_tuned_reduce_scatter_block_algorithm" not in rs["ring"]
+    assert {a.name: a.env for a in ompi.menu("broadcast")}["chain"]["OMPI_MCA_coll_tuned_bcast_algorithm"] == "2"
+    assert [a.env["I_MPI_ADJUST_ALLTOALL"] for a in intel.menu("alltoall")] == ["1", "2", "3", "4"]
+    assert all(a.env["I_MPI_ADJUST_REDUCE_SCATTER"] == a.env["I_MPI_ADJUST_REDUCE_SCATTER_BLOCK"]
+               for a in intel.menu("reduce_scatter"))
+    assert mpich.menu("gather") == ()
     assert ma.detect("FooMPI 1.0\n") is None
 
 
@@ -78,8 +101,15 @@ def test_the_default_run_unsets_every_variable_of_the_library(monkeypatch):
     env = ma.run_environment(lib, default, "/opt/mpi/bin/mpirun")
     assert "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM" not in env and env["PATH"].startswith("/opt/mpi/bin")
     assert ma.run_environment(lib, ring, "/x/mpirun")["MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM"] == "ring"
-    assert ma.child_args(["--iters", "3"], "ring,mpi", True) == ["--iters", "3", "--backends", "mpi,ring"]
-    assert ma.child_args(["--iters", "3"], "ring", False) == ["--iters", "3", "--backends", "mpi", "--transports", "mpi"]
+    assert ma.child_args(["--iters", "3"], "ring,mpi", True) == ["--iters", "3", "--collective", "allreduce",
+                                                                  "--backends", "mpi,ring"]
+    assert ma.child_args(["--iters", "3"], "ring", False, "broadcast") == [
+        "--iters", "3", "--collective", "broadcast", "--backends", "mpi", "--transports", "mpi"]
+    if not bc.offered("alltoall"):   # MPI's own all-to-all: the bare loop alone, until npddp has one
+        assert ma.child_args([], "", False, "alltoall")[:4] == ["--collective", "alltoall", "--backends", "raw"]
+    ring = ma.plan(lib, ["ring"], "allgather")[1]
+    assert ma.run_environment(lib, ring, "/x/mpirun")["MPIR_CVAR_ALLGATHER_INTRA_ALGORITHM"] == "ring"
+    assert "MPIR_CVAR_ALLGATHER_INTRA_ALGORITHM" not in ma.run_environment(lib, default, "/x/mpirun")
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -95,11 +125,14 @@ def no_runs(monkeypatch):
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--algorithms", "ring,bogus"], r"--algorithms: 'bogus' is not one of MPICH's \(each once\): auto, nb, "),
-    (["--algorithms", "ring,ring"], r"--algorithms: 'ring,ring' is not one of MPICH's \(each once\)"),
+    (["--algorithms", "ring,bogus"], r"--algorithms: 'bogus' is not one of MPICH's allreduce algorithms \(each once\): "
+                                     r"auto, nb, "),
+    (["--algorithms", "ring,ring"], r"--algorithms: 'ring,ring' is not one of MPICH's allreduce algorithms"),
+    (["--collective", "broadcast", "--algorithms", "ring"], r"'ring' is not one of MPICH's broadcast algorithms "
+                                                            r"\(each once\): auto, binomial, "),
     (["--timeout", "0"], r"--timeout must be > 0 seconds, got 0.0"),
     (["-n", "0"], r"argument -n/--nproc"),
-    (["--collective", "broadcast"], r"--collective: this script times allreduce only"),
+    (["--collective", "gather"], r"argument --collective: invalid choice: 'gather'"),
     (["--out", "/no/such/dir/a.h5"], r"--out '/no/such/dir/a.h5': directory '/no/such/dir' does not exist"),
     (["--csv", "/dev/null"], r"--csv '/dev/null' is a device, not a regular file"),
 ])
@@ -137,7 +170,7 @@ def test_a_run_past_its_limit_is_stopped_and_a_crash_keeps_its_exit_status(tmp_p
     code, log, _ = ma.relaunch([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], None, 30, tmp_path, "bad")
     assert (code, log.strip()) == (3, "boom")
     lib = ma.detect(VERSIONS["MPICH"])
-    run = ma.Run("mpi:smp", lib.algorithms[2])
+    run = ma.Run("mpi:smp", lib.menu("allreduce")[2])
     ma.judge(run, None, "", 1.0, lib)
     assert run.status == "timed out after 1 s" and not run.ok
     ma.judge(run, 3, "Allreduce smp cannot be applied.\nAllreduce smp cannot be applied.\n", 1.0, lib)
@@ -157,6 +190,27 @@ def test_an_algorithm_no_faster_or_slower_than_default_beyond_the_spread_is_susp
         r["backend"] = "mpi:slower"
     assert ma.honoured(rows + slower, "mpi:slower") is True
     assert ma.ratios(rows + slower, "mpi:slower") == pytest.approx((2.0, 2.0))
+
+
+def test_a_collective_timed_by_the_bare_loop_alone_is_judged_by_its_raw_rows():
+    """All-to-all before npddp has one: each run's rows are raw:<algorithm>, and the summary judges them."""
+    rows = []
+    for name, t in (("default", 1e-5), ("same", 1e-5), ("slower", 3e-5)):
+        part = sweep_rows(["raw"], {"raw": t})
+        for r in part:
+            r["backend"] = r["algorithm"] = f"raw:{name}"
+        rows += part
+    runs = [ma.Run(f"mpi:{name}", None) for name in ("default", "same", "slower")]
+    for run in runs:
+        run.status = "ok"
+    assert [ma.judged(rows, run.backend) for run in runs] == ["raw:default", "raw:same", "raw:slower"]
+    assert ma.judged(rows + [dict(rows[0], backend="mpi:same")], "mpi:same") == "mpi:same"
+    assert ma.honoured(rows, "raw:same") is False and ma.honoured(rows, "raw:slower") is True
+    lines = ma.summary(runs, rows)
+    cells = {line.split()[0]: line for line in lines[1:]}
+    assert "3.00-3.00" in cells["mpi:slower"] and "judged by raw:slower" in cells["mpi:slower"]
+    assert "suspect: not honoured?" in cells["mpi:same"] and "suspect" not in cells["mpi:slower"]
+    assert cells["mpi:default"].split()[2] == "0"   # its #wrong: rows found, not '-'
 
 
 def test_runs_merge_into_one_dump_with_failures_reported(tmp_path, monkeypatch, capsys):
@@ -266,7 +320,7 @@ def test_a_dump_of_mpi_algorithms_alone_is_compared_with_mpis_default(tmp_path, 
 
 def test_every_mpi_algorithm_in_a_figure_has_a_colour_of_its_own():
     mpich = ma.detect(VERSIONS["MPICH"])
-    names = ["mpi", "ring", "rd", "auto"] + [f"mpi:{a.name}" for a in mpich.algorithms] + ["mpi:default"]
+    names = ["mpi", "ring", "rd", "auto"] + [f"mpi:{a.name}" for a in mpich.menu("allreduce")] + ["mpi:default"]
     rows = sweep_rows(["mpi"], {"mpi": 1e-5})
     frame = []
     for i, name in enumerate(names):

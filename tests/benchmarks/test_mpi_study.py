@@ -59,8 +59,8 @@ def test_a_bad_setting_is_one_error_line_and_exit_2(capsys):
 def test_one_node_smoke_run_merges_mpis_and_npddps_backends_and_the_report_reads_it(tmp_path, capsys):
     """The real thing under the active MPI: tiny sizes, the default run and one forced algorithm."""
     lib = ma.detect(ma.library_version())
-    forced = lib.algorithms[-2].name if lib.family == "Open MPI" else next(
-        a.name for a in lib.algorithms if "ring" in a.name)
+    forced = lib.menu("allreduce")[-2].name if lib.family == "Open MPI" else next(
+        a.name for a in lib.menu("allreduce") if "ring" in a.name)
     code = ms.main(["--out", str(tmp_path), "--settings", "1x2", "--algorithms", forced, "--maxbytes", "4K",
                     "--iters", "2", "--budget", "0.02", "--timeout", "120", "--rounds", "1"])
     assert code == 0

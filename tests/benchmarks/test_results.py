@@ -17,7 +17,7 @@ import pytest
 from benchmarks import results
 from benchmarks.columns import FLOAT, INT, KINDS, STR
 
-BENCHMARKS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
+BENCHMARKS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "benchmarks.md"
 
 
 def valid_row(kind: str, i: int = 0) -> dict:
@@ -138,7 +138,7 @@ def test_the_benchmarks_page_lists_every_kinds_columns_in_order():
     text = BENCHMARKS_PAGE.read_text(encoding="utf-8")
     for name, kind in KINDS.items():
         listed = re.search(rf"^{name}: (.+)$", text, re.MULTILINE)
-        assert listed, f"docs/benchmarks.md has no line '{name}: <columns>'"
+        assert listed, f"docs/guide/benchmarks.md has no line '{name}: <columns>'"
         assert listed.group(1).split(", ") == list(kind.names), name
 
 

@@ -14,6 +14,9 @@ import pytest
 from npddp.cluster import launch, shaping
 from tests.cluster.conftest import JOB, ROOT, needs_namespaces
 
+#: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
+pytestmark = pytest.mark.alone
+
 #: Seconds from a rank's death (or Ctrl-C) to the harness's exit that count as "promptly".
 PROMPTLY = 30.0
 # Ids must not be the bare word "mpi": pytest-mpi skips any test with that keyword unless --with-mpi.
@@ -243,7 +246,7 @@ def test_up_exec_status_down(cluster, own_namespaces):
 @needs_namespaces
 @pytest.mark.slow
 def test_training_across_nodes_gives_the_parameters_of_one_process(cluster, cluster_env, tmp_path):
-    from npddp.train.checkpoint import fileformat
+    from npddp.checkpoint import fileformat
     flags = ["-m", "npddp.train", "--dtype", "float64", "--hidden", "16", "--train-samples", "256",
              "--val-samples", "64", "--batch-size", "32", "--epochs", "1", "--quiet"]
     one = subprocess.run([sys.executable, *flags, "--backend", "ring", "--checkpoint", str(tmp_path / "one.h5")],

@@ -11,6 +11,9 @@ import pytest
 from npddp.cluster import launch, probe
 from npddp.cluster.topology import Cluster
 
+#: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
+pytestmark = pytest.mark.alone
+
 #: MPI_Get_library_version's text of each library as its wheel reports it.
 VERSIONS = {
     "MPICH": "MPICH Version:      5.0.2\nMPICH Release date: Fri Sep 25 2026\nMPICH ABI:          18:2:6\n",

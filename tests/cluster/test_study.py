@@ -57,3 +57,18 @@ def test_network_fit_recovers_the_alpha_and_beta_the_times_were_made_from(tmp_pa
         late = fit_network(tmp_path / f"ar{world}.csv", 1e9, world, 1 << 20)
         assert all(ln.split()[-1] == "2" for ln in late[2:]) and "sizes >= 1048576 B" in late[0]
         rows = []
+
+
+def test_other_collectives_are_summarised_out_of_place_with_their_own_bus_factor(tmp_path):
+    n = 16 << 20   # the all-gather's whole output; the ring puts (N-1)/N of it on each link
+    times = {("raw", "mpi"): 0.5, ("ring", "mpi"): n * 8 / 1e9 / 2 / 0.8, ("naive", "mpi"): 0.4,
+             ("auto", "mpi"): n * 8 / 1e9 / 2 / 0.8 * 1.25}
+    rows = [dict(collective="allgather", backend=b, transport=t, place="outofplace", bytes=n, time_median_s=s)
+            for (b, t), s in times.items()]
+    _write(tmp_path / "ag.csv", AR_FIELDS, rows)
+    lines = summarize(tmp_path / "ag.csv", 1e9, 2)
+    assert lines[0].startswith("# allgather: median ms; share = (0.5 x bytes / time)")
+    assert lines[1].split()[1:5] == ["raw", "ring", "naive", "auto"]
+    last = lines[-1].split()
+    assert last[0] == str(n) and last[-4:] == ["0.80", "-", "1.25", "-"]
+    assert [ln.split()[0] for ln in fit_network(tmp_path / "ag.csv", 1e9, 2)[2:]] == []   # one size: nothing to fit

@@ -15,7 +15,8 @@ import pytest
 
 from npddp.comm import BACKENDS, create
 
-from tests.conftest import RUN_BACKENDS, TCP_MODE, world_raw
+from tests.helpers.marks import marked_backend
+from tests.helpers.ranks import RUN_BACKENDS, TCP_MODE, world_raw
 #: Backends built from point-to-point messages only.
 P2P_BACKENDS = tuple(b for b in BACKENDS if b != "mpi")
 
@@ -28,7 +29,7 @@ _REDUCE = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}
 
 
 # Ids must not be the bare word "mpi": pytest-mpi skips any test with that keyword unless --with-mpi.
-@pytest.fixture(params=RUN_BACKENDS, ids=lambda name: f"{name}-backend")
+@pytest.fixture(params=[marked_backend(name, f"{name}-backend") for name in RUN_BACKENDS])
 def backend(request):
     """Backend name, one of ``npddp.comm.BACKENDS`` (not ``mpi`` over TCP)."""
     return request.param

@@ -1,6 +1,6 @@
 """The receives a communicator posts for its peers' aborts go with it: none is left on the group it ran over.
 
-Over MPI they stay posted while the communicator lives (:class:`~npddp.comm.engine.signed.AbortWatch`);
+Over MPI they stay posted while the communicator lives (:class:`~npddp.comm.engine.abort.AbortWatch`);
 left posted on a group the user passed (``MPI.COMM_WORLD``), they would take the aborts of a later
 communicator on that group and hold the group until ``MPI_Finalize``, which MPICH reports as
 ``Builtin communicator ... has pending N references``.
@@ -16,7 +16,7 @@ import pytest
 
 from npddp.comm import create
 from npddp.comm.communicators.p2p import P2PCommunicator
-from npddp.comm.engine.signed import ABORT_WORDS, CONTROL_TAG
+from npddp.comm.engine.abort import ABORT_WORDS, CONTROL_TAG
 from npddp.comm.algorithms.ring import Ring
 
 _PROBE_S = 10.0

@@ -24,6 +24,9 @@ from npddp.tools.tune import decide, stable, steps_from
 
 from tests.comm.conftest import one_rank_group
 
+#: runs again across pretended nodes (tests/run_all.sh: hier-mpi-4, hier-tcp-4)
+pytestmark = pytest.mark.across_nodes
+
 
 def tuning(tmp_path, **change):
     data = {"format": FORMAT, "version": VERSION, "transport": "mpi", "world_size": 1,

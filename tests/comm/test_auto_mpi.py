@@ -22,8 +22,11 @@ from npddp.comm.compose.tuning import FORMAT, VERSION, check_table
 from npddp.comm.algorithms.registry import LIBRARY
 
 from tests.comm.conftest import one_rank_group
-from tests.comm.test_comm_allreduce import run_case, sizes
-from tests.conftest import TCP_MODE
+from tests.helpers.collectives import run_case, sizes
+from tests.helpers.ranks import TCP_MODE
+
+#: runs again across pretended nodes (tests/run_all.sh: hier-mpi-4, hier-tcp-4)
+pytestmark = pytest.mark.across_nodes
 
 needs_mpi_transport = pytest.mark.skipif(TCP_MODE, reason="MPI's own all-reduce is a candidate over MPI only")
 

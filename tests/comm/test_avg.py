@@ -11,7 +11,8 @@ import pytest
 from npddp.comm import create
 from npddp.comm.checks import AVG_DTYPES, REDUCTIONS
 
-from tests.comm.test_shared_buffers import PATHS, PLACEMENTS
+from tests.helpers.collectives import PATHS, PLACEMENTS
+from tests.helpers.marks import marked_backend
 
 
 def _sizes(size: int) -> list[int]:
@@ -101,7 +102,7 @@ def test_unknown_op_names_avg():
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("name", ["shm", "auto"])
+@pytest.mark.parametrize("name", [marked_backend("shm"), marked_backend("auto")])
 def test_avg_every_placement(name, path, world, values, assert_all_ranks, assert_ranks_agree_on_all):
     """Shared and private inputs and outputs, on both sides of the one-barrier limit, staged or single-copy."""
     comm = create(name, world.fresh()) if name == "auto" or not _pretended_nodes(world) else None

@@ -12,39 +12,10 @@ import pytest
 from npddp.comm import DTYPES, OPS, create
 
 from tests.comm.conftest import one_rank_group
+from tests.helpers.collectives import run_case, sizes
 
 
-def sizes(k: int) -> list[int]:
-    """Element counts worth testing with ``k`` ranks."""
-    return sorted({0, 1, k - 1, k, k + 1, 1009})
-
-
-def run_case(comm, values, n, dtype, op, inplace, shape=None):
-    """One all-reduce of the exact inputs; returns (result, list of problems)."""
-    x = values.rank(n, comm.rank, dtype, op)
-    expected = values.expected(n, comm.size, dtype, op)
-    if shape is not None:
-        x, expected = x.reshape(shape), expected.reshape(shape)
-    case = f"n={n} shape={x.shape} {np.dtype(dtype).name} {op} {'in place' if inplace else 'out='}"
-    problems = []
-    if inplace:
-        got = comm.allreduce(x, op)
-        if got is not x:
-            problems.append(f"{case}: in-place call did not return buf")
-    else:
-        x.flags.writeable = False  # out= only reads the input
-        before = x.copy()
-        out = np.full_like(x, -7)
-        got = comm.allreduce(x, op, out=out)
-        if got is not out:
-            problems.append(f"{case}: did not return out")
-        if not np.array_equal(x, before):
-            problems.append(f"{case}: input changed")
-    if got.dtype != expected.dtype or got.shape != expected.shape or not np.array_equal(got, expected):
-        problems.append(f"{case}: got {got.ravel()[:6]}, expected {expected.ravel()[:6]}")
-    return got, problems
-
-
+@pytest.mark.cluster   # runs again across emulated nodes (tests/run_all.sh: cluster-*)
 def test_allreduce_exact(comm, group, values, assert_all_ranks, assert_ranks_agree_on_all):
     problems, results = [], []
     for n in sizes(comm.size):
@@ -132,14 +103,15 @@ def test_float_cancellation_agrees_bitwise(comm, group, assert_all_ranks, assert
 
 
 @pytest.mark.slow
-def test_three_thousand_small_allreduces_in_a_row(comm, group, assert_all_ranks):
+def test_a_thousand_small_allreduces_in_a_row(comm, group, assert_all_ranks):
+    calls = 1_000
     x, out = np.zeros(2, dtype=np.int64), np.empty(2, dtype=np.int64)
     totals = np.zeros(2, dtype=np.int64)
-    for step in range(3_000):
+    for step in range(calls):
         x[0], x[1] = step + comm.rank, -comm.rank
         totals += comm.allreduce(x, "sum", out=out)
     k, pairs = comm.size, comm.size * (comm.size - 1) // 2
-    expected = [k * (3_000 * 2_999 // 2) + 3_000 * pairs, -3_000 * pairs]
+    expected = [k * (calls * (calls - 1) // 2) + calls * pairs, -calls * pairs]
     assert_all_ranks(totals.tolist() == expected, f"totals {totals.tolist()} != {expected}", group)
 
 

@@ -9,7 +9,7 @@ from npddp.comm import BACKENDS, DTYPES, OPS, create
 from npddp.comm import checks as c
 from npddp.comm.engine.call import TagSequence
 from npddp.comm.engine.scratch import ScratchPool
-from npddp.comm.engine.signed import CONTROL_TAG
+from npddp.comm.engine.abort import CONTROL_TAG
 
 
 def test_block_bounds_match_array_split():

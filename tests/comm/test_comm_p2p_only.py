@@ -6,14 +6,16 @@ import numpy as np
 import pytest
 
 from npddp.comm import create
-from npddp.comm.engine.signed import CONTROL_TAG, HEAD_BYTES, SMALL_BYTES, SignedRecv, SignedSend
+from npddp.comm.engine.abort import CONTROL_TAG
+from npddp.comm.engine.signed import HEAD_BYTES, SMALL_BYTES, SignedRecv, SignedSend
 from npddp.comm.transports.base import is_transport
 from npddp.comm.transports.mpi import MPITransport
 
-from tests.conftest import as_group
 from tests.comm.conftest import P2P_BACKENDS, P2POnly, new_held
+from tests.helpers.marks import marked_backend
+from tests.helpers.ranks import as_group
 
-p2p_backends = pytest.mark.parametrize("backend", P2P_BACKENDS)
+p2p_backends = pytest.mark.parametrize("backend", [marked_backend(b) for b in P2P_BACKENDS])
 
 
 def test_wrapper_refuses_collectives(comm_world):

@@ -9,7 +9,7 @@ import pytest
 from npddp.comm import create
 from npddp.comm.status import Status
 
-from tests.conftest import TCP_MODE
+from tests.helpers.ranks import TCP_MODE
 
 
 def _refused(call, pattern: str, problems: list, what: str) -> None:

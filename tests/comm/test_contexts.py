@@ -14,7 +14,7 @@ import pytest
 
 from npddp.comm import create
 
-from tests.conftest import TCP_MODE
+from tests.helpers.ranks import TCP_MODE
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -52,7 +52,7 @@ def test_many_communicators_created_and_dropped_keep_their_messages_apart(assert
     gc.collect()
     ok = all(results)
     if TCP_MODE:
-        from npddp.comm.transports.rendezvous import world_from_env
+        from npddp.comm.transports.world import world_from_env
         world = world_from_env(60).world
         ok = ok and len(world.retired) >= 39 and not any(k[0] in world.retired for p in world.peers for k in p.early)
     assert_all_ranks(ok, f"results {results}")
@@ -61,7 +61,7 @@ def test_many_communicators_created_and_dropped_keep_their_messages_apart(assert
 def test_tcp_contexts_are_agreed_even_when_one_rank_made_an_extra_transport(assert_all_ranks):
     if not TCP_MODE:
         pytest.skip("TCP contexts only (MPI's Dup gives contexts by itself)")
-    from npddp.comm.transports.rendezvous import world_from_env
+    from npddp.comm.transports.world import world_from_env
     world = world_from_env(60).world
     extra = world.transport() if world.rank == 0 else None   # rank 0 alone: its counter runs ahead
     comm = create("ring", timeout=60)

@@ -116,7 +116,7 @@ def test_check_in_one_process_passes(capsys):
 
 
 def test_benchmarks_take_a_plugin_backend_by_name():
-    from benchmarks import allreduce, ddp
+    from benchmarks import collectives as allreduce, ddp
     args = ["--plugin", "tests/comm/_broken_algorithm.py"]
     assert ddp.parse_config([*args, "--backends", "ring,broken_twice"], verbose=False).backends == ("ring", "broken_twice")
     assert allreduce.parse_config([*args, "--backends", "broken_twice"], verbose=False).backends == ("broken_twice",)
@@ -165,7 +165,7 @@ def test_training_cli_trains_and_resumes_on_a_plugin_backend(tmp_path):
 
 
 def test_an_unknown_backend_says_a_plugin_registers_more_in_the_benchmarks(capsys):
-    from benchmarks import allreduce, ddp
+    from benchmarks import collectives as allreduce, ddp
     for parse in (ddp.parse_config, allreduce.parse_config):
         with pytest.raises(SystemExit):
             parse(["--backends", "ring,not_registered"], verbose=True)
@@ -174,9 +174,9 @@ def test_an_unknown_backend_says_a_plugin_registers_more_in_the_benchmarks(capsy
 
 
 def test_check_cli_under_mpirun_prints_a_bad_backend_once_and_every_rank_exits_2():
-    from tests.train.test_cli import _env, _mpirun
-    run = subprocess.run([_mpirun(), "-n", "2", sys.executable, "-m", "npddp.check", "--backend", "nosuch"],
-                         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+    from tests.helpers.cli import clean_env, mpirun_path
+    run = subprocess.run([mpirun_path(), "-n", "2", sys.executable, "-m", "npddp.check", "--backend", "nosuch"],
+                         cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and run.stdout == "", run.stdout + run.stderr
     assert run.stderr.count("usage: python -m npddp.check") == 1, run.stderr
     assert run.stderr.count("error: --backend 'nosuch' is unknown") == 1, run.stderr

@@ -18,6 +18,9 @@ import pytest
 from npddp.comm import CollectiveMismatchError, create
 from npddp.comm.compose.tuning import FORMAT, VERSION
 
+#: runs again across pretended nodes (tests/run_all.sh: hier-mpi-4, hier-tcp-4)
+pytestmark = pytest.mark.across_nodes
+
 #: Who passes another count: name -> the count rank ``rank`` of ``size`` passes (the others: 40).
 CASES = {
     "the last rank (found at its node's barrier)": lambda rank, size, per_node: 37 if rank == size - 1 else 40,

@@ -8,7 +8,7 @@ import pytest
 from npddp.comm import CollectiveMismatchError, create
 from npddp.comm.mpi_carried import CARRY_BYTES, Forecast
 
-from tests.conftest import TCP_MODE
+from tests.helpers.ranks import TCP_MODE
 
 #: How the last rank's call differs from the forecast all-reduce of ``x`` (float32, op sum), and the field named.
 DEVIATIONS = {

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from npddp.comm import CollectiveMismatchError, create
-from tests.conftest import TCP_MODE
+from tests.helpers.ranks import RUN_BACKENDS
 
 #: Seconds a poll loop here may run before the test calls it a hang (well past the communicators' timeouts).
 CAP_S = 20.0
@@ -45,14 +45,13 @@ def test_a_loop_of_test_raises_the_mismatch_a_peer_found(backend, progress, worl
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("backend, progress", [("rd", "caller"), ("rd", "thread"), ("mpi", "caller")])
+@pytest.mark.parametrize("backend, progress", [(b, p) for b, p in [("rd", "caller"), ("rd", "thread"), ("mpi", "caller")]
+                                               if b in RUN_BACKENDS])   # mpi: not over TCP
 @pytest.mark.parametrize("check_args", [True, False])
 @pytest.mark.parametrize("kind", ["iallreduce", "iallgather"])
 def test_a_loop_of_test_times_out_naming_its_call(kind, check_args, backend, progress, world, assert_all_ranks):
     """Rank 0 alone starts the call; its loop raises the TimeoutError at the deadline, naming the call (MPI's own
     collectives too: their handles read the clock as npddp's do)."""
-    if backend == "mpi" and TCP_MODE:
-        pytest.skip("the mpi backend runs over MPI only (this variant runs in the MPI runs)")
     comm = create(backend, world.fresh(), timeout=1, progress=progress, check_args=check_args)
     ok, what = True, "no call"
     if comm.rank == 0:

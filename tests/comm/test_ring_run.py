@@ -10,7 +10,7 @@ import pytest
 from npddp.comm import create
 from npddp.comm.algorithms import ring
 
-from tests.conftest import world_raw
+from tests.helpers.ranks import world_raw
 
 pytestmark = pytest.mark.mpi
 

@@ -12,20 +12,14 @@ import numpy as np
 import pytest
 
 from npddp.comm import DTYPES, OPS, create
+from tests.helpers.collectives import PATHS, PLACEMENTS
+from tests.helpers.marks import marked_backend
 
 #: Backends that offer ``empty`` on one node (auto: when every rank shares the node).
 SHARED = ("shm", "hier", "auto")
-#: (input, output): shared or private; output None: in place.
-PLACEMENTS = (("shared", None), ("shared", "shared"), ("shared", "private"), ("private", "shared"),
-              ("private", None))
 
 
-#: How the large path moves private buffers: through staging, or by single-copy transfers
-#: between the processes (cross-memory attach) at every size the large path takes.
-PATHS = ("staged", "single-copy")
-
-
-@pytest.fixture(params=[(name, path) for name in SHARED for path in PATHS], ids=lambda p: f"{p[0]}-backend-{p[1]}")
+@pytest.fixture(params=[marked_backend(name, f"{name}-backend-{path}", (name, path)) for name in SHARED for path in PATHS])
 def shared_comm(request, world, assert_all_ranks):
     """A backend over the world with shared buffers, its large path pushing in 4 KiB pieces.
 
@@ -147,6 +141,7 @@ def test_rounded_float_sums_agree_bitwise_on_shared_buffers(shared_comm, world, 
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.across_nodes
 def test_hier_between_nodes_sends_messages_only(world, assert_all_ranks):
     """hier's group across nodes never takes shared memory, even where nodes are pretended on one machine."""
     comm = create("hier", world.fresh())

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from npddp.comm import CollectiveMismatchError, create
+from tests.helpers.marks import marked_backend
 
 #: Backends whose all-reduce goes through node shared memory when every rank shares the node.
 SHARED = ("shm", "hier", "auto")
@@ -67,7 +68,7 @@ def _expect_mismatch(comm, field, run) -> str:
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("blocking", [True, False], ids=["allreduce", "iallreduce"])
-@pytest.mark.parametrize("backend", SHARED, ids=lambda b: f"{b}-backend")
+@pytest.mark.parametrize("backend", [marked_backend(b, f"{b}-backend") for b in SHARED])
 def test_an_empty_or_growing_call_against_another_raises_on_every_rank_in_that_call(backend, blocking, world,
                                                                                     assert_all_ranks):
     problems = []
@@ -89,7 +90,7 @@ def test_an_empty_or_growing_call_against_another_raises_on_every_rank_in_that_c
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("backend", SHARED, ids=lambda b: f"{b}-backend")
+@pytest.mark.parametrize("backend", [marked_backend(b, f"{b}-backend") for b in SHARED])
 def test_matching_empty_calls_still_complete(backend, world, assert_all_ranks):
     comm = _node_comm(backend, world)
     if comm is None:
@@ -127,7 +128,7 @@ SWAPS = {
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("known", [False, True], ids=["new-shapes", "known-shapes"])
-@pytest.mark.parametrize("backend", SHARED, ids=lambda b: f"{b}-backend")
+@pytest.mark.parametrize("backend", [marked_backend(b, f"{b}-backend") for b in SHARED])
 def test_an_all_reduce_swapped_with_a_call_of_messages_raises_on_every_rank(backend, known, world, assert_all_ranks):
     """The all-reduce waits at the node barrier while its peers wait for its messages: the rank at the barrier sees a
     peer's message numbered as its call (or, shm's barrier, the size word) and raises; the others hear its abort."""

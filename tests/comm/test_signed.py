@@ -16,6 +16,7 @@ from npddp.comm import checks as c
 from npddp.comm import signature as sg
 from npddp.comm.communicators.p2p import P2PCommunicator
 from npddp.comm.engine import signed
+from npddp.comm.engine.abort import CONTROL_TAG
 from npddp.comm.algorithms.rd import RecursiveDoubling
 from npddp.comm.algorithms.ring import Ring
 
@@ -59,7 +60,7 @@ class Scripted:
         return Done()
 
     def irecv(self, buf, source, tag):
-        if tag == signed.CONTROL_TAG:
+        if tag == CONTROL_TAG:
             return Pending()
         message = self.inbox.popleft()
         if len(message) > buf.nbytes:
@@ -162,7 +163,7 @@ def test_a_mismatch_after_matching_calls_of_the_same_shape_names_the_call_the_ra
     text = str(caught.value)
     assert "collective #4 mismatch" in text and "rank 1 called" in text, text
     assert text.split("differing fields: ")[1].startswith(field), text
-    aborts = [np.frombuffer(m, dtype=np.int64) for tag, m in transport.sent if tag == signed.CONTROL_TAG]
+    aborts = [np.frombuffer(m, dtype=np.int64) for tag, m in transport.sent if tag == CONTROL_TAG]
     assert len(aborts) == 1 and aborts[0][:2].tolist() == [0, 1]
     mine = tuple(aborts[0][2:2 + sg.WORDS].tolist())
     assert mine == sg.words("allreduce", 4, x, "sum")    # the abort's own signature carries the number
@@ -190,7 +191,7 @@ class Indexed(Scripted):
         self.stalled = False         # True: receives of collectives never complete
 
     def irecv(self, buf, source, tag):
-        if self.stalled and tag != signed.CONTROL_TAG:
+        if self.stalled and tag != CONTROL_TAG:
             return Pending()
         return super().irecv(buf, source, tag)
 
@@ -270,7 +271,7 @@ def test_a_stalled_call_that_finds_its_peers_message_under_another_index_raises_
     text = str(caught.value)
     assert "collective #5 mismatch" in text and "rank 1 called" in text, text
     assert text.split("differing fields: ")[1].startswith(field + ";"), text
-    aborts = [tag for tag, _ in transport.sent if tag == signed.CONTROL_TAG]
+    aborts = [tag for tag, _ in transport.sent if tag == CONTROL_TAG]
     assert len(aborts) == 1
 
 

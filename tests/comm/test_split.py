@@ -11,7 +11,8 @@ import pytest
 
 from npddp.comm import create
 
-from tests.conftest import RUN_BACKENDS, as_group, check_all_ranks
+from tests.helpers.marks import marked_backend
+from tests.helpers.ranks import RUN_BACKENDS, as_group, check_all_ranks
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -55,7 +56,7 @@ def split_or_layout_error(comm, color, key):
         return exc
 
 
-@pytest.fixture(params=RUN_BACKENDS, ids=lambda name: f"{name}-backend")
+@pytest.fixture(params=[marked_backend(name, f"{name}-backend") for name in RUN_BACKENDS])
 def backend(request):
     return request.param
 

@@ -14,7 +14,8 @@ import time
 import numpy as np
 import pytest
 
-from npddp.comm.transports.rendezvous import LaunchEnv, RendezvousError, connect, launch_env
+from npddp.comm.transports.launch_env import LaunchEnv, launch_env
+from npddp.comm.transports.rendezvous import RendezvousError, connect
 from npddp.comm.transports.tcp import TCPWorld
 
 

@@ -3,7 +3,7 @@
 A rule names the perturbations it covers. ``KNOWN_OPEN`` entries are open bugs: a finding they
 cover is reported as known, and ``--known-open skip`` (the default) does not even run the programs
 they cover. Remove an entry once its fix is merged: the fuzzer then fails on what it covered.
-``LIMITS`` are the cases docs/comm.md lists as not caught by the argument check ("Not caught"):
+``LIMITS`` are the cases docs/guide/comm.md lists as not caught by the argument check ("Not caught"):
 there a perturbed program may end in ``TimeoutError`` instead of the mismatch error, on every rank
 (never in a silent difference); ``--limits skip`` (the default) does not run them.
 """
@@ -70,7 +70,7 @@ COLLECTIVE_FIELDS = ("dtype", "count", "op", "root", "order")
 #: Open bugs: issue #44's items being fixed now, and what the fuzzer found since; each entry goes once its fix is merged.
 KNOWN_OPEN: tuple = ()
 
-#: What docs/comm.md ("The argument check", "Not caught") says still ends in the timeout; NPDDP_DEBUG=1 checks them.
+#: What docs/guide/comm.md ("The argument check", "Not caught") says still ends in the timeout; NPDDP_DEBUG=1 checks them.
 LIMITS = (
     Rule("overlapping", "an indexed call whose peer's mismatched message sits behind another unreceived message "
          "(non-blocking calls that overlap)", ("dtype", "count", "op", "root", "order"),
@@ -79,7 +79,7 @@ LIMITS = (
          "(gather against scatter): two calls swapped, one of them rooted", ("order",),
          kinds=("broadcast", "gather", "scatter"), modes=("plain", "thread")),
     Rule("p2p-dtype-mpi", "MPI's messages carry no type: a point-to-point message of another dtype with the same "
-         "byte count is received as its bytes (docs/comm.md, point-to-point; TCP frames carry the dtype and refuse it)",
+         "byte count is received as its bytes (docs/guide/comm.md, point-to-point; TCP frames carry the dtype and refuse it)",
          ("p2p-dtype",), transports=("mpi",)),
 )
 

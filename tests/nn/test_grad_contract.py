@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from npddp.nn import Conv2d, Linear, MaxPool2d, ReLU, Sequential, cnn, mlp
-from npddp.nn.module import settle_grads
+from npddp.nn.parameter import settle_grads
 
 MODELS = {
     "linear": lambda dt: Sequential(Linear(5, 4, dtype=dt, rng=np.random.default_rng(0))),

@@ -11,7 +11,7 @@ from npddp.parallel.ddp import DistributedDataParallel
 from npddp.parallel.wrapper import DataParallelModule
 from npddp.parallel.zero import ZeroDataParallel
 from npddp.util import tracing
-from tests.conftest import OneRank
+from tests.helpers.fakes import OneRank
 
 
 class PicksPerCall(OneRank):

@@ -17,7 +17,9 @@ from npddp.parallel.ddp import SYNCS, DistributedDataParallel
 from npddp.nn import CrossEntropyLoss, Linear, Sequential, mlp
 from npddp.optim import SGD, AdamW
 
-from tests.conftest import Idle, IallreduceSpy, check_ranks_agree, stale_then_backward
+from tests.helpers.fakes import IallreduceSpy, Idle, stale_then_backward
+
+from tests.helpers.ranks import check_ranks_agree
 
 BACKENDS = ("mpi", "ring", "shm")  # shm: gradient buckets in shared memory (comm.empty)
 GLOBAL_BATCH = 24  # divisible by 1, 2, 3 and 4 ranks

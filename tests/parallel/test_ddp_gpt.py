@@ -14,7 +14,7 @@ from npddp.parallel.ddp import SYNCS, DistributedDataParallel
 from npddp.nn import CrossEntropyLoss, gpt
 from npddp.optim import AdamW
 
-from tests.conftest import IallreduceSpy
+from tests.helpers.fakes import IallreduceSpy
 
 GLOBAL_BATCH, VOCAB, CONTEXT = 12, 11, 6     # 12 sequences: 1, 2, 3, 4 or 6 ranks
 STEPS = 3

@@ -22,7 +22,7 @@ from npddp.parallel.powersgd import PowerSGDState
 from npddp.parallel.wrapper import UnsyncedGradientsError
 from npddp.parallel.zero import ShardedOptimizer, ZeroDataParallel
 
-from tests.conftest import check_all_ranks, check_ranks_agree, world_raw
+from tests.helpers.ranks import check_all_ranks, check_ranks_agree, world_raw
 
 IN, OUT = 6, 3
 WRAPPERS = [("ddp", s) for s in SYNCS] + [("zero", 2), ("zero", 3)]

@@ -6,7 +6,7 @@ import pytest
 
 from npddp.parallel import hook_registry
 from npddp.parallel.hooks import allreduce_hook
-from tests.train.test_cli import TINY, ok, train
+from tests.helpers.cli import TINY, ok, train
 
 PLUGIN = '''
 from npddp.parallel.hook_registry import register_comm_hook_factory
@@ -51,3 +51,9 @@ def test_a_plugin_registered_comm_hook_is_accepted_by_the_cli(tmp_path):
     assert "prescaled (divide by the size, then sum)" in " ".join(shown.stdout.split())
     refused = train(tmp_path, "--comm-hook", "prescaled", n=None)
     assert refused.returncode == 2 and "invalid choice: 'prescaled'" in refused.stderr, refused.stderr
+
+
+def test_plugins_written_against_the_former_address_still_import():
+    from npddp.parallel import builtin
+    assert [getattr(builtin, n) for n in builtin.__all__] == [getattr(hook_registry, n) for n in builtin.__all__]
+    assert builtin.register_comm_hook_factory is hook_registry.register_comm_hook_factory

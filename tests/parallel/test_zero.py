@@ -17,7 +17,9 @@ from npddp.optim import OPTIMIZERS, SGD, AdamW, make_optimizer
 from npddp.parallel.ddp import DistributedDataParallel
 from npddp.parallel.zero import ShardedInit, ShardedOptimizer, ZeroDataParallel, ZeroRedundancyOptimizer
 
-from tests.conftest import RUN_BACKENDS, Idle, world_raw
+from tests.helpers.fakes import Idle
+
+from tests.helpers.ranks import RUN_BACKENDS, world_raw
 
 GLOBAL_BATCH, STEPS = 12, 3
 VOCAB, CONTEXT, FEATURES, CLASSES = 11, 6, 5, 3

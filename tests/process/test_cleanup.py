@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 
 from npddp.process import cleanup as shm
-from tests.train.test_cli import _env
+from tests.helpers.cli import clean_env
+
+#: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
+pytestmark = pytest.mark.alone
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,11 +63,11 @@ def test_a_failed_job_under_mpi_run_sh_leaves_no_segment_and_others_keep_theirs(
     decoy = Path(f"/dev/shm/mpich_shm_npddptest{secrets.token_hex(4)}_0")   # ours, unmapped, not the job's
     decoy.write_bytes(b"\0" * 4096)
     other = subprocess.Popen([str(ROOT / "mpi_run.sh"), "-n", "2", sys.executable, str(tmp_path / "live.py"), "20"],
-                             cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         theirs = _segments(other.stdout.readline() + other.stdout.readline())
         failed = subprocess.run([str(ROOT / "mpi_run.sh"), "-n", "2", sys.executable, str(tmp_path / "failing.py")],
-                                cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60)
+                                cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=60)
         ours = _segments(failed.stdout)
         assert failed.returncode != 0 and not set(ours) & set(theirs)
         # removed by the watch (MPICH), or by the launcher itself (Open MPI's prterun outlives its ranks); Intel

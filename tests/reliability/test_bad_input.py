@@ -13,8 +13,9 @@ import h5py
 import numpy as np
 import pytest
 
-from npddp.train.checkpoint import fileformat
-from npddp.comm import BACKENDS, create, debug_from_env, timeout_from_env
+from npddp.checkpoint import fileformat
+from npddp.comm import BACKENDS, create
+from npddp.comm.checks import debug_from_env, timeout_from_env
 from npddp.train.config import ConfigError
 from npddp.train.cli.parser import parse_config
 from npddp.train.cli.validate import check_config

@@ -8,7 +8,10 @@ others wait in a collective, and the single-process default it keeps).
 
 import pytest
 
-from npddp.train.checkpoint import fileformat
+from npddp.checkpoint import fileformat
+
+#: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
+pytestmark = pytest.mark.alone
 
 #: Seconds from the failing rank's report to the end of mpirun that count as "ends the job".
 EXIT_WITHIN = 10.0

@@ -17,9 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from npddp.train.checkpoint import fileformat
+from npddp.checkpoint import fileformat
 
 from tests.reliability.conftest import job_env
+
+#: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
+pytestmark = pytest.mark.alone
 
 ROOT = Path(__file__).resolve().parents[2]
 FLAGS = ["-m", "npddp.train", "--backend", "ring", "--train-samples", "2048", "--val-samples", "128",

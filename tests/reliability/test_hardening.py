@@ -20,6 +20,9 @@ from npddp.process.spawn import free_port
 
 from tests.reliability.conftest import job_env
 
+#: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
+pytestmark = pytest.mark.alone
+
 KEY = b"s" * 64
 
 

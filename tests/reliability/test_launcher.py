@@ -22,6 +22,9 @@ from npddp.util.env import JOIN_DIR_VARIABLE
 
 from tests.reliability.conftest import job_env
 
+#: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
+pytestmark = pytest.mark.alone
+
 WORKER = """
 import os, sys, time
 import numpy as np

@@ -17,6 +17,9 @@ import pytest
 
 from tests.reliability.conftest import job_env
 
+#: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
+pytestmark = pytest.mark.alone
+
 LINES = """
 import os, sys
 rank = os.environ["RANK"]

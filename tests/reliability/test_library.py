@@ -20,6 +20,9 @@ from npddp.comm.engine.deadline import GRACE_S
 from npddp.process.cleanup import Watch
 from tests.reliability.conftest import job_env, mpirun
 
+#: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
+pytestmark = pytest.mark.alone
+
 #: Seconds from the start of a job whose rank 1 fails at once to its end that count as "promptly"
 #: (the job itself takes about 1 s on an idle machine; the bound leaves room for a loaded one).
 ENDS_WITHIN = 30.0

@@ -13,7 +13,10 @@ from npddp.comm import BACKENDS, CollectiveMismatchError, create
 from npddp.comm.engine.signed import SMALL_BYTES
 from npddp.comm.wrappers.debug import FINGERPRINT_LENGTH, DebugCommunicator, describe, encode, mismatch
 
-from tests.conftest import RUN_BACKENDS, TCP_MODE
+from tests.helpers.ranks import RUN_BACKENDS, TCP_MODE
+
+#: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
+pytestmark = pytest.mark.alone
 
 
 def fp(sequence, operation, buf=None, op=None, root=None):
@@ -349,7 +352,7 @@ def test_with_the_check_off_matching_calls_give_the_same_results(backend, world,
 
 
 def test_check_args_comes_from_the_environment_and_is_validated(monkeypatch):
-    from npddp.comm import check_args_from_env
+    from npddp.comm.checks import check_args_from_env
     assert check_args_from_env({}) is True
     for value, on in (("0", False), ("off", False), ("1", True), ("", True)):
         assert check_args_from_env({"NPDDP_CHECK_ARGS": value}) is on

@@ -18,6 +18,9 @@ import pytest
 from npddp.comm.node import cma
 from npddp.comm.node.names import PREFIX, SHM_DIR
 
+#: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
+pytestmark = pytest.mark.alone
+
 EXIT_WITHIN = 10.0
 
 WORKER = r'''

@@ -15,7 +15,10 @@ import pytest
 from npddp.comm import BACKENDS, DEFAULT_TIMEOUT, create
 from npddp.comm.transports.tcp import TCPWorld
 
-from tests.conftest import RUN_BACKENDS
+from tests.helpers.ranks import RUN_BACKENDS
+
+#: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
+pytestmark = pytest.mark.alone
 
 TIMEOUT = 0.2
 SLACK = 5.0          # oversubscribed ranks may be scheduled late

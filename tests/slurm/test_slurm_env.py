@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from npddp.comm.transports import rendezvous
+from npddp.comm.transports import launch_env, rendezvous
 from npddp.comm.transports.base import resolve_transport
-from npddp.util import cores, env
+from npddp.util import env, hostlist, threads
 
 #: What srun (no MPI plugin) gave task 1 of a 2-task step on one node, as seen on a real slurmd.
 TASK = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2",
@@ -26,14 +26,14 @@ SPREAD = {**TASK, "SLURM_PROCID": "5", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCAL
     ("a[8-11],login1", ["a8", "a9", "a10", "a11", "login1"]), ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
     ("gpu[003-004]-ib,c1", ["gpu003-ib", "gpu004-ib", "c1"])])
 def test_a_compressed_host_list_expands_in_slurms_order(text, hosts):
-    assert env.expand_hostlist(text) == hosts
+    assert hostlist.expand_hostlist(text) == hosts
 
 
 @pytest.mark.parametrize("text, says", [("a[1-", "unbalanced"), ("a]", "unbalanced"), ("a[3-1]", "'3-1'"),
                                         ("a[x]", "'x'"), ("", "names no host"), (" , ", "names no host")])
 def test_a_malformed_host_list_is_one_error_naming_it(text, says):
     with pytest.raises(ValueError, match="host list") as info:
-        env.expand_hostlist(text)
+        hostlist.expand_hostlist(text)
     assert says in str(info.value) and "valid: e.g. node[01-04,07]" in str(info.value)
 
 
@@ -74,17 +74,17 @@ def test_the_rendezvous_is_on_loopback_for_one_node_else_the_steps_first_node_at
 
 
 def test_the_tcp_world_takes_slurms_rank_and_a_given_master_address_and_port():
-    launch = rendezvous.env_from_slurm(env.slurm_task(SPREAD), {**SPREAD, "NPDDP_JOB_SECRET": "s" * 32})
+    launch = launch_env.env_from_slurm(env.slurm_task(SPREAD), {**SPREAD, "NPDDP_JOB_SECRET": "s" * 32})
     assert (launch.rank, launch.world_size, launch.master_addr, launch.local_rank) == (5, 8, "node01", 1)
     given = {**SPREAD, "MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "23456"}
-    launch = rendezvous.env_from_slurm(env.slurm_task(given), given)
+    launch = launch_env.env_from_slurm(env.slurm_task(given), given)
     assert (launch.master_addr, launch.master_port) == ("10.0.0.9", 23456)
     with pytest.raises(ValueError, match="MASTER_PORT='0' is out of range; valid: 1..65535"):
-        rendezvous.env_from_slurm(env.slurm_task(SPREAD), {**SPREAD, "MASTER_PORT": "0"})
+        launch_env.env_from_slurm(env.slurm_task(SPREAD), {**SPREAD, "MASTER_PORT": "0"})
 
 
 def test_without_a_secret_a_world_across_nodes_is_refused_with_one_line_naming_the_variable():
-    launch = rendezvous.env_from_slurm(env.slurm_task(SPREAD), SPREAD)
+    launch = launch_env.env_from_slurm(env.slurm_task(SPREAD), SPREAD)
     with pytest.raises(rendezvous.RendezvousError) as info:
         rendezvous.connect(launch, timeout=5)
     message = str(info.value)
@@ -92,9 +92,9 @@ def test_without_a_secret_a_world_across_nodes_is_refused_with_one_line_naming_t
 
 
 def test_cpus_per_task_are_each_tasks_threads_unless_a_thread_variable_says_otherwise():
-    assert cores.auto_threads({**TASK, "SLURM_CPUS_PER_TASK": "3"}) == (3, "auto: SLURM_CPUS_PER_TASK=3")
-    assert cores.auto_threads({**TASK, "SLURM_CPUS_PER_TASK": "3", "OMP_NUM_THREADS": "1"})[0] == 1
-    assert cores.auto_threads(TASK, cpus=8) == (4, "auto: 8 CPUs / 2 ranks on this node")
+    assert threads.auto_threads({**TASK, "SLURM_CPUS_PER_TASK": "3"}) == (3, "auto: SLURM_CPUS_PER_TASK=3")
+    assert threads.auto_threads({**TASK, "SLURM_CPUS_PER_TASK": "3", "OMP_NUM_THREADS": "1"})[0] == 1
+    assert threads.auto_threads(TASK, cpus=8) == (4, "auto: 8 CPUs / 2 ranks on this node")
 
 
 def test_two_slurm_jobs_on_one_port_never_merge_a_stranger_is_refused_in_one_line():
@@ -108,7 +108,7 @@ def test_two_slurm_jobs_on_one_port_never_merge_a_stranger_is_refused_in_one_lin
     with socket.socket() as probe:      # the derived port may be taken on this machine: the same free one for both
         probe.bind(("127.0.0.1", 0))
         port = str(probe.getsockname()[1])
-    ranks = {name: rendezvous.env_from_slurm(env.slurm_task(e), {**e, "MASTER_PORT": port})
+    ranks = {name: launch_env.env_from_slurm(env.slurm_task(e), {**e, "MASTER_PORT": port})
              for name, e in (("a0", {**job, "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}), ("a1", job), ("b1", other))}
     assert ranks["a0"].job == "slurm job 1 step 0" and ranks["b1"].job == "slurm job 1251 step 0"
     results: dict = {}

@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from npddp.train.checkpoint import fileformat
-from tests.train.test_cli import TINY, _env, ok, train
+from npddp.checkpoint import fileformat
+from tests.helpers.cli import TINY, clean_env, ok, train
 
 pytestmark = pytest.mark.slow
 QUIET = ["--progress", "none"]
@@ -22,7 +22,7 @@ THIRDS = ["--train-samples", "288", "--val-samples", "96", "--batch-size", "24",
 
 def srun(slurm, cwd, *args, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
     """``srun ARGS`` in ``cwd`` against the tests' Slurm, with no secret unless ``env`` gives one."""
-    environ = {**_env(), **(env or {}), "SLURM_CONF": str(slurm.conf), "PATH": slurm.env["PATH"]}
+    environ = {**clean_env(), **(env or {}), "SLURM_CONF": str(slurm.conf), "PATH": slurm.env["PATH"]}
     if "NPDDP_JOB_SECRET" not in (env or {}):
         environ.pop("NPDDP_JOB_SECRET", None)
     return subprocess.run(["srun", *map(str, args)], cwd=cwd, env=environ, capture_output=True, text=True,
@@ -82,7 +82,7 @@ def test_tasks_holding_different_secrets_end_promptly_with_one_line(slurm, tmp_p
 
 def test_cpus_per_task_give_each_task_its_blas_threads(slurm, tmp_path):
     env = {name: "" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
-    proc = ok(srun(slurm, tmp_path, "-n", 1, "-c", 2, sys.executable, "-m", "npddp.process.threads", "--explain",
+    proc = ok(srun(slurm, tmp_path, "-n", 1, "-c", 2, sys.executable, "-m", "npddp.util.threads", "--explain",
                    env=env))
     assert proc.stdout.strip() == "2  (auto: SLURM_CPUS_PER_TASK=2)", proc.stdout
 
@@ -95,5 +95,5 @@ def test_transport_mpi_under_srun_without_a_plugin_is_one_line_not_two_jobs_of_o
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
     assert errors == ["error: MPI started a world of 1 rank but the launcher announced 2 (SLURM_STEP_NUM_TASKS=2): "
                       "srun gave MPI no process manager: add --mpi=pmi2 (MPICH, Intel MPI) or --mpi=pmix (Open MPI), "
-                      "or run over tcp (--transport auto or tcp); see docs/slurm.md"], proc.stderr
+                      "or run over tcp (--transport auto or tcp); see docs/guide/slurm.md"], proc.stderr
     assert not (tmp_path / "race.h5").exists()

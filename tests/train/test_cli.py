@@ -10,58 +10,17 @@ The README's default training (its header lines and first epoch) is tests/test_d
 """
 
 import os
-import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 
-from npddp.train.checkpoint import fileformat
+from npddp.checkpoint import fileformat
 from npddp.train.console.metrics import EPOCH_COLUMNS, STEP_COLUMNS, read_metrics
-
-# 384 rows, a global batch of 32: 12 steps per epoch on any world size that divides 32
-TINY = ["--train-samples", "384", "--val-samples", "96", "--batch-size", "32", "--hidden", "16",
-        "--epochs", "2", "--dtype", "float64"]
-STEPS_PER_EPOCH = 12
-
-
-def _mpirun() -> str:
-    beside = Path(sys.executable).parent / "mpirun"
-    found = str(beside) if beside.exists() else shutil.which("mpirun")
-    assert found, "no mpirun beside the interpreter or on PATH"
-    return found
-
-
-def _env() -> dict:
-    """This environment minus an enclosing MPI job's variables, one BLAS thread per rank."""
-    skip = ("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(skip)}
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    return env
-
-
-def train(cwd, *args, n=2, timeout=120, launcher="mpirun") -> subprocess.CompletedProcess:
-    """Run the CLI on ``n`` ranks (n=None: plain python) in ``cwd``, under mpirun or ``npddp.run``."""
-    command = [sys.executable, "-m", "npddp.train", *map(str, args)]
-    if n is not None and launcher == "mpirun":
-        command = [_mpirun(), "-n", str(n), *command]
-    elif n is not None:
-        command = [sys.executable, "-m", "npddp.run", "--nproc", str(n), "-m", *command[2:]]
-    return subprocess.run(command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
-
-
-def ok(proc) -> subprocess.CompletedProcess:
-    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    return proc
-
-
-def epoch_lines(stdout: str) -> list[str]:
-    return [line for line in stdout.splitlines() if line.startswith("epoch ")]
-
+from tests.helpers.cli import STEPS_PER_EPOCH, TINY, clean_env, epoch_lines, mpirun_path, ok, train
 
 # ----------------------------------------------------------------------------- backends and syncs
 
@@ -347,7 +306,7 @@ def test_an_exception_on_one_rank_ends_the_whole_job_within_seconds(tmp_path):
                "    raise RuntimeError('boom on rank 1')\n"
                "MPI.COMM_WORLD.Barrier()\n")
     start = time.monotonic()
-    proc = subprocess.run([_mpirun(), "-n", "2", sys.executable, "-c", snippet], cwd=tmp_path, env=_env(),
+    proc = subprocess.run([mpirun_path(), "-n", "2", sys.executable, "-c", snippet], cwd=tmp_path, env=clean_env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and time.monotonic() - start < 20
     assert "boom on rank 1" in proc.stderr

@@ -18,14 +18,9 @@ import time
 import numpy as np
 import pytest
 
-from npddp.train.checkpoint import fileformat
-from tests.train.test_cli import TINY, _env, _mpirun, epoch_lines, ok, train
-
-
-def _error_line(proc) -> str:
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    return lines[0]
+from npddp.checkpoint import fileformat
+from tests.helpers.cli import TINY, clean_env, epoch_lines, error_line, mpirun_path, ok, train
+from npddp.train.checkpoint.saving import load_model
 
 
 @pytest.mark.parametrize("backend", ["mpi", "ring"], ids=["with-mpi-backend", "with-ring-backend"])
@@ -33,7 +28,7 @@ def test_a_nan_on_one_rank_stops_every_rank_with_exit_3_and_keeps_the_last_check
     proc = train(tmp_path, *TINY, "--backend", backend, "--checkpoint", "c.h5", "--checkpoint-every", "2",
                  "--metrics", "m.h5", "--inject-fault", "1:5:nan")
     assert proc.returncode == 3, proc.stdout + proc.stderr
-    line = _error_line(proc)
+    line = error_line(proc)
     assert "training diverged at step 5 (epoch 1): the gradient of" in line and "NaN or infinite" in line
     assert "the last checkpoint c.h5 (step 4) is kept" in line and "--lr" in line
     assert "done:" not in proc.stdout
@@ -44,7 +39,7 @@ def test_a_nan_on_one_rank_stops_every_rank_with_exit_3_and_keeps_the_last_check
 def test_a_learning_rate_that_blows_up_is_stopped_instead_of_printing_nan(tmp_path):
     proc = train(tmp_path, *TINY[:-4], "--epochs", "4", "--lr", "50")           # float32
     assert proc.returncode == 3, proc.stdout + proc.stderr
-    assert "training diverged at step" in _error_line(proc)
+    assert "training diverged at step" in error_line(proc)
     assert "nan" not in "".join(epoch_lines(proc.stdout)).lower()
 
 
@@ -91,10 +86,10 @@ def test_a_file_size_limit_makes_a_write_fail_with_exit_4_even_where_sigxfsz_wou
     with socket.socket() as s:                 # one rank over TCP: no MPI shared-memory files, which the limit refuses
         s.bind(("127.0.0.1", 0))
         world = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(s.getsockname()[1])}
-    proc = subprocess.run(command, cwd=tmp_path, env={**_env(), **world, "PYTHONDONTWRITEBYTECODE": "1"},
+    proc = subprocess.run(command, cwd=tmp_path, env={**clean_env(), **world, "PYTHONDONTWRITEBYTECODE": "1"},
                           capture_output=True, text=True, timeout=120, preexec_fn=_limit_file_size)
     assert proc.returncode == 4, f"exit {proc.returncode}\n{proc.stdout}{proc.stderr}"
-    assert _error_line(proc) == ("error: cannot write c.h5: File too large; there was no previous file, training "
+    assert error_line(proc) == ("error: cannot write c.h5: File too large; there was no previous file, training "
                                  "stopped"), proc.stderr
     assert not (tmp_path / "c.h5").exists()
 
@@ -103,10 +98,10 @@ def test_a_file_size_limit_makes_a_write_fail_with_exit_4_even_where_sigxfsz_wou
 def test_a_checkpoint_write_that_fails_is_one_line_exit_4_and_the_old_file_survives(tmp_path):
     ok(train(tmp_path, *TINY, "--checkpoint", "c.h5", "--max-steps", "5"))
     before = (tmp_path / "c.h5").read_bytes()
-    command = [_mpirun(), "-n", "2", sys.executable, "-c", LIMITED, "--checkpoint", "c.h5", "--resume"]
-    proc = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    command = [mpirun_path(), "-n", "2", sys.executable, "-c", LIMITED, "--checkpoint", "c.h5", "--resume"]
+    proc = subprocess.run(command, cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 4, proc.stdout + proc.stderr
-    line = _error_line(proc)
+    line = error_line(proc)
     assert line.startswith("error: cannot write c.h5: File too large; the previous file is kept"), line
     assert (tmp_path / "c.h5").read_bytes() == before and fileformat.read(tmp_path / "c.h5").step == 5
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.h5"]
@@ -115,11 +110,11 @@ def test_a_checkpoint_write_that_fails_is_one_line_exit_4_and_the_old_file_survi
 @pytest.mark.slow
 def test_a_missing_mpi_library_is_one_line_naming_the_fixes(tmp_path):
     """Under an MPI launcher a job needs MPI: one uncut line; one process with no launcher trains without it."""
-    env = {**_env(), "MPI4PY_LIBMPI": str(tmp_path / "no" / "libmpi.so.12"), "PMI_SIZE": "2", "PMI_RANK": "0"}
+    env = {**clean_env(), "MPI4PY_LIBMPI": str(tmp_path / "no" / "libmpi.so.12"), "PMI_SIZE": "2", "PMI_RANK": "0"}
     proc = subprocess.run([sys.executable, "-m", "npddp.train", "--epochs", "1"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr
-    line = _error_line(proc)
+    line = error_line(proc)
     assert line.startswith("error: cannot load the MPI library (") and str(tmp_path / "no" / "libmpi.so.12") in line
     assert 'pip install "npddp[mpich]"' in line and "a system MPI" in line
     assert "python -m npddp.run --nproc N -m npddp.train --backend auto" in line
@@ -127,7 +122,7 @@ def test_a_missing_mpi_library_is_one_line_naming_the_fixes(tmp_path):
                  f"import os; os.environ['MPI4PY_LIBMPI'] = {str(tmp_path / 'no' / 'libmpi.so.12')!r}"):
         alone = (f"import sys; {code}; from npddp.train.cli.main import main; "
                  "sys.exit(main(['--epochs', '1', '--train-samples', '256', '--batch-size', '32', '--hidden', '8']))")
-        proc = subprocess.run([sys.executable, "-c", alone], cwd=tmp_path, env=_env(), capture_output=True,
+        proc = subprocess.run([sys.executable, "-c", alone], cwd=tmp_path, env=clean_env(), capture_output=True,
                               text=True, timeout=60)
         assert proc.returncode == 0 and proc.stdout.splitlines()[-1].startswith("done: epoch 1/1"), proc.stderr
 
@@ -159,20 +154,20 @@ def test_evaluate_and_load_model_reproduce_the_runs_validation_numbers(tmp_path)
     run = ok(train(tmp_path, *TINY, "--checkpoint", "c.h5"))
     last = epoch_lines(run.stdout)[-1]
     val_loss, val_acc = last.split("val_loss ")[1].split()[0], last.split("val_acc")[1].split("%")[0].strip()
-    one = subprocess.run([sys.executable, "-m", "npddp.evaluate", "c.h5"], cwd=tmp_path, env=_env(),
+    one = subprocess.run([sys.executable, "-m", "npddp.evaluate", "c.h5"], cwd=tmp_path, env=clean_env(),
                          capture_output=True, text=True, timeout=60)
-    two = subprocess.run([_mpirun(), "-n", "2", sys.executable, "-m", "npddp.evaluate", "c.h5"], cwd=tmp_path,
-                         env=_env(), capture_output=True, text=True, timeout=60)
+    two = subprocess.run([mpirun_path(), "-n", "2", sys.executable, "-m", "npddp.evaluate", "c.h5"], cwd=tmp_path,
+                         env=clean_env(), capture_output=True, text=True, timeout=60)
     for proc, ranks in ((one, "1 rank"), (two, "2 ranks")):
         assert proc.returncode == 0 and proc.stderr == "", proc.stderr
         assert proc.stdout.startswith("evaluate: c.h5 (step 24, mlp 64-16-10) on synthetic val, 96 rows, " + ranks)
         assert proc.stdout.rstrip().endswith(f"loss {val_loss}, accuracy {val_acc}%"), (proc.stdout, last)
-    model = fileformat.load_model(tmp_path / "c.h5")
+    model = load_model(tmp_path / "c.h5")
     from npddp.train.cli.inputs import load_data
 
     ds, _ = load_data(fileformat.read(tmp_path / "c.h5").config)
     correct = np.mean(np.argmax(model.forward(ds.X_val.reshape(len(ds.X_val), -1)), axis=1) == ds.y_val)
     assert f"{100 * correct:.2f}" == val_acc
-    bad = subprocess.run([sys.executable, "-m", "npddp.evaluate", "nope.h5"], cwd=tmp_path, env=_env(),
+    bad = subprocess.run([sys.executable, "-m", "npddp.evaluate", "nope.h5"], cwd=tmp_path, env=clean_env(),
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr == "error: checkpoint 'nope.h5' does not exist\n"

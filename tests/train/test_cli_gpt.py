@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from npddp.train.checkpoint import fileformat
+from npddp.checkpoint import fileformat
 
 # sequences of 16 tokens, a global batch of 8; AdamW in float64
 GPT = ["--model", "gpt", "--model-size", "tiny", "--context-length", "16", "--batch-size", "8", "--epochs", "2",

@@ -9,14 +9,14 @@ one process and ends where the uninterrupted one-process run ends.
 import numpy as np
 import pytest
 
-from npddp.train.checkpoint import fileformat
-from npddp.train.checkpoint.fileformat import load_model
+from npddp.checkpoint import fileformat
+from npddp.train.checkpoint.saving import load_model
 from npddp.train.cli import layout
 from npddp.train.cli.validate import check_config
 from npddp.train.config import Config, ConfigError
 from npddp.train.cli.parser import parse_args
 from npddp.train.models import build_model
-from tests.train.test_cli import ok, train
+from tests.helpers.cli import ok, train
 
 GPT = ["--model", "gpt", "--dtype", "float64", "--context-length", "8", "--train-samples", "96",
        "--val-samples", "32", "--batch-size", "8", "--optimizer", "adamw", "--lr", "1e-3", "--progress", "none",

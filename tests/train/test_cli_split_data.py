@@ -12,11 +12,12 @@ import re
 import numpy as np
 import pytest
 
-from npddp.train.checkpoint import fileformat, resume
-from npddp.train.checkpoint.fileformat import load_model
+from npddp.checkpoint import fileformat
+from npddp.train.checkpoint import resume
+from npddp.train.checkpoint.saving import load_model
 from npddp.train.console.metrics import read_metrics
 from npddp.train.cli.validate import check_config
-from tests.train.test_cli import epoch_lines, ok, train
+from tests.helpers.cli import epoch_lines, ok, train
 from tests.train.test_cli_model_parallel import GPT, MLP, cfg_of
 
 ONE_EPOCH = [*GPT, "--epochs", "1"]

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from npddp.parallel.model import schedule
-from tests.train.test_cli import ok, train
-from tests.util.test_trace import nesting_problems, x_events
+from tests.helpers.cli import ok, train
+from tests.helpers.trace import nesting_problems, x_events
 
 MLP = ["--model", "mlp", "--hidden", "32", "32", "--dropout", "0.1", "--train-samples", "96", "--val-samples", "32",
        "--batch-size", "8", "--epochs", "1", "--max-steps", "4", "--trace-steps", "2:3", "--progress", "none"]

@@ -18,10 +18,9 @@ import sys
 import pytest
 
 from npddp.nn import mlp
-from npddp.train.checkpoint import fileformat
-from tests.train.test_cli import TINY, _env, _mpirun, ok, train
-from tests.train.test_cli_failures import _error_line
-from tests.util.test_trace import nesting_problems, x_events
+from npddp.checkpoint import fileformat
+from tests.helpers.cli import TINY, clean_env, error_line, mpirun_path, ok, train
+from tests.helpers.trace import nesting_problems, x_events
 
 FLAGS = [*TINY, "--epochs", "1", "--bucket-mb", "0.004"]
 LAYERS = [name for name, _ in mlp(4, [16], 3).named_modules() if name]   # the CLI's MLP for --hidden 16
@@ -68,8 +67,8 @@ def test_two_ranks_write_one_nesting_trace_with_every_layer_and_bucket(tmp_path,
 
 
 def test_the_environment_variable_traces_chosen_steps(tmp_path):
-    env = {**_env(), "NPDDP_TRACE": "env.json", "NPDDP_TRACE_STEPS": "2:2"}
-    ok(subprocess.run([_mpirun(), "-n", "2", sys.executable, "-m", "npddp.train", *FLAGS], cwd=tmp_path, env=env,
+    env = {**clean_env(), "NPDDP_TRACE": "env.json", "NPDDP_TRACE_STEPS": "2:2"}
+    ok(subprocess.run([mpirun_path(), "-n", "2", sys.executable, "-m", "npddp.train", *FLAGS], cwd=tmp_path, env=env,
                       capture_output=True, text=True, timeout=120))
     doc = json.loads((tmp_path / "env.json").read_text())
     assert {e["args"]["step"] for e in x_events(doc)} == {2}
@@ -109,13 +108,13 @@ def test_an_existing_file_is_refused_unless_it_is_a_trace_and_overwrite_is_given
     source.write_text("print('a user file')\n")
     for extra in ([], ["--overwrite"]):
         proc = train(tmp_path, "--trace", "t.json", *FLAGS, *extra)
-        assert proc.returncode == 2 and "is not an npddp trace" in _error_line(proc)
+        assert proc.returncode == 2 and "is not an npddp trace" in error_line(proc)
         assert source.read_text() == "print('a user file')\n"
     source.unlink()
     ok(train(tmp_path, "--trace", "t.json", *FLAGS))
     first = source.read_bytes()
     proc = train(tmp_path, "--trace", "t.json", *FLAGS)
-    assert proc.returncode == 2 and "already holds a trace" in _error_line(proc) and "--overwrite" in proc.stderr
+    assert proc.returncode == 2 and "already holds a trace" in error_line(proc) and "--overwrite" in proc.stderr
     assert source.read_bytes() == first
     ok(train(tmp_path, "--trace", "t.json", *FLAGS, "--overwrite"))
     assert source.read_bytes() != first and json.loads(source.read_text())["otherData"]["complete"] is True
@@ -139,10 +138,10 @@ def test_a_fifo_or_device_is_refused_before_training_and_left_alone(tmp_path, ki
     path = _special(tmp_path, kind)
     mode = path.stat().st_mode
     proc = train(tmp_path, "--trace", path.name, *FLAGS, "--overwrite")
-    assert proc.returncode == 2 and what in _error_line(proc) and "not a regular file" in proc.stderr
+    assert proc.returncode == 2 and what in error_line(proc) and "not a regular file" in proc.stderr
     assert "epoch" not in proc.stdout and path.stat().st_mode == mode
-    env = {**_env(), "NPDDP_TRACE": path.name}                         # the variable's tracer refuses it too
-    proc = subprocess.run([_mpirun(), "-n", "2", sys.executable, "-m", "npddp.train", *FLAGS], cwd=tmp_path,
+    env = {**clean_env(), "NPDDP_TRACE": path.name}                         # the variable's tracer refuses it too
+    proc = subprocess.run([mpirun_path(), "-n", "2", sys.executable, "-m", "npddp.train", *FLAGS], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 4 and what in proc.stderr and path.stat().st_mode == mode, proc.stderr
 
@@ -166,10 +165,10 @@ sys.exit(cli.main(sys.argv[1:]))
 
 def test_a_trace_that_cannot_be_written_is_one_line_exit_4_after_training_with_the_checkpoint_written(tmp_path):
     (tmp_path / "full.py").write_text(TRACE_DISK_FULL)
-    command = [_mpirun(), "-n", "2", sys.executable, "full.py", *FLAGS, "--trace", "t.json", "--checkpoint", "c.h5"]
-    proc = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    command = [mpirun_path(), "-n", "2", sys.executable, "full.py", *FLAGS, "--trace", "t.json", "--checkpoint", "c.h5"]
+    proc = subprocess.run(command, cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 4, proc.stdout + proc.stderr
-    line = _error_line(proc)
+    line = error_line(proc)
     assert "cannot write the trace t.json: No space left on device" in line and "training finished" in line, line
     assert "done: epoch 1/1" in proc.stdout and fileformat.read(tmp_path / "c.h5").step == 12
     assert not (tmp_path / "t.json").exists()

@@ -6,8 +6,8 @@ import os
 import pytest
 
 from npddp.process.cleanup import Watch
-from npddp.train.checkpoint import fileformat
-from tests.train.test_cli import TINY, _env, _mpirun, ok, train
+from npddp.checkpoint import fileformat
+from tests.helpers.cli import TINY, clean_env, mpirun_path, ok, train
 
 
 @pytest.mark.slow
@@ -21,8 +21,8 @@ def test_a_tcp_run_resumes_without_the_backend_given_again(tmp_path):
 def test_resume_without_a_checkpoint_is_one_line_and_leaves_no_mpi_segment(tmp_path):
     import sys
     with open(tmp_path / "out.txt", "w+") as sink:
-        watch = Watch([_mpirun(), "-n", "2", sys.executable, "-m", "npddp.train", "--resume"], cwd=tmp_path,
-                      env=_env(), stdout=sink, stderr=sink, text=True)
+        watch = Watch([mpirun_path(), "-n", "2", sys.executable, "-m", "npddp.train", "--resume"], cwd=tmp_path,
+                      env=clean_env(), stdout=sink, stderr=sink, text=True)
         code = watch.run()
         sink.seek(0)
         out = sink.read()
@@ -56,7 +56,7 @@ def test_a_batch_larger_than_the_data_is_an_error_naming_both(tmp_path):
 
 
 def test_under_npddp_run_the_default_backend_is_auto_over_tcp_and_the_security_page_command_works(tmp_path):
-    """The elastic command of docs/security.md, as written there (plus tiny data), then ``--backend mpi``."""
+    """The elastic command of docs/design/security.md, as written there (plus tiny data), then ``--backend mpi``."""
     proc = ok(train(tmp_path, *TINY, "--epochs", "1", "--checkpoint", "c.h5", "--resume", "auto",
                     "--checkpoint-every", "50", launcher="npddp.run"))
     assert proc.stdout.startswith("npddp.train: 2 ranks, backend auto over tcp (default: not started by MPI), TCP")
@@ -74,11 +74,11 @@ def test_under_mpirun_the_default_backend_stays_mpi_and_the_header_says_nothing_
 def test_a_run_across_pretended_nodes_says_where_the_ranks_are_and_one_node_says_nothing(tmp_path):
     import subprocess
     import sys
-    command = [_mpirun(), "-n", "4", sys.executable, "-m", "npddp.train", *TINY, "--epochs", "1", "--backend", "ring"]
-    across = ok(subprocess.run(command, cwd=tmp_path, env={**_env(), "NPDDP_RANKS_PER_NODE": "2"},
+    command = [mpirun_path(), "-n", "4", sys.executable, "-m", "npddp.train", *TINY, "--epochs", "1", "--backend", "ring"]
+    across = ok(subprocess.run(command, cwd=tmp_path, env={**clean_env(), "NPDDP_RANKS_PER_NODE": "2"},
                                capture_output=True, text=True, timeout=120))
     assert across.stdout.splitlines()[1] == "nodes: 2 x 2 ranks (node0: 0,1; node1: 2,3)", across.stdout
-    alone = ok(subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120))
+    alone = ok(subprocess.run(command, cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120))
     assert "nodes:" not in alone.stdout and alone.stdout.splitlines()[1].startswith("threads: ")
 
 

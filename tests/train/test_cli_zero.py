@@ -4,9 +4,9 @@
 import numpy as np
 import pytest
 
-from npddp.train.checkpoint import fileformat
+from npddp.checkpoint import fileformat
 
-from tests.train.test_cli import ok, train
+from tests.helpers.cli import ok, train
 
 GPT = ["--model", "gpt", "--optimizer", "adamw", "--lr", "0.003", "--context-length", "16", "--train-samples", "96",
        "--val-samples", "24", "--batch-size", "24", "--epochs", "2", "--dtype", "float64", "--backend", "ring",

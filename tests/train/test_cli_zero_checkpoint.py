@@ -10,9 +10,10 @@ import h5py
 import numpy as np
 import pytest
 
-from npddp.train.checkpoint import fileformat, shardwrite
+from npddp.checkpoint import fileformat, shardwrite
+from npddp.train.checkpoint.saving import load_model
 
-from tests.train.test_cli import _env, _mpirun, ok, train
+from tests.helpers.cli import clean_env, mpirun_path, ok, train
 from tests.train.test_cli_failures import LIMITED
 from tests.train.test_cli_zero import GPT, params_of, relative
 
@@ -100,11 +101,11 @@ def sharded_run(tmp_path):
 
 
 def test_evaluate_and_load_model_read_a_sharded_checkpoint_in_one_process(sharded_run):
-    proc = subprocess.run([sys.executable, "-m", "npddp.evaluate", "z.h5"], cwd=sharded_run, env=_env(),
+    proc = subprocess.run([sys.executable, "-m", "npddp.evaluate", "z.h5"], cwd=sharded_run, env=clean_env(),
                           capture_output=True, text=True, timeout=60)
     ok(proc)
     assert proc.stdout.startswith("evaluate: z.h5") and "1 rank" in proc.stdout, proc.stdout
-    model = fileformat.load_model(str(sharded_run / "z.h5"))
+    model = load_model(str(sharded_run / "z.h5"))
     saved = fileformat.read(str(sharded_run / "z.h5")).params
     for name, p in model.named_parameters():
         assert np.array_equal(p.data, saved[name]), name
@@ -125,17 +126,17 @@ def test_a_missing_or_damaged_shard_is_one_line_naming_it_exit_2(sharded_run, da
     want = {"delete": "is missing", "truncate": "truncated", "flip": "damaged"}[damage]
     line = one_error(train(sharded_run, "--checkpoint", "z.h5", "--resume", "--epochs", "3", "--progress", "none"))
     assert shardwrite.shard_name(1, 2) in line and want in line, line
-    proc = subprocess.run([sys.executable, "-m", "npddp.evaluate", "z.h5"], cwd=sharded_run, env=_env(),
+    proc = subprocess.run([sys.executable, "-m", "npddp.evaluate", "z.h5"], cwd=sharded_run, env=clean_env(),
                           capture_output=True, text=True, timeout=60)
     line = one_error(proc)
     assert shardwrite.shard_name(1, 2) in line and want in line, line
     with pytest.raises(fileformat.CheckpointError, match=want):
-        fileformat.load_model(str(sharded_run / "z.h5"))
+        load_model(str(sharded_run / "z.h5"))
 
 
 CRASH = """
 import os, sys
-from npddp.train.checkpoint import shardwrite
+from npddp.checkpoint import shardwrite
 from npddp.train.cli import main as cli
 real, calls = shardwrite._write_index, []
 
@@ -154,7 +155,7 @@ sys.exit(cli.main(sys.argv[1:]))
 def test_a_crash_between_the_shards_and_the_index_leaves_the_previous_set_loadable(tmp_path):
     (tmp_path / "crash.py").write_text(CRASH)
     flags = [*MLP, "--zero", "3", "--checkpoint", "z.h5", "--checkpoint-every", "3"]
-    proc = subprocess.run([_mpirun(), "-n", "2", sys.executable, "crash.py", *flags], cwd=tmp_path, env=_env(),
+    proc = subprocess.run([mpirun_path(), "-n", "2", sys.executable, "crash.py", *flags], cwd=tmp_path, env=clean_env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0, proc.stdout
     assert steps_saved(tmp_path) == [3, 6]                     # the new shards, no index
@@ -174,8 +175,8 @@ def test_a_shard_write_that_fails_is_one_line_exit_4_and_the_previous_set_surviv
     ok(train(tmp_path, *MLP, "--zero", "2", "--checkpoint", "z.h5", "--max-steps", "5"))
     before = sorted(p.name for p in tmp_path.rglob("*"))
     state = whole_state(tmp_path / "z.h5")
-    command = [_mpirun(), "-n", "2", sys.executable, "-c", LIMITED, "--checkpoint", "z.h5", "--resume"]
-    proc = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    command = [mpirun_path(), "-n", "2", sys.executable, "-c", LIMITED, "--checkpoint", "z.h5", "--resume"]
+    proc = subprocess.run(command, cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 4, proc.stdout + proc.stderr
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "cannot write z.h5.step-" in lines[0] and "File too large" in lines[0], lines

@@ -12,9 +12,9 @@ import h5py
 import numpy as np
 import pytest
 
-from npddp.train.checkpoint import fileformat, shardwrite
+from npddp.checkpoint import fileformat, shardwrite
 
-from tests.train.test_cli import _env, _mpirun, ok, train
+from tests.helpers.cli import clean_env, mpirun_path, ok, train
 from tests.train.test_cli_zero_checkpoint import MLP, one_error, step_dirs, steps_saved, whole_state
 
 #: The training CLI with rank 1's files limited to 4 kB once MPI is up: its shard write fails with EFBIG.
@@ -31,7 +31,7 @@ runpy.run_module("npddp.train", run_name="__main__", alter_sys=True)
 #: The training CLI with rank 0 killed at its first index write: every new shard is on disk, no index names them.
 KILLED_BEFORE_INDEX = """
 import os, sys
-from npddp.train.checkpoint import shardwrite
+from npddp.checkpoint import shardwrite
 from npddp.train.cli import main as cli
 
 def crash(*args, **kwargs):
@@ -47,7 +47,7 @@ def same_state(a: dict, b: dict) -> bool:
 
 
 def evaluate(cwd, name="z.h5") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "npddp.evaluate", name], cwd=cwd, env=_env(),
+    return subprocess.run([sys.executable, "-m", "npddp.evaluate", name], cwd=cwd, env=clean_env(),
                           capture_output=True, text=True, timeout=60)
 
 
@@ -60,9 +60,9 @@ def saved_at_5(tmp_path):
 
 def test_a_rank_that_cannot_write_its_shard_during_an_overwrite_keeps_the_previous_checkpoint(saved_at_5):
     cwd, before = saved_at_5
-    command = [_mpirun(), "-n", "2", sys.executable, "-c", RANK1_LIMITED, *MLP, "--zero", "2", "--checkpoint",
+    command = [mpirun_path(), "-n", "2", sys.executable, "-c", RANK1_LIMITED, *MLP, "--zero", "2", "--checkpoint",
                "z.h5", "--max-steps", "5", "--seed", "7", "--overwrite"]
-    proc = subprocess.run(command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(command, cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 4, proc.stdout + proc.stderr
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "File too large" in lines[0] and "previous checkpoint is kept" in lines[0], lines
@@ -75,9 +75,9 @@ def test_a_rank_that_cannot_write_its_shard_during_an_overwrite_keeps_the_previo
 def test_rank_0_killed_between_the_shards_and_the_index_of_an_overwrite_keeps_the_previous_checkpoint(saved_at_5):
     cwd, before = saved_at_5
     (cwd / "crash.py").write_text(KILLED_BEFORE_INDEX)
-    command = [_mpirun(), "-n", "2", sys.executable, "crash.py", *MLP, "--zero", "2", "--checkpoint", "z.h5",
+    command = [mpirun_path(), "-n", "2", sys.executable, "crash.py", *MLP, "--zero", "2", "--checkpoint", "z.h5",
                "--max-steps", "5", "--seed", "7", "--overwrite"]
-    proc = subprocess.run(command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(command, cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0, proc.stdout
     assert same_state(before, whole_state(cwd / "z.h5"))
     ok(evaluate(cwd))

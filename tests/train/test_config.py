@@ -18,7 +18,7 @@ from npddp.parallel.ddp import SYNCS
 from npddp.train.models import MODELS, REGISTRY
 from npddp.nn.gpt import PRESETS
 from npddp.optim import OPTIMIZERS
-from npddp.train.console.printer import PROGRESS_MODES
+from npddp.train.config import PROGRESS_MODES
 from npddp.parallel.model.schedules import SCHEDULES
 
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from npddp.nn.sample import generate
-from npddp.train.checkpoint import fileformat
+from npddp.checkpoint import fileformat
+from npddp.train.checkpoint.saving import load_model
 from npddp.train.generate import MAX_TOKENS, decode, encode
 
 TEXT = b"the quick brown fox jumps over the lazy dog. " * 24
@@ -49,7 +50,7 @@ def test_the_same_seed_prints_the_same_text_and_it_starts_with_the_prompt(traine
 
 
 def test_top_k_1_prints_the_greedy_continuation_of_the_loaded_model(trained):
-    model = fileformat.load_model(trained / "text.h5")
+    model = load_model(trained / "text.h5")
     prompt = encode("the lazy", True, 256)
     want = generate(model, prompt, 30, top_k=1).astype(np.uint8).tobytes().decode("utf-8", errors="replace")
     for temperature, seed in ((1.0, 0), (0.5, 9)):
@@ -94,7 +95,7 @@ def test_bad_input_is_one_error_line_and_exit_2(trained, args, text):
 @pytest.mark.parametrize("name, prompt", [("text.h5", "the lazy"), ("tokens.h5", "4 5 6")])
 def test_the_streamed_output_is_byte_identical_to_decoding_every_token_at_the_end(trained, name, prompt):
     """Random sampling from a barely trained model: text models emit invalid UTF-8 that must be replaced alike."""
-    model = fileformat.load_model(trained / name)
+    model = load_model(trained / name)
     text = name == "text.h5"
     want = decode(generate(model, encode(prompt, text, 256), 300, seed=5), text) + "\n"
     p = run(name, "--prompt", prompt, "--tokens", 300, "--seed", 5, cwd=trained, text=False)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from npddp.train.cli import outputs
-from npddp.train.checkpoint.fileformat import FORMAT as CHECKPOINT_FORMAT
+from npddp.checkpoint.fileformat import FORMAT as CHECKPOINT_FORMAT
 from npddp.train.cli.inputs import load_data, scaling_warning
 from npddp.train.models import REGISTRY
 

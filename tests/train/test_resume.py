@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from npddp.checkpoint.stateful import ModelState
 from npddp.train.checkpoint import resume
-from npddp.train.checkpoint.fileformat import Checkpoint
+from npddp.checkpoint.fileformat import Checkpoint
 from npddp.train.config import Config, ConfigError, fixed_on_resume, inherited_on_resume
 from npddp.train.cli.parser import parse_args
 from npddp.nn import mlp
@@ -123,10 +124,9 @@ def _saved(model, opt, world=2):
 
 
 def _why(ckpt, model, opt, ddp=None, steps=None):
-    return resume.incompatibility(ckpt, "c.h5", named_params=model.named_parameters(), optimizer=opt,
-                                  ddp=ddp or SimpleNamespace(buckets=[],
-                                                             comm=SimpleNamespace(size=2)),
-                                  optimizer_name="sgd" if isinstance(opt, SGD) else "adamw", steps=steps)
+    engine = ddp or SimpleNamespace(buckets=[], comm=SimpleNamespace(size=2), comm_hook_state=None)
+    return resume.incompatibility(ckpt, "c.h5", model=ModelState(model.named_parameters(), engine=engine),
+                                  optim=opt, optimizer_name="sgd" if isinstance(opt, SGD) else "adamw", steps=steps)
 
 
 def test_a_matching_checkpoint_is_compatible():

@@ -19,9 +19,9 @@ from npddp.nn import CrossEntropyLoss, gpt_preset, mlp
 from npddp.optim import SGD, AdamW
 from npddp.parallel.ddp import DistributedDataParallel
 from npddp.parallel.zero import ShardedOptimizer, ZeroDataParallel
-from npddp.train.checkpoint import fileformat
+from npddp.checkpoint import fileformat
 
-from tests.conftest import check_all_ranks, check_ranks_agree, world_raw
+from tests.helpers.ranks import check_all_ranks, check_ranks_agree, world_raw
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 MLP_CONFIG = {"model": "mlp", "hidden": [16], "seed": 0, "batch_size": 32}

@@ -14,11 +14,11 @@ import pytest
 
 from npddp.nn import Dropout, Sequential
 from npddp.parallel.model import RowAlignedDropout
-from npddp.train.checkpoint import fileformat
+from npddp.checkpoint import fileformat
 from npddp.train.config import Config
 from npddp.train.cli.parser import parse_args
 from npddp.train.console.banner import header
-from tests.train.test_cli import ok, train
+from tests.helpers.cli import ok, train
 
 MLP = ["--model", "mlp", "--hidden", "32", "32", "--dropout", "0.2", "--dtype", "float64", "--train-samples", "96",
        "--val-samples", "32", "--batch-size", "8", "--epochs", "1", "--max-steps", "12", "--progress", "none"]

@@ -1,4 +1,4 @@
-"""Validation at forward speed (:mod:`npddp.train.validation`): rows split over ranks give one process's totals,
+"""Validation at forward speed (:mod:`npddp.parallel.evaluation`): rows split over ranks give one process's totals,
 every rank makes the same forward calls, the batch follows the memory a row needs, and the epoch line shows the time.
 
 The ``mpi`` tests run under ``mpirun -n K`` and ``python -m npddp.run --nproc K`` (K = 2, 3, 4).
@@ -13,10 +13,10 @@ from npddp.comm import create
 from npddp.nn import CrossEntropyLoss, gpt, mlp
 from npddp.parallel.zero import ZeroDataParallel
 from npddp.train.console.printer import epoch_line
-from npddp.train.validation import (PROBE_ROWS, WORKING_SET, agreed_batch, batch_for, evaluate_rows,
+from npddp.parallel.evaluation import (PROBE_ROWS, WORKING_SET, agreed_batch, batch_for, evaluate_rows,
                                     forward_bytes_per_row)
 
-from tests.conftest import check_all_ranks, check_ranks_agree
+from tests.helpers.ranks import check_all_ranks, check_ranks_agree
 
 VOCAB, CONTEXT = 13, 8
 

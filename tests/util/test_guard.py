@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from npddp.util import guard
-from npddp.util.cores import available_cpus
+from npddp.util.threads import available_cpus
 
 
 @pytest.mark.parametrize("raw, value", [("", True), ("1", True), ("on", True), ("YES", True), ("0", False),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from npddp.util import cores, env, plugins, variables
+from npddp.util import env, plugins, threads, variables
 from npddp.util.tracing import DEFAULT_STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,8 +40,8 @@ def test_the_literal_scan_sees_code_strings_and_f_strings_but_not_docstrings(tmp
 
 
 def test_the_docs_table_is_the_generated_one():
-    text = (ROOT / "docs" / "library.md").read_text(encoding="utf-8")
-    assert variables.BEGIN_MARK in text and variables.END_MARK in text, "docs/library.md lost the table's markers"
+    text = (ROOT / "docs" / "reference" / "variables.md").read_text(encoding="utf-8")
+    assert variables.BEGIN_MARK in text and variables.END_MARK in text, "docs/reference/variables.md lost the table's markers"
     table = text.split(variables.BEGIN_MARK, 1)[1].split(variables.END_MARK, 1)[0].strip()
     assert table == variables.markdown(), "regenerate it: python -m npddp.util.variables --markdown"
 
@@ -142,5 +142,5 @@ def test_the_plugin_loader_names_the_bad_module(tmp_path):
     ("auto", {"LOCAL_WORLD_SIZE": "4", "OMP_NUM_THREADS": "2"}, None), (3, {"LOCAL_WORLD_SIZE": "1"}, 3),
     ("auto", {"LOCAL_WORLD_SIZE": "4"}, "rule")])
 def test_a_scripts_share_follows_the_one_thread_rule(setting, environ, expected):
-    got = cores.share(setting, environ)
-    assert got == (cores.auto_threads(environ, ask_mpi=False)[0] if expected == "rule" else expected)
+    got = threads.share(setting, environ)
+    assert got == (threads.auto_threads(environ, ask_mpi=False)[0] if expected == "rule" else expected)

@@ -190,6 +190,9 @@ def register_algorithm(name: str, fn_or_class, cost: Callable | None = None, *, 
             raise TypeError(f"algorithm class {fn_or_class.__name__} has no start(call, src, dst, ufunc, result)")
         cls = fn_or_class if cost is None else type(str(name), (fn_or_class,), {"cost": staticmethod(cost)})
     elif callable(fn_or_class):
+        if collective != "allreduce":
+            raise TypeError(f"algorithm {name!r}: a generator function fn(peers, buf) is an all-reduce's; for "
+                            f"collective {collective!r} register a class with start(call, src, dst, ufunc, result)")
         cls = from_generator(str(name), fn_or_class, cost)
     else:
         raise TypeError(f"algorithm {name!r} must be a generator function or a class, got {type(fn_or_class).__name__}")

@@ -123,12 +123,13 @@ load_plugins = plugins.load
 
 def backend_names() -> tuple:
     """Every backend name ``create`` accepts now: the built-in ones, then the registered all-reduce algorithms."""
-    return (*BACKENDS, *names(builtin=False))
+    return (LIBRARY, *names(builtin=True), *COMPOSED, *names(builtin=False))
 
 
 def backend_help() -> str:
     """What each backend is, for ``--backend``'s help: MPI's own, every all-reduce algorithm registered now, the rest."""
-    listed = ", ".join(f"{name} ({entry.help})" if entry.help else name for name, entry in REGISTRIES["allreduce"].items())
+    ordered = sorted(REGISTRIES["allreduce"].items(), key=lambda item: not item[1].builtin)   # as backend_names
+    listed = ", ".join(f"{name} ({entry.help})" if entry.help else name for name, entry in ordered)
     return (f"MPI's own collectives ({LIBRARY}); hand-written over --transport: {listed}, auto (picks one per call, "
             "shared memory on one node); shm (one node, shared memory), hier (shared memory per node, then the network)")
 

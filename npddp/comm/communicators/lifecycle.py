@@ -23,7 +23,8 @@ from npddp.comm import signature as sg
 from npddp.comm.base import Backend
 from npddp.comm.engine.call import Call, TagSequence, rank_label
 from npddp.comm.engine.deadline import Overdue
-from npddp.comm.engine.signed import AbortWatch, Signer
+from npddp.comm.engine.abort import AbortWatch
+from npddp.comm.engine.signed import Signer
 from npddp.comm.engine.work import P2PWork
 
 

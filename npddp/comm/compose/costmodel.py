@@ -7,7 +7,7 @@ reduce-scatter then all-gather, i.e. Rabenseifner's, for long ones), moving the 
 so it costs the cheaper of those two at the same constants: a tie, which the hand-written algorithm keeps
 (the tuner measures the difference). Where every rank shares one node the other candidate is ``shm``; ``auto``'s
 MPI path first checks its arguments with shm's size word and node barrier, then pays MPI's call on top, so
-there ``shm`` keeps every size (:data:`LIBRARY_NODE_BYTES`, measured on this machine: docs/performance.md) and
+there ``shm`` keeps every size (:data:`LIBRARY_NODE_BYTES`, as measured: docs/results/2026-12-02-performance.md) and
 only the tuner can hand MPI's own a size."""
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ PIPELINED = ("ring",)
 #: The schedules MPI's default selection chooses between (its price: the cheaper one).
 LIBRARY_SCHEDULES = ("rd", "rabenseifner")
 #: On one node, MPI's own all-reduce goes first up to this many bytes, ``shm`` beyond: 0, as measured at N = 2
-#: on ordinary arrays on a quiet machine (auto's MPI path 9.1-14.2 us at 1 KiB, shm 7.2-10.6; docs/performance.md).
+#: on ordinary arrays (shm was the faster at 1 KiB: docs/results/2026-12-02-performance.md,
+#: "`auto` and MPI's own Allreduce").
 LIBRARY_NODE_BYTES = 0
 
 

@@ -38,7 +38,7 @@ class Context:
 class TagSequence:
     """Tags for collectives: ``USER_TAG_LIMIT + (sequence % (COLLECTIVE_TAG_SPAN - 1))``, same order on all ranks.
 
-    The last tag of the span is kept for aborts (:data:`npddp.comm.engine.signed.CONTROL_TAG`)."""
+    The last tag of the span is kept for aborts (:data:`npddp.comm.engine.abort.CONTROL_TAG`)."""
 
     __slots__ = ("_seq", "count")
 

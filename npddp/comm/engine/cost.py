@@ -29,8 +29,8 @@ MODEL = {
     "tcp": (40e-6, 1 / 2.5e9, 1 / 4.0e9),
 }
 #: Across nodes (ranks on different hosts, joined by a network): alpha and beta of a 1 Gbit/s TCP link, gamma
-#: as on a node. Measured on emulated nodes (docs/cluster.md): there an exchange of a whole block larger than a
-#: chunk does not overlap its send with its receive (2.0x the ring at 16 MiB over MPICH's TCP path, 1.2x over
-#: npddp's sockets), while the ring's pipelined chunks keep the link busy both ways; so beyond one chunk
+#: as on a node. Measured on emulated nodes (docs/results/2026-11-25-cluster-links.md): there an exchange of a
+#: whole block larger than a chunk does not overlap its send with its receive (2.0x the ring at 16 MiB over
+#: MPICH's TCP path, 1.2x over npddp's sockets), while the ring's pipelined chunks keep the link busy both ways; so beyond one chunk
 #: the model charges the others' bytes twice (:func:`npddp.comm.compose.costmodel.network_time`).
 NETWORK = (50e-6, 8e-9, 1 / 4.0e9)

@@ -48,7 +48,7 @@ def _reduce_in_order(views: list, dst: np.ndarray, ufunc) -> None:
 
 
 def _abort_row(call, me: int, peer: int, word: int) -> np.ndarray:
-    """The abort of a size word ``word`` of ``peer`` that differs from this call's (engine.signed.ABORT_WORDS)."""
+    """The abort of a size word ``word`` of ``peer`` that differs from this call's (engine.abort.ABORT_WORDS)."""
     sig = call.signature
     nbytes, theirs = sg.unpack(word)
     dtype = theirs[2]

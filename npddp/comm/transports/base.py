@@ -134,7 +134,7 @@ def _mpi_world(timeout: float) -> Transport:
 
 def _tcp_world(timeout: float) -> Transport:
     """npddp's sockets over the launcher's world, in a context every rank agrees on."""
-    from npddp.comm.transports.rendezvous import transport_from_env
+    from npddp.comm.transports.world import transport_from_env
     return transport_from_env(timeout)
 
 

@@ -15,7 +15,7 @@ here is fixed, so nothing is allocated from a number a stranger sent. A :class:`
 the accepting side for many connections at once: one that fails the check, sends garbage,
 closes, or stays silent past :data:`HANDSHAKE_S` is dropped with one line on stderr and never
 delays the others by more than that. Payloads after the handshake are neither encrypted nor
-authenticated per message (see docs/security.md).
+authenticated per message (see docs/design/security.md).
 
 The secret comes from ``NPDDP_JOB_SECRET`` (``python -m npddp.run`` makes one per job, or reads
 ``--secret-file``); without one the key is empty, which only proves the peer speaks this protocol.

@@ -93,7 +93,7 @@ def launcher_refusal(environ=None) -> str | None:
     version = " ".join(text.split()[:3])
     return (f"the MPI library mpi4py loads ({version}, {path}) does not speak PMIx, the process manager of this "
             f"launcher (PMIX_* variables: Open MPI's mpirun, or srun --mpi=pmix): start it with {lib.name}'s own "
-            "mpirun, or under srun with --mpi=pmi2; see docs/slurm.md")
+            "mpirun, or under srun with --mpi=pmi2; see docs/guide/slurm.md")
 
 
 def _library_before_init():

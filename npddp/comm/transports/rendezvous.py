@@ -22,14 +22,13 @@ secret the world forms only on a loopback ``MASTER_ADDR``, and rank 0 listens on
 across machines, or with ``NPDDP_LISTEN_ADDR`` beyond loopback, it is refused.
 
 The result is one connected, non-blocking, ``TCP_NODELAY`` socket per peer, wrapped in a
-:class:`~npddp.comm.transports.tcp.TCPWorld` once per process (:func:`world_from_env`). Every message
+:class:`~npddp.comm.transports.tcp.TCPWorld` once per process (:func:`npddp.comm.transports.world.world_from_env`). Every message
 here is fixed-size binary (``struct``); nothing is pickled.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import os
 import secrets
 import socket
 import struct
@@ -37,10 +36,7 @@ import sys
 import time
 
 from npddp.comm.transports import handshake
-from npddp.comm.transports.launch_env import (NAME_BYTES, LaunchEnv, encode_name, env_from_mpi, env_from_slurm,
-                                              launch_env)
-from npddp.comm.transports.tcp import TCPTransport, TCPWorld
-from npddp.util import env as process_env
+from npddp.comm.transports.launch_env import NAME_BYTES, LaunchEnv, encode_name
 from npddp.util import variables
 
 MAGIC = b"NPDD"
@@ -160,7 +156,7 @@ def _refuse(conn: socket.socket, env: LaunchEnv, rank: int, job: str) -> None:
     sys.stderr.write(f"npddp: rank 0 at {where}: refused rank {rank} of {_job_name(job)}: this is "
                      f"{_job_name(env.job)}\n")
     message = (f"rank 0 at {where} belongs to {_job_name(env.job)}, not to this rank's {_job_name(job)}: two jobs "
-               f"chose one rendezvous port; give each job its own MASTER_PORT (docs/slurm.md: how ports are "
+               f"chose one rendezvous port; give each job its own MASTER_PORT (docs/guide/slurm.md: how ports are "
                f"chosen)").encode()[:_ERROR_MAX]
     try:
         conn.sendall(TABLE_HEAD.pack(MAGIC, 1, 0, len(message)) + message)
@@ -247,7 +243,7 @@ def connect(env: LaunchEnv, timeout: float) -> tuple[list, list[str]]:
         if not env.secret and not is_loopback(env.master_addr):
             raise RendezvousError(f"no job secret: across machines (MASTER_ADDR={env.master_addr}) every rank "
                                   f"needs the same {handshake.SECRET_VARIABLE} (python -m npddp.run --secret-file "
-                                  "FILE on every machine; under srun: export it in the job script, docs/slurm.md)")
+                                  "FILE on every machine; under srun: export it in the job script, docs/guide/slurm.md)")
         refusal = listen_refusal(env.secret)
         if refusal:
             raise RendezvousError(refusal)
@@ -323,54 +319,3 @@ def _mesh(env: LaunchEnv, table: list, token: int, listener: socket.socket, dead
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return socks
-
-
-# ----------------------------------------------------------------------------- the world
-
-def world_over_mpi(mpi_comm, timeout: float) -> TCPWorld:
-    """A new TCP mesh among the ranks of an mpi4py communicator (MPI carries rank 0's address)."""
-    env = env_from_mpi(mpi_comm)
-    socks, hosts = connect(env, timeout)
-    return TCPWorld(env.rank, env.world_size, socks, hosts)
-
-
-_WORLDS: dict = {}  # LaunchEnv -> TCPWorld: this process's connections, made once (like MPI_COMM_WORLD)
-
-
-def transport_from_env(timeout: float, environ=None) -> TCPTransport:
-    """A new transport over the launcher's world, in a message context of its own agreed by every rank.
-
-    Collective: what ``create()`` calls on every rank for each communicator it builds.
-    """
-    return world_from_env(timeout, environ).world.agreed_transport(timeout)
-
-
-def world_from_env(timeout: float, environ=None) -> TCPTransport:
-    """The transport over every rank the launcher's environment describes; connects on first use.
-
-    Under srun, Slurm's variables tell them (:func:`env_from_slurm`); inside another MPI job without those
-    variables, MPI tells rank and size and carries rank 0's address; started by no launcher, a world of one.
-    A world other than the launcher announced is a ValueError before any connection (:func:`~npddp.util.env.world_refusal`).
-    """
-    environ = os.environ if environ is None else environ
-    task = process_env.slurm_task(environ)
-    if task is not None:
-        env = env_from_slurm(task, environ)
-    elif process_env.launched_by_mpi(environ) and not all(v in environ for v in process_env.TCP_LAUNCHER_VARIABLES):
-        env = _WORLDS.get("mpi") or env_from_mpi()
-        _WORLDS["mpi"] = env
-    elif process_env.launcher(environ) is None and not {"RANK", "WORLD_SIZE"} & set(environ):
-        env = LaunchEnv(0, 1, "127.0.0.1", 0, 0, 1)      # started by no launcher: a world of one
-    else:
-        env = launch_env(environ)
-    refusal = process_env.world_refusal(env.world_size, "the tcp rendezvous", environ)
-    if refusal is not None:
-        raise ValueError(refusal)
-    world = _WORLDS.get(env)
-    if world is None:
-        process_env.mark_join("joining", env.rank, environ)
-        socks, hosts = connect(env, timeout)
-        process_env.mark_join("joined", env.rank, environ)
-        world = _WORLDS[env] = TCPWorld(env.rank, env.world_size, socks, hosts)
-        world.base = world.transport()
-    return world.base

@@ -16,9 +16,8 @@ shape for allgather, gather and scatter, whose result shape depends on it (a red
 broadcast may reshape freely, as the backends allow). ``send``/``recv`` are point-to-point and
 pass through unchecked; so do ``Work`` handles from ``iallreduce``.
 
-Cost: one extra all-gather of ``size * FINGERPRINT_LENGTH`` int64s per collective, latency bound:
-measured at 2 ranks on one host, about +9 us per call on the mpi backend and +12 us on ring
-(1 KiB all-reduce: 4 -> 13 us and 11 -> 22 us; 1 MiB: 140 -> 151 us and 121 -> 141 us).
+Cost: one extra all-gather of ``size * FINGERPRINT_LENGTH`` int64s per collective, latency bound
+(measured: docs/results/2026-11-25-development-machine.md, "The NPDDP_DEBUG checker's cost").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Model parallelism: a data x pipeline x tensor mesh, tensor-parallel layers, pipeline stages and schedules.
 
-See docs/parallelism.md. Nothing here imports :mod:`npddp.comm` at import time; the groups of
+See docs/guide/model-parallel.md. Nothing here imports :mod:`npddp.comm` at import time; the groups of
 a mesh are built by :func:`mesh_groups` from the raw world (mpi4py communicator or Transport).
 """
 

@@ -14,12 +14,13 @@ Both run the backwards in micro-batch order, so a stage accumulates its gradient
 order under either schedule (same bits). Sends and receives are blocking, so where a stage
 both sends to and receives from one neighbour in a row of the 1F1B steady state, the lower
 stage sends first and the higher receives first: every such pair meets, and no cycle of
-stages waiting on each other can form (``tests/parallel/test_mesh.py`` plays each schedule
+stages waiting on each other can form (``tests/parallel/model/test_mesh.py`` plays each schedule
 against blocking, unbuffered sends for many K and M).
 """
 
 from __future__ import annotations
 
+#: The pipeline schedules by name (``--pp-schedule``).
 SCHEDULES = ("gpipe", "1f1b")
 
 

@@ -20,7 +20,8 @@ import numpy as np
 
 from npddp.nn.gpt import GPT
 from npddp.nn.layers import Linear
-from npddp.nn.module import Module, Parameter, Sequential
+from npddp.nn.module import Module, Sequential
+from npddp.nn.parameter import Parameter
 
 
 class GPTEmbedding(Module):

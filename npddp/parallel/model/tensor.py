@@ -23,7 +23,8 @@ from __future__ import annotations
 import numpy as np
 
 from npddp.nn.layers import Linear
-from npddp.nn.module import Module, Parameter
+from npddp.nn.module import Module
+from npddp.nn.parameter import Parameter
 from npddp.util import tracing
 
 

@@ -7,7 +7,7 @@ As DeepSpeed's ``zero.Init`` and FSDP's deferred initialisation do::
     engine = ZeroDataParallel(model, comm, stage=3, init=init)
 
 Inside the block every Parameter the builder makes hands its initial values to ``init``
-(:func:`npddp.nn.module.building`), which keeps elements ``[r*s, (r+1)*s)`` of the flattened
+(:func:`npddp.nn.parameter.building`), which keeps elements ``[r*s, (r+1)*s)`` of the flattened
 values on rank r (``s = ceil(n / N)``) and leaves the Parameter placeholders: read-only zeros
 that occupy no memory. The builder still draws every parameter, in order, from its one seeded
 stream, so the values are the unsharded model's bit for bit; only one parameter exists whole
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from npddp.nn.module import Parameter, building
+from npddp.nn.parameter import Parameter, building
 from npddp.parallel.zero.flat import _absent
 
 

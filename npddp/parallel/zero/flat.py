@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from npddp.nn.module import Parameter
+from npddp.nn.parameter import Parameter
 
 
 class BufferPool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from npddp.nn.module import Parameter
+from npddp.nn.parameter import Parameter
 from npddp.optim import Wrapping
 from npddp.parallel.zero.partition import partition_parameters
 

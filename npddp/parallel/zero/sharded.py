@@ -37,7 +37,8 @@ import time
 
 import numpy as np
 
-from npddp.nn.module import Module, Parameter
+from npddp.nn.module import Module
+from npddp.nn.parameter import Parameter
 from npddp.optim import Wrapping
 from npddp.parallel.buckets import cut_buckets
 from npddp.parallel.ddp import BUCKET_CAP_MB
@@ -46,6 +47,7 @@ from npddp.parallel.zero.flat import BufferPool, FlatGroup
 from npddp.util import tracing
 from npddp.util.shown import shown
 
+#: The ZeRO stages :class:`ZeroDataParallel` runs (stage 1 is :class:`ZeroRedundancyOptimizer` over DDP).
 STAGES = (2, 3)
 
 

@@ -1,1 +1,1 @@
-"""Training checkpoints: the file (fileformat), what it holds (state), sharded files (shardwrite, shardread), --resume (resume), and the script API (saving)."""
+"""The training CLI's checkpoints: --resume's settings and restoring (resume), and the script API (saving: save_checkpoint, load_checkpoint, load_model); the files themselves are :mod:`npddp.checkpoint`'s."""

@@ -18,11 +18,11 @@ import dataclasses
 import json
 import os
 
-import numpy as np
-
-from npddp.train.checkpoint import fileformat
-from npddp.train.checkpoint import state
-from npddp.train.agree import agree, share_text
+from npddp import checkpoint
+from npddp.checkpoint import fileformat
+from npddp.checkpoint.saveload import misfit
+from npddp.checkpoint.stateful import ModelState, TrainState
+from npddp.process.agree import agree, share_text
 from npddp.train.config import Config, ConfigError, fixed_on_resume, flag, inherited_on_resume
 from npddp.process.job import EXIT_USAGE, JobError
 from npddp.train.console.metrics import TOTALS, MetricsLog
@@ -121,79 +121,47 @@ def steps_per_epoch(n_train: int, batch_size: int, world_size: int) -> int:
     return -(-per_rank // local)
 
 
-def _describe(a) -> str:
-    a = np.asarray(a)
-    return f"{tuple(a.shape)} {a.dtype.name}"
-
-
-def incompatibility(ckpt, path, *, named_params, optimizer, ddp, optimizer_name: str,
+def incompatibility(ckpt, path, *, model: ModelState, optim, optimizer_name: str,
                     steps: int | None = None) -> str | None:
     """Why ``ckpt`` cannot continue this run (a message naming both values), or None.
 
     ``steps``: steps per epoch at the checkpoint's world size (checks ``batches_done``).
     """
-    where = f"--resume: checkpoint {os.fspath(path)!r}"
     if steps is not None and ckpt.batches_done >= steps:
-        return (f"{where} says {ckpt.batches_done} batches of the epoch are done, but an epoch of "
-                f"this data has {steps} steps on {ckpt.world_size} ranks; valid: 0..{steps - 1}")
-    mine = [(name, p.data) for name, p in named_params]
-    if list(ckpt.params) != [name for name, _ in mine]:
-        return (f"{where} holds a different model: parameters {list(ckpt.params)} there, "
-                f"{[name for name, _ in mine]} here")
-    lead = (ckpt.world_size,) if ckpt.per_rank else ()
-    for name, data in mine:
-        saved = ckpt.params[name]
-        if saved.shape != lead + data.shape or saved.dtype != data.dtype:
-            return (f"{where} holds a different model: parameter {name!r} is {_describe(saved)} there, "
-                    f"{_describe(np.empty(lead + data.shape, data.dtype))} here")
-    if ckpt.optimizer_name != optimizer_name:
-        return f"{where} holds {ckpt.optimizer_name} state, this run uses {optimizer_name}"
-    template = optimizer.state_dict()
-    if set(template) != set(ckpt.optimizer):
-        return (f"{where} holds optimizer state {sorted(ckpt.optimizer)}, this run's optimizer "
-                f"needs {sorted(template)}")
-    for key, value in template.items():
-        if isinstance(value, np.ndarray) and value.ndim:
-            saved = np.asarray(ckpt.optimizer[key])
-            if saved.shape != lead + value.shape or saved.dtype != value.dtype:
-                return f"{where}: optimizer state {key!r} is {_describe(saved)} there, {_describe(value)} here"
-    errors = {int(k.split(".")[1]): v for k, v in ckpt.hook_state.items() if k.startswith("error.")}
-    if errors and ckpt.world_size == ddp.comm.size:
-        have = {i: int(np.shape(v)[1]) for i, v in sorted(errors.items())}
-        want = {i: int(ddp.buckets[i].buffer.size) if i < len(ddp.buckets) else 0 for i in have}
-        if have != want:
-            return (f"{where} holds comm hook error feedback for buckets of {list(have.values())} elements, "
-                    f"this run's buckets have {list(want.values())}; resume with the saved --sync and --bucket-mb "
-                    f"({_show(ckpt.config.get('sync'))}, {_show(ckpt.config.get('bucket_mb'))})")
-    return None
+        return (f"--resume: checkpoint {os.fspath(path)!r} says {ckpt.batches_done} batches of the epoch are done, "
+                f"but an epoch of this data has {steps} steps on {ckpt.world_size} ranks; valid: 0..{steps - 1}")
+    why = misfit(ckpt, path, model, optim, optimizer_name)
+    return None if why is None else f"--resume: {why}"
 
 
 def restore_into(trainer, ckpt, saved: dict, out, named=None, optimizer=None) -> None:
     """Check ``ckpt`` against ``trainer``'s run and load it (collective); JobError (exit 2) when it does not fit.
 
     ``named``, ``optimizer``: where the parameters and optimizer state go instead of the trainer's
-    (a split model's whole-model targets, :mod:`npddp.train.checkpoint.whole`).
+    (a split model's whole-model targets, :mod:`npddp.parallel.model.whole`).
     """
     cfg, comm = trainer.cfg, trainer.comm
-    named = trainer.model.named_parameters() if named is None else named
-    optimizer = trainer.optimizer if optimizer is None else optimizer
-    message = None
-    if comm.rank == 0:
+    model = ModelState(trainer.model.named_parameters() if named is None else named, trainer.dropouts, trainer.engine)
+    optim = trainer.optimizer if optimizer is None else optimizer
+    position = TrainState()
+
+    def check(ckpt) -> str | None:
         steps = steps_per_epoch(trainer.n_train, cfg.batch_size, ckpt.world_size)
-        message = incompatibility(ckpt, cfg.checkpoint, named_params=named, optimizer=optimizer,
-                                  ddp=trainer.ddp, optimizer_name=cfg.optimizer, steps=steps)
-    message = agree(comm, message)
-    if message:
-        raise JobError(message, EXIT_USAGE)
-    got = state.restore(comm, ckpt, named_params=named, optimizer=optimizer, ddp=trainer.ddp,
-                        dropouts=trainer.dropouts)
+        return incompatibility(ckpt, cfg.checkpoint, model=model, optim=optim, optimizer_name=cfg.optimizer,
+                               steps=steps)
+
+    try:
+        checkpoint.load(comm, cfg.checkpoint, {"model": model, "optim": optim, "train": position},
+                        optimizer=cfg.optimizer, ckpt=ckpt, check=check)
+    except checkpoint.CheckpointError as exc:
+        raise JobError(str(exc), EXIT_USAGE) from None
     if trainer.averager is not None:
-        trainer.averager.step = got["step"]
+        trainer.averager.step = position.step
     trainer.optimizer.lr = cfg.lr
-    trainer.epochs_done, trainer.batches_done, trainer.step = got["epochs_done"], got["batches_done"], got["step"]
+    trainer.epochs_done, trainer.batches_done, trainer.step = position.epochs_done, position.batches_done, position.step
     trainer.saved_at = trainer.step
-    if len(got["totals"]) == len(TOTALS):
-        trainer.totals[:] = got["totals"]
+    if len(position.totals) == len(TOTALS):
+        trainer.totals[:] = position.totals
     trainer.attrs["resumed_from_step"] = trainer.step
     if trainer.log is not None:
         trainer.log, note = MetricsLog.resume(cfg.metrics, trainer.step, trainer.epochs_done)

@@ -5,9 +5,7 @@
                     input_shape=(64,), num_classes=10, epoch=3)      # every rank; rank 0 writes
     position = load_checkpoint("run.h5", ddp, opt)                  # every rank; {"step": ..., ...}
 
-The file is written by :func:`npddp.train.checkpoint.fileformat.write` from the state
-:func:`npddp.train.checkpoint.state.collect` gathers, and read back through :func:`npddp.train.checkpoint.fileformat.read`
-and :func:`npddp.train.checkpoint.state.restore`, so ``python -m npddp.evaluate``, ``python -m npddp.generate``
+The file is written and read back by :func:`npddp.checkpoint.save` and :func:`npddp.checkpoint.load`, so ``python -m npddp.evaluate``, ``python -m npddp.generate``
 and ``python -m npddp.train --checkpoint run.h5 --resume`` take it like one of their own.
 
 What the file cannot learn from the objects, the script says: ``config`` holds the training
@@ -30,13 +28,14 @@ import numpy as np
 from npddp.nn import Dropout
 from npddp.optim import SGD, AdamW
 from npddp.parallel.zero import ShardedOptimizer, ZeroDataParallel, ZeroRedundancyOptimizer
-from npddp.train.checkpoint import fileformat, resume, state
-from npddp.train.agree import agree, share_text
+from npddp import checkpoint
+from npddp.checkpoint import fileformat
+from npddp.checkpoint.stateful import CheckpointedOptimizer, ModelState, RunInfo, TrainState
+from npddp.process.agree import agree, share_text
 from npddp.train.console.banner import transport_of
 from npddp.train.config import Config
 from npddp.train.console.metrics import TOTALS
 from npddp.train.models import build_model
-from npddp.train.sharding import CheckpointedOptimizer
 from npddp.util.runinfo import environment
 
 #: The optimizer classes a checkpoint names, and the names the CLI's ``--optimizer`` gives them.
@@ -124,20 +123,11 @@ def save_checkpoint(path, ddp, optimizer, *, config: dict, input_shape, num_clas
     if comm.rank == 0:
         attrs = {**environment(world_size=comm.size, backend=comm.name, mpi=transport_of(comm) == "mpi"),
                  "model": description, "parameters": ddp.module.num_parameters(), "written_by": "script"}
+    objects = {"model": ModelState(ddp.module.named_parameters(), dropouts, ddp), "optim": opt,
+               "train": TrainState(int(epoch), 0, step, np.zeros(len(TOTALS)), TOTALS)}
+    info = RunInfo(settings, comm.name, name, attrs, input_shape, int(num_classes))
     with ddp.full_parameters():                        # ZeRO-3 gathers the parameters here
-        ckpt = state.collect(comm, named_params=ddp.module.named_parameters(), optimizer=opt, ddp=ddp,
-                             dropouts=dropouts, position=(int(epoch), 0, step), totals=np.zeros(len(TOTALS)),
-                             totals_columns=TOTALS, config=settings, backend=comm.name, optimizer_name=name,
-                             attrs=attrs, input_shape=input_shape, num_classes=int(num_classes))
-    message = None
-    if comm.rank == 0:
-        try:
-            fileformat.write(path, ckpt)
-        except OSError as exc:
-            message = f"cannot write checkpoint {os.fspath(path)!r}: {exc.strerror or exc}"
-    message = agree(comm, message)
-    if message:
-        raise OSError(message)
+        checkpoint.save(comm, path, objects, info=info, whole=True)
 
 
 def load_checkpoint(path, ddp, optimizer=None) -> dict:
@@ -152,44 +142,40 @@ def load_checkpoint(path, ddp, optimizer=None) -> dict:
     comm = ddp.comm
     opt, name = _plain_optimizer(optimizer, comm) if optimizer is not None else (None, "")
     named = ddp.module.named_parameters()
-    ckpt, message, text = None, None, ""
-    with ddp.full_parameters():
-        if comm.rank == 0:
-            try:
-                ckpt = fileformat.read(path)
-                if opt is not None:
-                    message = resume.incompatibility(ckpt, path, named_params=named, optimizer=_Template(opt),
-                                                     ddp=ddp, optimizer_name=name)
-                else:
-                    message = _params_misfit(ckpt, path, named)
-                text = json.dumps(ckpt.config)
-            except fileformat.CheckpointError as exc:
-                message = str(exc)
-        message = agree(comm, message)
-        if message:
-            raise fileformat.CheckpointError(message.removeprefix("--resume: "))
-        config = json.loads(share_text(comm, text))
+    dropouts = [m for _, m in ddp.module.named_modules() if isinstance(m, Dropout)]
+    position = TrainState()
+    with ddp.full_parameters():                        # ZeRO-3: every rank's copy takes the whole parameters
         if opt is None:
-            head = np.array([ckpt.per_rank, ckpt.epochs_done, ckpt.batches_done, ckpt.step] if comm.rank == 0
-                            else [0, 0, 0, 0], dtype=np.int64)
-            comm.broadcast(head, root=0)
-            for key, p in named:
-                if comm.rank == 0:
-                    value = ckpt.params[key]
-                    np.copyto(p.data, value[0] if ckpt.per_rank else value)
-                comm.broadcast(p.data, root=0)
-            return {"epoch": int(head[1]), "batches_done": int(head[2]), "step": int(head[3]), "config": config}
-        dropouts = [m for _, m in ddp.module.named_modules() if isinstance(m, Dropout)]
-        got = state.restore(comm, ckpt, named_params=named, optimizer=opt, ddp=ddp, dropouts=dropouts)
-    return {"epoch": got["epochs_done"], "batches_done": got["batches_done"], "step": got["step"], "config": config}
+            return _load_parameters(comm, path, named)
+        got = checkpoint.load(comm, path, {"model": ModelState(named, dropouts, ddp), "optim": opt,
+                                           "train": position}, optimizer=name)
+    return {"epoch": position.epochs_done, "batches_done": position.batches_done, "step": position.step,
+            "config": got["config"]}
 
 
-class _Template:
-    """An optimizer as the rank-0 check sees it: its state's keys, shapes and dtypes, with nothing exchanged."""
-
-    def __init__(self, optimizer):
-        sharded = isinstance(optimizer, CheckpointedOptimizer)
-        self.state_dict = optimizer.sharded.template_state_dict if sharded else optimizer.state_dict
+def _load_parameters(comm, path, named) -> dict:
+    """Rank 0's parameters (replica 0's under local SGD) on every rank, and where the file stands."""
+    ckpt, message, text = None, None, ""
+    if comm.rank == 0:
+        try:
+            ckpt = fileformat.read(path)
+            message = _params_misfit(ckpt, path, named)
+            text = json.dumps(ckpt.config)
+        except fileformat.CheckpointError as exc:
+            message = str(exc)
+    message = agree(comm, message)
+    if message:
+        raise fileformat.CheckpointError(message)
+    config = json.loads(share_text(comm, text))
+    head = np.array([ckpt.per_rank, ckpt.epochs_done, ckpt.batches_done, ckpt.step] if comm.rank == 0
+                    else [0, 0, 0, 0], dtype=np.int64)
+    comm.broadcast(head, root=0)
+    for key, p in named:
+        if comm.rank == 0:
+            value = ckpt.params[key]
+            np.copyto(p.data, value[0] if ckpt.per_rank else value)
+        comm.broadcast(p.data, root=0)
+    return {"epoch": int(head[1]), "batches_done": int(head[2]), "step": int(head[3]), "config": config}
 
 
 def _params_misfit(ckpt, path, named) -> str | None:
@@ -203,3 +189,27 @@ def _params_misfit(ckpt, path, named) -> str | None:
             return (f"checkpoint {os.fspath(path)!r}: parameter {n!r} is {saved.shape} {saved.dtype} there, "
                     f"{p.data.shape} {p.data.dtype} here")
     return None
+
+
+def load_model(path, rank: int = 0):
+    """The model a checkpoint describes, with its trained parameters, in eval mode.
+
+    Built from the settings stored in the file (``--model``, ``--hidden``, ...) and its
+    ``input_shape`` and ``num_classes``. With local SGD, where replicas differ, rank
+    ``rank``'s replica is loaded. ``model.forward(x)`` then gives logits for rows of
+    ``input_shape`` (flattened for an MLP: see :func:`npddp.train.models.shape_rows`).
+    """
+    ckpt = fileformat.read(path)
+    if not ckpt.input_shape or not ckpt.num_classes:
+        raise fileformat.CheckpointError(f"checkpoint {os.fspath(path)!r} does not record the model's input "
+                                         "shape and classes (written before npddp stored them)")
+    model, _, _ = build_model(ckpt.config, ckpt.input_shape, ckpt.num_classes)
+    if ckpt.per_rank and not 0 <= rank < ckpt.world_size:
+        raise ValueError(f"rank {rank} is out of range; the checkpoint holds replicas 0..{ckpt.world_size - 1}")
+    params = {k: (v[rank] if ckpt.per_rank else v) for k, v in ckpt.params.items()}
+    try:
+        model.load_state_dict(params)
+    except ValueError as exc:
+        raise fileformat.CheckpointError(f"checkpoint {os.fspath(path)!r} does not fit the model it describes: "
+                                         f"{exc}") from None
+    return model.eval()

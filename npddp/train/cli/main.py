@@ -37,25 +37,21 @@ import time
 
 from npddp.train.cli import outputs
 from npddp.train.checkpoint import resume
-from npddp.train import sharding
-from npddp.process import threads
-from npddp.train.agree import agree
+from npddp.train import engines, sharding
+from npddp.process.agree import agree
 from npddp.train.console.banner import header, summary, transport_of
 from npddp.train.config import Config, ConfigError, default_backend
 from npddp.train.cli.parser import load_plugins, parse_args
 from npddp.train.cli.validate import check_config
 from npddp.train.cli import layout
-from npddp.train.cli.mesh import MeshEngine
 from npddp.comm.node.memory import node_ids
 from npddp.comm.transports.base import resolve_transport
 from npddp.comm.transports.mpi import mpi_missing
-from npddp.parallel import hook_registry as hooks
-from npddp.parallel.ddp import DistributedDataParallel
 from npddp.train.cli.inputs import dataset_name, load_data, scaling_warning
-from npddp.util import env, tracing
+from npddp.util import env, threads, tracing
+from npddp.parallel.model.engine import MeshEngine
 from npddp.process.job import EXIT_USAGE, EXIT_WRITE, JobError, open_communicator, run_main
 from npddp.train.models import build_model
-from npddp.optim import make_optimizer
 from npddp.train.console.printer import Printer
 from npddp.util.runinfo import environment
 from npddp.train.trainer import Trainer
@@ -116,7 +112,7 @@ def _run(cfg: Config, given: dict, comm, out: Printer, started: float) -> int:
     env = _environment(cfg, comm, n_threads)
     attrs = {**env, "config": settings, "model": model_text,
              "parameters": model.num_parameters(), "dataset_rows": [ds.n_train, ds.n_val]}
-    ddp, optimizer = _engine(cfg, model, comm, dropouts, init)
+    ddp, optimizer = engines.build(cfg, comm, model, dropouts, ds.num_classes, init)
     if layout.is_split(cfg):
         model = ddp.stage                          # this rank's part; the checkpoint holds the whole model
     trainer = Trainer(cfg, comm, out, ds, model, dropouts, ddp, optimizer, attrs)
@@ -201,23 +197,6 @@ def _inputs_and_model(cfg: Config, comm):
     return settings, ds, model, dropouts, model_text, init
 
 
-def _engine(cfg: Config, model, comm, dropouts, init=None):
-    """The data-parallel wrapper (DDP with its comm hook, a ZeRO stage, or a split model's engine) and its optimizer."""
-    if layout.is_split(cfg):
-        engine = MeshEngine(cfg, comm, model, dropouts)
-        return engine, engine.make_optimizer(cfg)
-    tracer = tracing.Tracer(cfg.trace, comm, cfg.trace_steps) if cfg.trace else None  # None: $NPDDP_TRACE
-    if cfg.zero >= 2:
-        return sharding.build(cfg, model, comm, tracer, init)
-    ddp = DistributedDataParallel(model, comm, sync=cfg.sync, bucket_cap_mb=cfg.bucket_mb, tracer=tracer)
-    ddp.register_comm_hook(*hooks.build(cfg.comm_hook, comm, topk_ratio=cfg.topk_ratio,
-                                        powersgd_rank=cfg.powersgd_rank,
-                                        powersgd_start_iter=cfg.powersgd_start_iter, seed=cfg.seed))
-    optimizer = sharding.shard_optimizer(cfg, ddp, comm) if cfg.zero == 1 else make_optimizer(
-        cfg.optimizer, ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    return ddp, optimizer
-
-
 def _resume_split(trainer: Trainer, engine: MeshEngine, ckpt, saved: dict, out: Printer) -> None:
     """Resume a split model: every rank reads the whole model and optimizer state, then keeps its shards."""
     named, optimizer = engine.resume_targets(trainer.optimizer)
@@ -244,7 +223,7 @@ def _announce(cfg: Config, given: dict, saved, comm, out: Printer, ddp, optimize
         out.info(layout.layout_line(cfg, comm.size) + f"; rank 0 holds {ddp.stage.num_parameters():,} of "
                  f"{ddp.whole_count():,} parameters")
     if cfg.resume:
-        unkept = ddp.unkept_state(cfg) if layout.is_split(cfg) else ""
+        unkept = ddp.unkept_state(cfg.local_sgd, cfg.comm_hook) if layout.is_split(cfg) else ""
         for line in resume.changes(cfg, given, saved, replicas, unkept):
             out.info(line)
     if comm.rank == 0:
@@ -274,7 +253,7 @@ def _train(cfg: Config, comm, out: Printer, trainer: Trainer, ddp, started: floa
             trainer.flush()
             trainer.save("stopped")
         else:
-            trainer.write_files(("metrics",), "complete")
+            trainer.write_metrics("complete")
     except BaseException as exc:
         _trace_failure(ddp.tracer, exc, comm.rank, out)
         raise

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from npddp.util.atomicfile import remove_stale_temps, target_problem
-from npddp.train.checkpoint.fileformat import FORMAT as CHECKPOINT_FORMAT
+from npddp.checkpoint.fileformat import FORMAT as CHECKPOINT_FORMAT
 from npddp.train.console.metrics import FORMAT as METRICS_FORMAT
 from npddp.train.console.printer import format_bytes
 

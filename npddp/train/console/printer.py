@@ -21,8 +21,7 @@ from __future__ import annotations
 import sys
 import time
 
-#: When and how progress within an epoch is shown.
-PROGRESS_MODES = ("auto", "bar", "log", "none")
+from npddp.train.config import PROGRESS_MODES
 
 
 class Printer:

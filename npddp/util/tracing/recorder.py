@@ -20,9 +20,9 @@ done (the training CLI exits 4; a tracer from ``NPDDP_TRACE`` prints it as a war
 :data:`NULL` is the tracer of an untraced run: every method does nothing, and the layers are
 not wrapped at all (:meth:`npddp.nn.Module.trace_layers`), so the hot path is unchanged.
 
-Clocks: ``time.perf_counter_ns``. At construction each rank measures its offset to rank 0 by
-ping-pong over the communicator (``PING_ROUNDS`` rounds, the one with the smallest round trip
-wins) and every time written is on rank 0's clock; the offsets are in the file's ``otherData``.
+Clocks: ``time.perf_counter_ns``. At construction each rank measures its offset to rank 0
+(:mod:`npddp.util.tracing.clocks`) and every time written is on rank 0's clock; the offsets are
+in the file's ``otherData``.
 The communicator is used through ``rank``, ``size``, ``send`` and ``recv`` only.
 """
 
@@ -32,7 +32,6 @@ import contextlib
 import fcntl
 import json
 import os
-import secrets
 import sys
 import time
 from pathlib import Path
@@ -42,6 +41,7 @@ import numpy as np
 from npddp.util import variables
 from npddp.util.atomicfile import target_problem, write_bytes_atomic
 from npddp.util.tracing import chrome
+from npddp.util.tracing.clocks import TAG, clock_offset, job_origin
 
 #: Environment variables that turn tracing on for any script using DDP.
 TRACE_VARIABLE, STEPS_VARIABLE = variables.TRACE.name, variables.TRACE_STEPS.name
@@ -49,8 +49,6 @@ TRACE_VARIABLE, STEPS_VARIABLE = variables.TRACE.name, variables.TRACE_STEPS.nam
 DEFAULT_STEPS = variables.TRACE_STEPS.default
 #: Events one rank keeps at most; later ones are counted as dropped.
 CAPACITY = 1 << 17
-PING_ROUNDS = 32
-_TAG = 3917   # tag of the tracer's point-to-point messages
 
 
 def parse_steps(text: str) -> tuple[int, int]:
@@ -136,44 +134,6 @@ class NullTracer:
 NULL = NullTracer()
 
 
-def clock_offset(comm, rounds: int = PING_ROUNDS) -> tuple[int, int]:
-    """(offset, round trip) in ns of this rank's clock to rank 0's (collective; rank 0 gets (0, 0)).
-
-    Rank r sends its time, rank 0 answers with its own; the offset of the round with the
-    smallest round trip is rank 0's time minus the midpoint of r's send and receive.
-    """
-    now = time.perf_counter_ns
-    msg = np.zeros(1, dtype=np.int64)
-    if comm.rank == 0:
-        for peer in range(1, comm.size):
-            for _ in range(rounds):
-                comm.recv(msg, source=peer, tag=_TAG)
-                msg[0] = now()
-                comm.send(msg, dest=peer, tag=_TAG)
-        return 0, 0
-    best = (2**62, 0)
-    for _ in range(rounds):
-        t1 = now()
-        msg[0] = t1
-        comm.send(msg, dest=0, tag=_TAG)
-        comm.recv(msg, source=0, tag=_TAG)
-        t2 = now()
-        best = min(best, (t2 - t1, int(msg[0]) - (t1 + t2) // 2))
-    return best[1], best[0]
-
-
-def _job_origin(comm) -> tuple[int, int]:
-    """(origin ns on rank 0's clock, job token): rank 0's values, on every rank."""
-    now = time.perf_counter_ns()
-    mine = np.array([now, secrets.randbits(62)], dtype=np.int64)
-    if comm.rank == 0:
-        for peer in range(1, comm.size):
-            comm.send(mine, dest=peer, tag=_TAG)
-        return now, int(mine[1])
-    comm.recv(mine, source=0, tag=_TAG)
-    return int(mine[0]), int(mine[1])
-
-
 def _padded(data: bytes) -> np.ndarray:
     """``data`` zero-padded to whole int64 words, as int64."""
     return np.frombuffer(data + b"\0" * (-len(data) % 8), dtype=np.int64)
@@ -202,7 +162,7 @@ class Tracer:
         self._names: list[str] = []
         self._ids: dict[str, int] = {}
         self.offset_ns, self.rtt_ns = clock_offset(comm)
-        self.origin_ns, self.job = _job_origin(comm)
+        self.origin_ns, self.job = job_origin(comm)
         self.step = 1                         # the optimizer step in progress, from 1
         self._step_start = time.perf_counter_ns()
         self.recording = self.first <= 1
@@ -313,22 +273,22 @@ class Tracer:
                         dtype=np.int64)
         comm = self.comm
         if comm.rank != 0:
-            comm.send(head, dest=0, tag=_TAG)
+            comm.send(head, dest=0, tag=TAG)
             if head[0]:
-                comm.send(np.ascontiguousarray(part.events), dest=0, tag=_TAG)
+                comm.send(np.ascontiguousarray(part.events), dest=0, tag=TAG)
             if head[1]:
-                comm.send(_padded(blob), dest=0, tag=_TAG)
+                comm.send(_padded(blob), dest=0, tag=TAG)
             return
         parts = [part]
         for peer in range(1, comm.size):
-            comm.recv(head, source=peer, tag=_TAG)
+            comm.recv(head, source=peer, tag=TAG)
             n, nbytes, offset, rtt, dropped = (int(v) for v in head)
             events = np.zeros((n, len(chrome.COLUMNS)), dtype=np.int64)
             if n:
-                comm.recv(events, source=peer, tag=_TAG)
+                comm.recv(events, source=peer, tag=TAG)
             raw = np.zeros((nbytes + 7) // 8, dtype=np.int64)
             if nbytes:
-                comm.recv(raw, source=peer, tag=_TAG)
+                comm.recv(raw, source=peer, tag=TAG)
             names = raw.tobytes()[:nbytes].decode().split("\n") if nbytes else []
             parts.append(chrome.RankPart(peer, events, names, offset, rtt, dropped))
         if not self._refused():

@@ -20,9 +20,8 @@ from npddp.parallel.ddp import DistributedDataParallel
 from npddp.parallel.model import Mesh, Pipeline, PipelineStage, mesh_groups, shard_indices, tensor_parallel
 from npddp.parallel.zero import ZeroRedundancyOptimizer
 
-from tests.conftest import world_raw
-from tests.parallel.test_tensor import (CLASSES, FEATURES, GLOBAL_BATCH, STEPS, TOLERANCE, backend,  # noqa: F401
-                                        make_data, make_model)
+from tests.helpers.ranks import world_raw
+from tests.helpers.split import CLASSES, FEATURES, GLOBAL_BATCH, STEPS, TOLERANCE, make_data, make_model
 
 
 def make_net(kind: str):

@@ -1,0 +1,57 @@
+"""The training CLI (``python -m npddp.train``) as a subprocess under mpirun, ``npddp.run`` or plain python, on tiny
+data, and the environment such jobs get."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+# 384 rows, a global batch of 32: 12 steps per epoch on any world size that divides 32
+TINY = ["--train-samples", "384", "--val-samples", "96", "--batch-size", "32", "--hidden", "16",
+        "--epochs", "2", "--dtype", "float64"]
+STEPS_PER_EPOCH = 12
+
+
+def mpirun_path() -> str:
+    """The mpirun beside the interpreter, else the first on PATH."""
+    beside = Path(sys.executable).parent / "mpirun"
+    found = str(beside) if beside.exists() else shutil.which("mpirun")
+    assert found, "no mpirun beside the interpreter or on PATH"
+    return found
+
+
+def clean_env() -> dict:
+    """This environment minus an enclosing MPI job's variables, one BLAS thread per rank."""
+    skip = ("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(skip)}
+    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    return env
+
+
+def train(cwd, *args, n=2, timeout=120, launcher="mpirun") -> subprocess.CompletedProcess:
+    """Run the CLI on ``n`` ranks (n=None: plain python) in ``cwd``, under mpirun or ``npddp.run``."""
+    command = [sys.executable, "-m", "npddp.train", *map(str, args)]
+    if n is not None and launcher == "mpirun":
+        command = [mpirun_path(), "-n", str(n), *command]
+    elif n is not None:
+        command = [sys.executable, "-m", "npddp.run", "--nproc", str(n), "-m", *command[2:]]
+    return subprocess.run(command, cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def ok(proc) -> subprocess.CompletedProcess:
+    """``proc``, once it has exited 0 (else fail with its output)."""
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc
+
+
+def epoch_lines(stdout: str) -> list[str]:
+    """The per-epoch lines of the CLI's output."""
+    return [line for line in stdout.splitlines() if line.startswith("epoch ")]
+
+
+def error_line(proc) -> str:
+    """The one line a refused run prints on stderr (it must be one line starting "error: ")."""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]
