@@ -115,63 +115,47 @@ COMM_LEVELS = (
 )
 
 
-def comm_level(name: str) -> int:
-    """Index in :data:`COMM_LEVELS` of comm module ``name`` (``npddp.comm.x.y``)."""
+def level_of(name: str, levels: tuple) -> int:
+    """Index in ``levels`` (bottom to top) of module ``name`` (``npddp.<package>.x.y``) of that package."""
     first = name.split(".")[2] if name.count(".") >= 2 else ""
-    for index, (_, members) in enumerate(COMM_LEVELS):
+    for index, (_, members) in enumerate(levels):
         if first in members:
             return index
-    raise AssertionError(f"{name} is in no level of COMM_LEVELS; add it where it belongs")
+    raise AssertionError(f"{name} is in no level of its package's levels; add it where it belongs")
 
 
-COMM = sorted(n for n in modules() if n == "npddp.comm" or n.startswith("npddp.comm."))
-
-
-@pytest.mark.parametrize("name", COMM)
-def test_inside_comm_every_import_goes_down_or_stays_level(name):
-    mine = comm_level(name)
-    upward = sorted(f"{t} ({COMM_LEVELS[comm_level(t)][0]})" for t in graph()[name]
-                    if t in COMM and comm_level(t) > mine)
-    assert not upward, f"{name} ({COMM_LEVELS[mine][0]}) imports upward inside comm: {upward}"
-
-
-#: Inside train, top to bottom: a module imports only from its own floor and the floors below it.
+#: Inside train, bottom to top: a module imports only from its own floor and the floors below it.
 #: Each entry: a floor and the train modules (or subpackages) on it.
 TRAIN_FLOORS = (
-    ("commands", ("__main__", "cli", "evaluate", "generate")),    # parse flags, run: python -m npddp.train/...
-    ("loop", ("trainer", "engines")),                              # the training loop; its engine from Config
-    ("checkpoint", ("checkpoint",)),                               # files of a run and resuming one
-    ("sharding", ("sharding",)),                                   # --zero's optimizers and memory line
-    ("console", ("console",)),                                     # what is printed and written as metrics
+    ("base", ("models", "")),                                      # model builders; npddp.train itself
     ("config", ("config", "faults")),                              # the flags as one dataclass, their values read
-    ("base", ("models", "")),                             # decisions shared by ranks, model builders
+    ("console", ("console",)),                                     # what is printed and written as metrics
+    ("sharding", ("sharding",)),                                   # --zero's optimizers and memory line
+    ("checkpoint", ("checkpoint",)),                               # files of a run and resuming one
+    ("loop", ("trainer", "engines")),                              # the training loop; its engine from Config
+    ("commands", ("__main__", "cli", "evaluate", "generate")),    # parse flags, run: python -m npddp.train/...
 )
+#: The packages whose inside runs one way, each with its levels.
+INSIDE = {"comm": COMM_LEVELS, "train": TRAIN_FLOORS}
 
 
-def train_floor(name: str) -> int:
-    """Index in :data:`TRAIN_FLOORS` of train module ``name`` (``npddp.train.x.y``), counted from the top."""
-    first = name.split(".")[2] if name.count(".") >= 2 else ""
-    for index, (_, members) in enumerate(TRAIN_FLOORS):
-        if first in members:
-            return index
-    raise AssertionError(f"{name} is on no floor of TRAIN_FLOORS; add it where it belongs")
+def _inside(package: str) -> list[str]:
+    return sorted(n for n in modules() if n == f"npddp.{package}" or n.startswith(f"npddp.{package}."))
 
 
-TRAIN = sorted(n for n in modules() if n == "npddp.train" or n.startswith("npddp.train."))
-
-
-@pytest.mark.parametrize("name", TRAIN)
-def test_inside_train_every_import_goes_down_or_stays_level(name):
-    mine = train_floor(name)
-    upward = sorted(f"{t} ({TRAIN_FLOORS[train_floor(t)][0]})" for t in graph()[name]
-                    if t in TRAIN and train_floor(t) < mine)
-    assert not upward, f"{name} ({TRAIN_FLOORS[mine][0]}) imports upward inside train: {upward}"
+@pytest.mark.parametrize("package, name", [(p, n) for p in INSIDE for n in _inside(p)])
+def test_inside_comm_and_train_every_import_goes_down_or_stays_level(package, name):
+    levels, members = INSIDE[package], set(_inside(package))
+    mine = level_of(name, levels)
+    upward = sorted(f"{t} ({levels[level_of(t, levels)][0]})" for t in graph()[name]
+                    if t in members and level_of(t, levels) > mine)
+    assert not upward, f"{name} ({levels[mine][0]}) imports upward inside {package}: {upward}"
 
 
 def test_the_floor_checks_catch_a_loop_importing_the_cli_and_a_circle_through_the_console():
     """Both checks see the two upward imports train once had (trainer -> cli, config -> console)."""
     def upward(name, target):
-        return train_floor(target) < train_floor(name)
+        return level_of(target, TRAIN_FLOORS) > level_of(name, TRAIN_FLOORS)
     assert upward("npddp.train.trainer", "npddp.train.cli.validate")
     assert upward("npddp.train.config", "npddp.train.console.printer")
     assert not upward("npddp.train.console.banner", "npddp.train.config")
