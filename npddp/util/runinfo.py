@@ -2,7 +2,7 @@
 
 * :func:`environment` returns the run's environment as a flat dict of HDF5-friendly
   scalars and strings (schema version, world size, backend, MPI library, package versions,
-  host, CPU, threads per rank, UTC time, git commit when known).
+  host, CPU, threads per rank, UTC time, load average when written, git commit when known).
 * :func:`write_attrs` stores a mapping (or a dataclass, or an ``argparse.Namespace``) as
   attributes; :func:`read_attrs` reads them back as plain Python values.
 
@@ -63,6 +63,9 @@ def environment(world_size: int | None = None, backend: str | Sequence[str] | No
     info["logical_cores"] = os.cpu_count() or 0
     info["threads_per_rank"] = _threads_per_rank()
     info["time_utc"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    load = _load_average()
+    if load:
+        info["load_average"] = load
     commit = _git_commit()
     if commit:
         info["git_commit"] = commit
@@ -114,6 +117,14 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or ""
+
+
+def _load_average() -> str:
+    """The 1-, 5- and 15-minute load averages as "a b c" ("" where the OS does not tell)."""
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except (AttributeError, OSError):
+        return ""
 
 
 def _threads_per_rank() -> int:

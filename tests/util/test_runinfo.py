@@ -34,6 +34,7 @@ def test_environment_has_every_field_with_its_type():
     assert stamp.utcoffset() == datetime.timedelta(0)
     assert abs((datetime.datetime.now(datetime.timezone.utc) - stamp).total_seconds()) < 60
     assert env["logical_cores"] == (os.cpu_count() or 0)
+    assert re.fullmatch(r"\d+\.\d\d \d+\.\d\d \d+\.\d\d", env["load_average"]), env["load_average"]
 
 
 def test_environment_values_are_storable_as_attributes(tmp_path):
