@@ -4,7 +4,7 @@ Layout (``schema_version`` 2)::
 
     /              attributes: format = "npddp-benchmark", kind, schema_version, world_size, the
                    run's environment (npddp.util.runinfo: MPI library, versions, host, CPU, threads,
-                   time_utc, git_commit), argv, config (JSON) and config.<option>, and what the
+                   time_utc, load_average, git_commit), argv, config (JSON) and config.<option>, and what the
                    producer adds (models, lr, ...)
     /table         attribute columns: the column names in order; one 1-D dataset per column, in
                    that order (h5py lists them so), each with attributes doc and unit; ints
