@@ -14,7 +14,7 @@ part sits between a marker and ``<!-- end -->``; the marker says what to draw::
 
 Table options: ``columns=a,b,c`` (a plain table) or ``rows=R cols=C values=V`` (one row per value of R,
 one column per value of C); ``where=col:value,col:value`` keeps matching rows; ``scale`` multiplies the
-values; ``fmt`` is their format (default ``.3g``); ``ratio=NAME`` divides each row by its column NAME
+values; ``fmt`` is their format (default: about 3 digits, no exponent); ``ratio=NAME`` divides each row by its column NAME
 and leaves that column out. A ``bytes`` column reads as 1K, 4M. Figure options: ``name`` (the PNG's
 stem), ``x``, ``y``, ``series``, ``where``, ``scale``, ``title``; sizes go on a log axis.
 
@@ -91,6 +91,14 @@ def _need(columns: dict, name: str) -> None:
         raise PageError(f"no column {name!r}; the dump has: {', '.join(columns)}")
 
 
+def _short(x: float) -> str:
+    """About 3 significant digits, never an exponent: 5631.2 -> "5631", 12.34 -> "12.3", 0.00166 -> "0.00166"."""
+    size = abs(x)
+    if size >= 100 or x == 0:
+        return f"{x:.0f}"
+    return f"{x:.1f}" if size >= 10 else f"{x:.2f}" if size >= 1 else f"{x:.3g}"
+
+
 def _cell(name: str, value) -> str:
     """A label cell: sizes as 1K/4M, others as text."""
     return format_size(int(value)) if name == "bytes" else str(value)
@@ -112,10 +120,10 @@ def provenance(dump: str, meta: dict) -> str:
 def table(columns: dict, options: dict) -> str:
     """The Markdown table a table marker asks for."""
     columns = select(columns, options.get("where"))
-    fmt, scale = options.get("fmt", ".3g"), float(options.get("scale", 1))
+    fmt, scale = options.get("fmt"), float(options.get("scale", 1))
 
     def number(value) -> str:
-        return "" if value is None else format(float(value) * scale, fmt)
+        return "" if value is None else format(float(value) * scale, fmt) if fmt else _short(float(value) * scale)
     if "columns" in options:
         names = options["columns"].split(",")
         for name in names:
