@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 SHOTS = ROOT / "docs-screenshots"
 #: The pages the browser opens: home, guide pages (code blocks; figures), a reference page, a results page (tables, figures).
-OPENED = ("", "guide/quickstart/", "guide/benchmarks/", "reference/comm/", "results/2026-11-26-mpi-algorithms/")
+OPENED = ("", "guide/quickstart/", "guide/benchmarks/", "reference/comm/", "results/2026-12-02-allreduce-n2/")
 #: Widths of the screenshots: a laptop's and a phone's (CSS pixels) and their heights.
 VIEWPORTS = {"laptop": (1366, 900, False), "phone": (390, 844, True)}
 #: Screenshots show the top of a page down to this many CSS pixels (tables and code blocks, not only the title).
