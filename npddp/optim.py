@@ -5,7 +5,9 @@
 * ``AdamW``: p *= 1 - lr*wd;  m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g;
              p -= (lr / (1 - b1**t)) * m / (sqrt(v) / sqrt(1 - b2**t) + eps).
 
-All state and scratch is allocated at construction, so ``step`` allocates no arrays.
+All state and scratch is allocated at construction, so ``step`` allocates no arrays. Scratch is
+one buffer per dtype the size of the largest parameter, shared by every parameter's update in
+turn (:func:`_scratch`): a per-parameter copy would hold as much memory as the parameters.
 Hyperparameters are kept as Python floats, so float32 parameters stay float32.
 ``state_dict()`` is flat -- NumPy arrays and scalars under keys such as ``"step"``, ``"lr"``,
 ``"exp_avg.3"`` -- ready for HDF5; ``load_state_dict`` restores it exactly, in place.
@@ -162,7 +164,7 @@ class SGD(Optimizer):
         self.buffers = self._buffers_for(values)
         if self.buffers:
             self.state["momentum_buffer"] = [np.zeros_like(p.data) for p in self.params]
-        self._u = [np.empty_like(p.data) for p in self.params]   # the step, then lr * step
+        self._u = _scratch(self.params)                          # the step, then lr * step
         self._g = None                                           # grad + wd * p, made when wd > 0
         self._set_hyper(values)
 
@@ -189,7 +191,7 @@ class SGD(Optimizer):
         bufs = self.state.get("momentum_buffer")
         first = self.step_count == 0
         if wd and self._g is None:                               # once, not per step
-            self._g = [np.empty_like(p.data) for p in self.params]
+            self._g = _scratch(self.params)
         for i, p in enumerate(self.params):
             w, g, u = p.data, p.grad, self._u[i]
             if wd:
@@ -228,7 +230,7 @@ class AdamW(Optimizer):
         self._set_hyper(self._check_hyper(betas[0], betas[1], eps, weight_decay))
         self.state["exp_avg"] = [np.zeros_like(p.data) for p in self.params]
         self.state["exp_avg_sq"] = [np.zeros_like(p.data) for p in self.params]
-        self._s = [np.empty_like(p.data) for p in self.params]   # scratch
+        self._s = _scratch(self.params)
 
     @staticmethod
     def _check_hyper(beta1, beta2, eps, weight_decay) -> dict:
@@ -272,6 +274,15 @@ class AdamW(Optimizer):
             np.multiply(s, step_size, out=s)
             np.subtract(w, s, out=w)                              # p -= step_size * m / denom
         self.step_count = t
+
+
+def _scratch(params) -> list[np.ndarray]:
+    """A scratch view per parameter, of its shape and dtype, into one buffer per dtype as large as the largest."""
+    sizes: dict = {}
+    for p in params:
+        sizes[p.data.dtype] = max(sizes.get(p.data.dtype, 0), p.data.size)
+    buffers = {dtype: np.empty(n, dtype) for dtype, n in sizes.items()}
+    return [buffers[p.data.dtype][:p.data.size].reshape(p.data.shape) for p in params]
 
 
 def make_optimizer(name: str, params, *, lr: float, momentum: float = 0.0,

@@ -146,6 +146,36 @@ def test_step_allocates_no_parameter_sized_arrays(make):
     assert peak < 64 * 1024, f"step allocated up to {peak} bytes"
 
 
+@pytest.mark.parametrize("make", [lambda ps: SGD(ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-2),
+                                  lambda ps: AdamW(ps, lr=1e-2)])
+def test_scratch_is_one_buffer_per_dtype_the_size_of_the_largest_parameter(make):
+    """Construction allocates state and one shared scratch, not a scratch per parameter; steps stay the per-parameter
+    arithmetic bit for bit (each parameter stepped alone by its own optimizer gives the same values)."""
+    rng = np.random.default_rng(3)
+    shapes = [(64, 32), (32,), (16, 16), (64,), (48, 32), (40, 40)]
+    ps = [Parameter(rng.standard_normal(s)) for s in shapes]
+    alone = [Parameter(p.data.copy()) for p in ps]
+    tracemalloc.start()
+    try:
+        opt = make(ps)
+        built, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    state = sum(a.nbytes for arrays in opt.state.values() for a in arrays)
+    largest, total = max(p.data.nbytes for p in ps), sum(p.data.nbytes for p in ps)
+    scratch = built - state
+    assert largest <= scratch < largest + 8 * 1024 < total, (scratch, largest, total)
+    singles = [make([a]) for a in alone]
+    for _ in range(3):
+        for p, a in zip(ps, alone):
+            p.grad[...] = a.grad[...] = rng.standard_normal(p.shape)
+        opt.step()
+        for single in singles:
+            single.step()
+    for p, a in zip(ps, alone):
+        assert p.data.tobytes() == a.data.tobytes()
+
+
 def test_zero_grad_and_lr_setting():
     p = Parameter(np.ones(3))
     g = p.grad

@@ -15,7 +15,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from npddp.nn._check import cached, check_dout, check_dtype_arg, check_input, check_positive_int, check_rng
-from npddp.nn.init import get_init
+from npddp.nn.init import draw
 from npddp.nn.module import Module
 from npddp.nn.parameter import Parameter
 
@@ -61,7 +61,7 @@ class Conv2d(Module):
         kh, kw = self.kernel_size
         fan_in = self.in_channels * kh * kw
         shape = (self.out_channels, self.in_channels, kh, kw)
-        self.weight = Parameter(get_init(init)(rng, shape, fan_in, self.dtype))   # (O, C, kh, kw)
+        self.weight = Parameter(draw(init, rng, shape, fan_in, self.dtype))   # (O, C, kh, kw)
         self.bias = Parameter(np.zeros(self.out_channels, self.dtype)) if bias else None  # (O,)
         self.input_grad = bool(input_grad)
         self._dw = np.empty((self.out_channels, fan_in), self.dtype)  # (O, K) scratch for dL/dW

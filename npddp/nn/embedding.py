@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from npddp.nn._check import cached, check_dout, check_dtype_arg, check_positive_int, check_rng
+from npddp.nn.init import normal
 from npddp.nn.module import Module
 from npddp.nn.parameter import Parameter
 
@@ -27,7 +28,7 @@ class Embedding(Module):
             raise ValueError(f"init_std must be a number >= 0, got {init_std!r}")
         rng = check_rng(rng)
         shape = (self.num_embeddings, self.embedding_dim)
-        self.weight = Parameter((rng.standard_normal(shape) * init_std).astype(self.dtype))  # (V, d)
+        self.weight = Parameter(normal(rng, shape, init_std, self.dtype))  # (V, d)
         self._idx = None
 
     def forward(self, idx: np.ndarray) -> np.ndarray:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from npddp.nn._check import cached, check_dout, check_dtype_arg, check_float_array, check_last_dim, check_positive_int, check_rng
-from npddp.nn.init import get_init
+from npddp.nn.init import draw, normal
 from npddp.nn.module import Module
 from npddp.nn.parameter import Parameter
 
@@ -44,9 +44,9 @@ class Linear(Module):
         elif init_std is not None:
             if not (isinstance(init_std, (int, float)) and init_std >= 0):
                 raise ValueError(f"init_std must be a number >= 0, got {init_std!r}")
-            self.weight = Parameter((rng.standard_normal(shape) * init_std).astype(self.dtype))  # (out, in)
+            self.weight = Parameter(normal(rng, shape, init_std, self.dtype))  # (out, in)
         else:
-            self.weight = Parameter(get_init(init)(rng, shape, self.in_features, self.dtype))   # (out, in)
+            self.weight = Parameter(draw(init, rng, shape, self.in_features, self.dtype))   # (out, in)
         self.bias = Parameter(np.zeros(self.out_features, self.dtype)) if bias else None   # (out,)
         self.input_grad = bool(input_grad)
         self._x = None

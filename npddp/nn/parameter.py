@@ -8,8 +8,11 @@ Contract used by DDP and ZeRO:
   marked zero, the next backward overwrites it instead of adding (no pass of zeros, no
   temporary), and reading ``grad`` before that writes the zeros. Code that reads gradient
   memory other than through ``grad`` (a bucket) calls :func:`settle_grads` first.
-* ``building(sink)``: a context within which every Parameter made hands its initial values to
-  ``sink(parameter, values)`` instead of keeping them, in the order the parameters are made;
+* ``Parameter(values)`` takes an array or a :class:`npddp.nn.init.Draw` (values not yet drawn,
+  which it draws whole).
+* ``building(sink)``: a context within which every Parameter made hands its initial values (an
+  array or a ``Draw``) to ``sink(parameter, values)`` instead of keeping them, in the order the
+  parameters are made; a sink drawing a ``Draw`` keeps the stream's order;
   the sink sets what the parameter holds (ZeRO-3 keeps this rank's part and leaves
   placeholders that occupy no memory, so no rank ever holds the whole model). Scoped to the
   ``with`` block and to the thread or task that entered it.
@@ -23,18 +26,22 @@ from typing import Callable
 
 import numpy as np
 
+from npddp.nn.init import Draw
+
 
 class Parameter:
     """A trainable array with its gradient buffer, allocated together."""
 
     __slots__ = ("data", "_grad", "_zero")
 
-    def __init__(self, data: np.ndarray):
+    def __init__(self, data: np.ndarray | Draw):
         self._zero = False   # zero_grad was called and nothing has written the gradient since
         sink = _SINK.get()
         if sink is not None:   # inside building(sink): the sink sets data and grad
-            sink(self, np.asarray(data))
+            sink(self, data if isinstance(data, Draw) else np.asarray(data))
             return
+        if isinstance(data, Draw):
+            data = data.array()
         self.data = np.ascontiguousarray(data)
         self._grad = np.zeros(self.data.shape, self.data.dtype)   # calloc'd: no memory until written
 

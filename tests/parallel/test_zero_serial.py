@@ -83,3 +83,54 @@ def test_state_dict_before_consolidation_is_a_clear_error():
     with pytest.raises(RuntimeError, match=r"consolidate_state_dict\(to=RANK\)"):
         opt.state_dict()
     assert isinstance(opt, ShardedOptimizer) and isinstance(opt.optim, AdamW)
+
+
+class _RankOf:
+    """Stands in for rank ``rank`` of ``size`` where ShardedInit only asks which rank it is."""
+
+    def __init__(self, rank, size):
+        self.rank, self.size = rank, size
+
+
+@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("kind", ["mlp", "cnn", "gpt"])
+def test_sharded_build_pieces_are_the_whole_build_cut_bit_for_bit(size, kind, monkeypatch):
+    """Each simulated rank's pieces, drawn in chunks smaller than a parameter, concatenate to the whole build's values."""
+    from npddp.nn import init as init_module
+    from npddp.parallel.zero import ShardedInit
+    monkeypatch.setattr(init_module, "CHUNK", 7)                   # cuts every weight across chunks and ranks
+    whole = make_model(kind, "float32").parameters()
+    pieces = []
+    for rank in range(size):
+        init = ShardedInit(_RankOf(rank, size))
+        with init:
+            model = make_model(kind, "float32")
+        assert all(p.data.strides == (0,) * p.data.ndim for p in model.parameters())
+        pieces.append([init.pieces[id(p)] for p in model.parameters()])
+    for i, p in enumerate(whole):
+        got = np.concatenate([pieces[r][i] for r in range(size)])[:p.data.size]
+        assert got.tobytes() == p.data.reshape(-1).tobytes(), f"parameter {i} {p.shape}"
+
+
+def test_sharded_build_never_allocates_a_whole_parameter(monkeypatch):
+    """While a rank builds its shards, its traced peak stays below its 1/N of the model plus one chunk, and
+    below the largest parameter (the tied embedding, over half the model): the values are drawn a chunk at a time, never whole."""
+    import tracemalloc
+    from npddp.nn import gpt
+    from npddp.nn import init as init_module
+    from npddp.parallel.zero import ShardedInit
+    monkeypatch.setattr(init_module, "CHUNK", 1024)
+    build = lambda: gpt(4096, 16, d_model=64, num_layers=2, num_heads=2, d_ff=128, dtype=np.float64, seed=3)
+    params = build().parameters()
+    whole, largest = sum(p.data.nbytes for p in params), max(p.data.nbytes for p in params)
+    init = ShardedInit(_RankOf(1, 2))
+    tracemalloc.start()
+    try:
+        with init:
+            build()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    chunk = 3 * 1024 * 8 + 96 * 1024                               # a chunk drawn and scaled; the modules' objects
+    assert init.held_bytes() <= whole / 2 + 8 * len(params)
+    assert peak < whole / 2 + chunk and peak < largest, (peak, whole, largest)

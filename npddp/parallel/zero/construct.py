@@ -9,9 +9,11 @@ As DeepSpeed's ``zero.Init`` and FSDP's deferred initialisation do::
 Inside the block every Parameter the builder makes hands its initial values to ``init``
 (:func:`npddp.nn.parameter.building`), which keeps elements ``[r*s, (r+1)*s)`` of the flattened
 values on rank r (``s = ceil(n / N)``) and leaves the Parameter placeholders: read-only zeros
-that occupy no memory. The builder still draws every parameter, in order, from its one seeded
-stream, so the values are the unsharded model's bit for bit; only one parameter exists whole
-at a time (while it is drawn). The engine then regroups the pieces into its flat groups'
+that occupy no memory. A parameter whose values come as a :class:`npddp.nn.init.Draw` (every
+drawn weight) is drawn ``init.CHUNK`` values at a time, keeping only the rank's slice, so no
+parameter exists whole on any rank; the stream still advances past every value in order, so
+the values are the unsharded model's bit for bit. (Values a layer makes whole, such as zero
+biases and unit norm weights, are sliced as they come: they occupy no memory until written.) The engine then regroups the pieces into its flat groups'
 shards, one parameter at a time (an all-gather of its N pieces), and frees them: no rank ever
 holds all parameters.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from npddp.nn.init import Draw
 from npddp.nn.parameter import Parameter, building
 from npddp.parallel.zero.flat import _absent
 
@@ -41,14 +44,17 @@ class ShardedInit:
         scope, self._scope = self._scope, None
         return scope.__exit__(*exc)
 
-    def __call__(self, param: Parameter, values: np.ndarray) -> None:
+    def __call__(self, param: Parameter, values: np.ndarray | Draw) -> None:
         """Keep this rank's piece of ``values``; ``param`` gets placeholders of their shape and dtype."""
-        flat = values.reshape(-1)
         size, rank = self.comm.size, self.comm.rank
-        s = -(-flat.size // size)
+        n = values.size
+        s = -(-n // size)
+        lo, hi = min(rank * s, n), min((rank + 1) * s, n)
         piece = np.zeros(s, dtype=values.dtype)                       # (s,)
-        mine = flat[rank * s:(rank + 1) * s]
-        piece[:mine.size] = mine
+        if isinstance(values, Draw):
+            values.slice(lo, hi, piece)
+        else:
+            piece[:hi - lo] = values.reshape(-1)[lo:hi]
         self.pieces[id(param)] = piece
         param.data = _absent(values.shape, values.dtype)
         param.grad = _absent(values.shape, values.dtype)
