@@ -24,10 +24,10 @@ PIPELINED = ("ring",)
 #: The schedules MPI's default selection chooses between (its price: the cheaper one).
 LIBRARY_SCHEDULES = ("rd", "rabenseifner")
 #: On one node, MPI's own all-reduce goes first up to this many bytes, ``shm`` beyond, per MPI library (its
-#: :attr:`~npddp.util.mpilibs.MPILibrary.name`; another library: 0): about where, at N = 2 on ordinary arrays,
-#: ``auto``'s path to MPI's own (a node barrier, then MPI's blocking call) stops beating ``shm``
-#: (docs/results/2026-12-02-auto-and-mpi.md).
-LIBRARY_NODE_BYTES = {"MPICH": 0, "Open MPI": 8 << 10, "Intel MPI": 256 << 10}
+#: :attr:`~npddp.util.mpilibs.MPILibrary.name`; another library: 0): where, at N = 2 on ordinary arrays,
+#: ``auto``'s path to MPI's own (a node barrier, then MPI's blocking call) stops beating ``shm``; 0 for each, as
+#: measured so far (docs/results/2026-12-02-auto-and-mpi.md).
+LIBRARY_NODE_BYTES = {"MPICH": 0, "Open MPI": 0, "Intel MPI": 0}
 
 
 def candidates() -> tuple:
