@@ -11,6 +11,8 @@ plain loop with nothing else in it:
 * ``raw``: ``MPI.COMM_WORLD.Allreduce(x, y)`` through mpi4py, outside npddp.
 * ``mpi``, ``auto``, ``shm``, ``rd``, ``ring``: ``comm.allreduce(x, out=y)`` of ``create(name)``
   with default settings; ``rd/tcp``, ``ring/tcp`` over the tcp transport.
+* ``rabenseifner``, ``tree``: the other hand-written algorithms, as ``rd`` and ``ring`` are run.
+* ``auto/mpi``: ``auto`` pinned to MPI's own all-reduce (its check, then MPI's call), as ``auto`` runs it.
 * ``mpi/unchecked`` (``check_args=False``), ``mpi/inf`` (and ``timeout=inf`` too): what the
   ``mpi`` backend's argument check and deadline cost.
 * ``bare-rd``, ``bare-ring``: the messages of ``rd`` and ``ring`` at N = 2 and nothing else, over
@@ -22,7 +24,9 @@ size and every column in turn (the first column one later each round) runs a bar
 ``calls`` all-reduces timed together; its time per call is the maximum over ranks. ``calls`` is
 sized once per size and column from warm-up calls to take about ``--block`` seconds. A table
 per size gives each column's median over rounds, its spread (min-max, in percent of the
-median) and the ratio to ``raw``. Each column's result is checked once against NumPy's.
+median) and the ratio to ``raw``; with ``auto`` among the columns, a last line gives ``auto``'s
+median over the smallest median of every other column except the ``bare-`` and ``mpi/`` ones
+(raw MPI and every algorithm as its own backend). Each column's result is checked once against NumPy's.
 """
 
 from __future__ import annotations
@@ -43,7 +47,9 @@ from mpi4py import MPI
 from benchmarks import _common as bc
 from npddp import comm as npcomm
 
-COLUMNS = ("raw", "mpi", "mpi/unchecked", "mpi/inf", "auto", "shm", "rd", "ring", "bare-rd", "bare-ring",
+COLUMNS = ("raw", "mpi", "mpi/unchecked", "mpi/inf", "auto", "shm", "rd", "ring", "rabenseifner", "tree",
+           "auto/mpi",
+           "bare-rd", "bare-ring",
            "rd/tcp", "ring/tcp", "bare-rd/tcp", "bare-ring/tcp")
 DEFAULT_COLUMNS = "raw,mpi,auto,shm,rd,ring,bare-rd,bare-ring,rd/tcp,ring/tcp,bare-rd/tcp,bare-ring/tcp"
 
@@ -105,6 +111,10 @@ def build(column: str, world, tcp):
     name, _, variant = column.partition("/")
     if variant == "tcp":
         return npcomm.create(name, tcp.transport())
+    if variant == "mpi":
+        comm = npcomm.create(name)
+        comm.pin("mpi")
+        return comm
     if variant == "unchecked":
         return npcomm.create(name, check_args=False)
     if variant == "inf":
@@ -162,12 +172,13 @@ def main(argv=None) -> int:
                 t = np.array([loop(objs[col], world, x, y, calls[nbytes, col])])
                 world.Allreduce(MPI.IN_PLACE, t, op=MPI.MAX)
                 times[nbytes, col].append(float(t[0]))
+    picks = {b: objs["auto"].algorithm_for(b, np.float32) for b in sizes} if "auto" in objs else {}
     if rank == 0:
-        report(sizes, columns, times, n, args)
+        report(sizes, columns, times, n, args, picks)
     return 0
 
 
-def report(sizes, columns, times, n: int, args) -> None:
+def report(sizes, columns, times, n: int, args, picks: dict) -> None:
     """Print one table per size; write the JSON when asked."""
     load = open("/proc/loadavg").read().split()[:3] if Path("/proc/loadavg").exists() else []
     print(f"# floor: N={n}, float32 sum, {args.rounds} rounds, MPI {MPI.Get_library_version().splitlines()[0]}"
@@ -183,6 +194,12 @@ def report(sizes, columns, times, n: int, args) -> None:
             ratio = f"{med / raw:7.2f}" if raw else ""
             print(f"{'':6}  {col:<14} {med * 1e6:10.2f} {spread:9.0f} {ratio}")
             out[f"{nbytes}/{col}"] = {"median_us": med * 1e6, "min_us": t.min() * 1e6, "max_us": t.max() * 1e6}
+        rivals = [c for c in columns if c != "auto" and not c.startswith(("bare-", "mpi/", "auto/"))]
+        if "auto" in columns and rivals:
+            best = min(rivals, key=lambda c: float(np.median(times[nbytes, c])))
+            ratio = float(np.median(times[nbytes, "auto"]) / np.median(times[nbytes, best]))
+            print(f"{'':6}  auto (runs {picks[nbytes]}) / best ({best}): {ratio:.2f}")
+            out[f"{nbytes}/auto-over-best"] = {"ratio": ratio, "best": best, "auto_runs": picks[nbytes]}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
 

@@ -115,11 +115,15 @@ def auto() -> str:
              "per setting and world size: each algorithm up to the size where the next one becomes cheaper by the cost "
              "model. Generated from `npddp/comm/compose/costmodel.py` and the constants of `npddp/comm/engine/cost.py` "
              "by `python docs/generate.py`; why: [the cost model and `auto`](../design/auto.md). With every rank on one "
-             "node and shared memory on (the default), `auto` runs `shm` at every size.\n"]
+             "node and shared memory on (the default), `auto` runs `shm`, over MPI after MPI's own all-reduce up to a "
+             "bound per MPI library (table below).\n"]
     for title, kw in settings:
         rows = [f"| {n} | {_steps(c.model_table(size=n, **kw))} |" for n in ranks
                 if kw.get("per_node", 1) < n and n % kw.get("per_node", 1) == 0]
         parts.append(f"## {title}\n\n| ranks | algorithm by size |\n|---|---|\n" + "\n".join(rows) + "\n")
+    rows = [f"| {name} | {_steps(c.node_table(2, name))} |" for name in c.LIBRARY_NODE_BYTES]
+    parts.append("## One node, shared memory on, over MPI (any number of ranks above one)\n\n"
+                 "| MPI library | algorithm by size |\n|---|---|\n" + "\n".join(rows) + "\n")
     return "\n".join(parts)
 
 

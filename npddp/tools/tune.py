@@ -201,7 +201,7 @@ def defaults(comms: dict, transport: str, size: int, nodes: list):
     across = len(set(nodes)) > 1
     per_node = len(nodes) // len(set(nodes)) if "hier" in comms else 1
     library = LIBRARY in comms
-    steps = node_table(size, library) if "shm" in comms else model_table(transport, size, across_nodes=across,
+    steps = node_table(size, comms[LIBRARY].algorithms[LIBRARY].library if library else None) if "shm" in comms else model_table(transport, size, across_nodes=across,
                                                                          per_node=per_node, library=library)
     return lambda nbytes: next(a for limit, a in steps if limit is None or nbytes <= limit)
 

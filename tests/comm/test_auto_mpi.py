@@ -18,8 +18,10 @@ import pytest
 
 from npddp.comm import DTYPES, OPS, CollectiveMismatchError, create
 from npddp.comm.compose.costmodel import LIBRARY_NODE_BYTES, candidates, model_table, node_table
+from npddp.comm.compose.library import library_name
 from npddp.comm.compose.tuning import FORMAT, VERSION, check_table
 from npddp.comm.algorithms.registry import LIBRARY
+from npddp.util.mpilibs import LIBRARIES
 
 from tests.comm.conftest import one_rank_group
 from tests.helpers.collectives import run_case, sizes
@@ -38,10 +40,22 @@ def table_file(path, transport: str, size: int, steps) -> str:
     return str(path)
 
 
-def test_on_one_node_the_model_keeps_shm_at_every_size_as_measured():
-    # auto's MPI path is shm's check plus MPI's call: on one node the model never puts it ahead (the tuner may)
-    assert LIBRARY_NODE_BYTES == 0
-    assert node_table(2, library=True) == node_table(2) == [[None, "shm"]]
+@pytest.mark.parametrize("library", [*(lib.name for lib in LIBRARIES), "another MPI", None])
+@pytest.mark.parametrize("size", [1, 2, 3, 8])
+def test_on_one_node_mpi_goes_first_up_to_its_library_s_bound_then_shm(library, size):
+    steps = node_table(size, library)
+    bound = LIBRARY_NODE_BYTES.get(library, 0) if library and size > 1 else 0
+    for nbytes in [0, 1, 1024, 4096, 8192, 16384, 65536, 262144, 262145, 1 << 20, 64 << 20]:
+        pick = next(a for m, a in steps if m is None or nbytes <= m)
+        assert pick == (LIBRARY if nbytes <= bound and bound > 0 else "shm"), (library, size, nbytes, steps)
+    assert steps[-1] == [None, "shm"] and node_table(size) == [[None, "shm"]]
+
+
+def test_every_library_has_a_bound_and_the_running_one_is_named():
+    assert set(LIBRARY_NODE_BYTES) == {lib.name for lib in LIBRARIES}
+    assert all(isinstance(b, int) and 0 <= b <= 1 << 20 for b in LIBRARY_NODE_BYTES.values())
+    if not TCP_MODE:
+        assert library_name() in LIBRARY_NODE_BYTES
 
 
 @pytest.mark.parametrize("size", [2, 3, 4, 8])
@@ -77,7 +91,7 @@ def test_the_candidate_and_its_table_over_each_transport(world, tmp_path, assert
     if world.tcp:
         ok = LIBRARY not in comm.algorithms and LIBRARY not in {a for _, a in steps}
     elif comm.shared_memory:   # every rank on this machine: MPI's own first, then shm
-        ok = LIBRARY in comm.algorithms and steps == node_table(world.size, library=True)
+        ok = LIBRARY in comm.algorithms and steps == node_table(world.size, library_name())
     else:                      # pretended nodes: a candidate the model prices as a tie, in hier's group across too
         hier = comm.algorithms.get("hier")
         ok = LIBRARY in comm.algorithms and (hier is None or LIBRARY in hier.inter.algorithms)
@@ -202,7 +216,8 @@ def test_the_tuner_over_mpi_times_mpi_beside_the_others_and_writes_a_table_auto_
     data = json.loads(out.read_text())
     assert data["transport"] == "mpi" and data["sizes"] == [1024, 4096, 16384]
     assert check_table(data, "mpi", 2, node=True, library=True) == data["table"]
-    defaults = [next(a for m, a in node_table(2, library=True) if m is None or n <= m) for n in data["sizes"]]
-    assert defaults == ["shm", "shm", "shm"]   # the default it keeps unless another wins every round
+    steps = node_table(2, library_name())
+    defaults = [next(a for m, a in steps if m is None or n <= m) for n in data["sizes"]]
+    assert set(defaults) <= {"shm", LIBRARY}   # the default it keeps unless another wins every round
     assert all(w == d or f"faster than default {d} in every round" in note
                for w, d, note in zip(data["winners"], defaults, data["notes"])), data["notes"]

@@ -15,8 +15,9 @@ more than one, hier's composition joins them (:func:`~npddp.comm.compose.costmod
 best algorithm between nodes). ``NPDDP_AUTO_SHM=0`` keeps both shared-memory paths out.
 
 Over the MPI transport, MPI's own all-reduce (:data:`~npddp.comm.algorithms.registry.LIBRARY`, ``mpi``) is a candidate
-too (:mod:`npddp.comm.compose.library`; the model prices it as a tie it does not take, and on one node keeps ``shm``,
-so only the tuner hands it a size).
+too (:mod:`npddp.comm.compose.library`): across nodes the model prices it as a tie it does not take (the tuner
+can hand it a size); on one node it goes first up to a bound measured per MPI library
+(:data:`~npddp.comm.compose.costmodel.LIBRARY_NODE_BYTES`), ``shm`` beyond.
 
 The tuning file's format: :mod:`npddp.comm.compose.tuning`; the model: :mod:`npddp.comm.compose.costmodel`.
 """
@@ -88,7 +89,7 @@ class AutoCommunicator(P2PCommunicator):
     def _load(self, path) -> tuple[str, dict]:
         """``(where the table came from, table)``: the tuning file's, or the model's with one warning."""
         kind, library = self.transport.name, LIBRARY in self.algorithms
-        steps = node_table(self._size, library) if self.node is not None else model_table(
+        steps = node_table(self._size, self.algorithms[LIBRARY].library if library else None) if self.node is not None else model_table(
             kind, self._size, self.chunk_bytes, self.across_nodes, self.per_node, library)
         model = ("model", {"*": steps})
         if not path:

@@ -5,10 +5,10 @@ MPI's own all-reduce (:data:`~npddp.comm.algorithms.registry.LIBRARY`, a candida
 rule. Its default selection runs schedules npddp has too (MPICH: recursive doubling for short vectors,
 reduce-scatter then all-gather, i.e. Rabenseifner's, for long ones), moving the same bytes in the same steps,
 so it costs the cheaper of those two at the same constants: a tie, which the hand-written algorithm keeps
-(the tuner measures the difference). Where every rank shares one node the other candidate is ``shm``; ``auto``'s
-MPI path first checks its arguments with shm's size word and node barrier, then pays MPI's call on top, so
-there ``shm`` keeps every size (:data:`LIBRARY_NODE_BYTES`, as measured: docs/results/2026-12-02-performance.md) and
-only the tuner can hand MPI's own a size."""
+(the tuner measures the difference). Where every rank shares one node the other candidate is ``shm``, and
+there the libraries differ more than any model of their messages says (how each spins, copies and
+reduces through its own shared memory): MPI's own goes first up to a size measured per library
+(:data:`LIBRARY_NODE_BYTES`, keyed by :attr:`npddp.util.mpilibs.MPILibrary.name`), ``shm`` beyond."""
 
 from __future__ import annotations
 
@@ -23,10 +23,11 @@ CANDIDATES = names(builtin=True, auto=True)
 PIPELINED = ("ring",)
 #: The schedules MPI's default selection chooses between (its price: the cheaper one).
 LIBRARY_SCHEDULES = ("rd", "rabenseifner")
-#: On one node, MPI's own all-reduce goes first up to this many bytes, ``shm`` beyond: 0, as measured at N = 2
-#: on ordinary arrays (shm was the faster at 1 KiB: docs/results/2026-12-02-performance.md,
-#: "`auto` and MPI's own Allreduce").
-LIBRARY_NODE_BYTES = 0
+#: On one node, MPI's own all-reduce goes first up to this many bytes, ``shm`` beyond, per MPI library (its
+#: :attr:`~npddp.util.mpilibs.MPILibrary.name`; another library: 0): where, at N = 2 on ordinary arrays,
+#: ``auto``'s path to MPI's own (a node barrier, then MPI's blocking call) stops beating ``shm``; 0 for each, as
+#: measured so far (docs/results/2026-12-02-auto-and-mpi.md).
+LIBRARY_NODE_BYTES = {"MPICH": 0, "Open MPI": 0, "Intel MPI": 0}
 
 
 def candidates() -> tuple:
@@ -68,11 +69,11 @@ def library_time(nbytes: float, size: int, price) -> float:
     return min(price(a, nbytes) for a in LIBRARY_SCHEDULES)
 
 
-def node_table(size: int, library: bool = False) -> list:
+def node_table(size: int, library: str | None = None) -> list:
     """``[[max_bytes, algorithm], ...]`` when every rank shares one node: ``shm``, after MPI's own all-reduce up to
-    :data:`LIBRARY_NODE_BYTES` where ``library`` (the transport is MPI)."""
-    ahead = library and size > 1 and LIBRARY_NODE_BYTES > 0
-    return [[LIBRARY_NODE_BYTES, LIBRARY], [None, "shm"]] if ahead else [[None, "shm"]]
+    :data:`LIBRARY_NODE_BYTES` of ``library`` (the MPI library's name, where the transport is MPI; None: none)."""
+    bound = LIBRARY_NODE_BYTES.get(library, 0) if library and size > 1 else 0
+    return [[bound, LIBRARY], [None, "shm"]] if bound > 0 else [[None, "shm"]]
 
 
 def _cheapest(names, price) -> list:

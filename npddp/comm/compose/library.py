@@ -20,6 +20,11 @@ has passed (every rank then raises :class:`~npddp.comm.signature.CollectiveMisma
   (:meth:`~npddp.comm.communicators.lifecycle.CallLifecycle._signed_empty`): a peer on another
   algorithm, or passing other arguments, meets a mismatch on that edge.
 
+A blocking call on one node then runs MPI's blocking ``Allreduce``: the node barrier has seen every
+rank of the group reach this very call, so no late peer can hold it and no deadline can fall due
+while it waits on one (a rank that dies inside MPI's call ends the job through its launcher); MPI's
+non-blocking call polled against the deadline costs several microseconds a small call, and under
+some libraries twice the time at a mebibyte. Off one node the call is polled against its deadline.
 A non-blocking call starts MPI's ``Iallreduce`` once its check has passed, always in call order.
 
 Failure: a call past its deadline raises TimeoutError like any other; MPI's request cannot be
@@ -38,8 +43,16 @@ from npddp.comm import checks as c
 from npddp.comm.engine.deadline import Overdue, wait_until
 from npddp.comm.engine.work import P2PWork
 from npddp.comm.transports.mpi import free_comm
+from npddp.util.mpilibs import identify
 
 _EMPTY = np.empty(0, dtype=np.uint8)
+
+
+def library_name() -> str:
+    """The running MPI library's name (:attr:`npddp.util.mpilibs.MPILibrary.name`), from its version text."""
+    from mpi4py import MPI
+
+    return identify("", MPI.Get_library_version()).name
 
 
 def library_candidate(ctx):
@@ -59,6 +72,7 @@ class LibraryAllreduce:
         from npddp.comm.mpi import MPI_OPS
 
         self.ctx = ctx
+        self.library = library_name()   # the key of the cost model's per-library bound on one node
         self.in_place = MPI.IN_PLACE
         self.ops = {c.OPS[name]: op for name, op in MPI_OPS.items()}   # the ufunc a reduction runs -> MPI's op
         self.comm = comm.Dup()
@@ -78,7 +92,7 @@ class LibraryAllreduce:
         else:
             call.owner._signed_empty(call)
         send, op = self.in_place if src is dst else src, self.ops[ufunc]
-        if math.isinf(call.owner.timeout):
+        if node is not None or math.isinf(call.owner.timeout):   # every rank is here (above), or no deadline
             self.comm.Allreduce(send, dst, op=op)
             return
         request = self.comm.Iallreduce(send, dst, op=op)
