@@ -26,7 +26,8 @@ per job, each under an exclusive ``flock`` on ``--lock`` when given; the workers
 bytes their node's ``eth0`` sent during the timed steps (``link_bytes``).
 
 Layouts (``--layouts``; one that does not fit a world size is skipped): ``ddp``, ``zero3``
-(every rank holds 1/N of parameters, gradients and AdamW state), ``tp`` (tp = N), ``pp-gpipe``
+(every rank holds 1/N of parameters, gradients and AdamW state), ``tp`` (tp = N), ``tp-sp`` (tp = N with
+sequence parallelism: an all-gather and a reduce-scatter where ``tp`` all-reduces), ``pp-gpipe``
 and ``pp-1f1b`` (pp = N, ``--micro-batches``), and for N = 4 ``tp2-pp2``, ``dp2-pp2``, ``dp2-tp2``.
 """
 
@@ -53,7 +54,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 #: layout -> (dp, tp, pp, schedule, zero stage); 0 stands for "the rest of the world"
-LAYOUTS = {"ddp": (0, 1, 1, "none", 0), "zero3": (0, 1, 1, "none", 3), "tp": (1, 0, 1, "none", 0),
+LAYOUTS = {"ddp": (0, 1, 1, "none", 0), "zero3": (0, 1, 1, "none", 3), "tp": (1, 0, 1, "none", 0), "tp-sp": (1, 0, 1, "none", 0),
            "pp-gpipe": (1, 1, 0, "gpipe", 0), "pp-1f1b": (1, 1, 0, "1f1b", 0), "tp2-pp2": (1, 2, 2, "1f1b", 0),
            "dp2-pp2": (2, 1, 0, "1f1b", 0), "dp2-tp2": (2, 0, 1, "none", 0)}
 MARK = "PARALLELISM-BENCH "
@@ -180,7 +181,7 @@ def build(layout: str, size: str, world, backend: str, context: int, micro: int,
                         Counted(raw.tensor, tally))
     here = mesh.coords(groups.rank)
     if tp > 1:
-        model = tensor_parallel(model, groups.tensor)
+        model = tensor_parallel(model, groups.tensor, sequence=layout.endswith("-sp"))
     stage = PipelineStage(model, pp, here.pp)
     schedule = LAYOUTS[layout][3]
     engine = Pipeline(stage, groups.pipeline, loss, micro if pp > 1 else 1, "1f1b" if schedule == "none" else schedule,

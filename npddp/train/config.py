@@ -128,6 +128,10 @@ class Config:
     tp: int = _opt(1, "tensor parallelism: split every attention's heads and every MLP pair of Linears over "
                    "this many ranks (Megatron-style; --model mlp or gpt); the world holds dp x pp x tp ranks; "
                    "may change on --resume", metavar="K", resume="inherit")
+    sequence_parallel: bool = _opt(False, "with --tp above 1 and --model gpt: split every LayerNorm and residual "
+                                   "region along the sequence over the tensor group (Megatron-style; all-gather "
+                                   "before each column-parallel layer, reduce-scatter after each row-parallel "
+                                   "one); --context-length must be a multiple of --tp; may change on --resume")
     pp: int = _opt(1, "pipeline parallelism: cut the model into this many stages balanced by parameter count, "
                    "one per rank of a pipeline (--model mlp or gpt); may change on --resume", metavar="K",
                    resume="inherit")

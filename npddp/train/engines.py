@@ -26,7 +26,8 @@ def build(cfg: Config, comm, model, dropouts, num_classes: int, init=None):
         engine = MeshEngine(comm, model, dropouts, tp=cfg.tp, pp=cfg.pp, backend=cfg.backend, timeout=cfg.timeout,
                             micro_batches=cfg.micro_batches or cfg.pp, schedule=cfg.pp_schedule, sync=cfg.sync,
                             bucket_cap_mb=cfg.bucket_mb, comm_hook=lambda group: _comm_hook(cfg, group),
-                            eval_batch=_split_eval_batch(cfg, num_classes), tracer=tracer)
+                            eval_batch=_split_eval_batch(cfg, num_classes), tracer=tracer,
+                            sequence_parallel=cfg.sequence_parallel)
         return engine, _optimizer(cfg, engine, engine.data)
     if cfg.zero >= 2:
         return sharding.build(cfg, model, comm, tracer, init)

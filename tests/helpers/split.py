@@ -50,14 +50,16 @@ def train_one_process(kind: str, opt_name: str) -> dict:
     return model.state_dict()
 
 
-def train_split(world, kind: str, tp: int, pp: int, micro_batches: int, schedule: str, opt_name: str, backend: str):
-    """Train on the world as a (dp, pp, tp) mesh; (this rank's parameters by full name, their shard indices)."""
+def train_split(world, kind: str, tp: int, pp: int, micro_batches: int, schedule: str, opt_name: str, backend: str,
+                sequence: bool = False):
+    """Train on the world as a (dp, pp, tp) mesh (``sequence``: sequence-parallel too); (this rank's parameters by
+    full name, their shard indices)."""
     mesh = Mesh(world.size, tp=tp, pp=pp)
     groups = mesh_groups(mesh, world_raw(), backend)
     here = mesh.coords(groups.rank)
     model = make_model(kind)
     if tp > 1:
-        model = tensor_parallel(model, groups.tensor)
+        model = tensor_parallel(model, groups.tensor, sequence=sequence)
     shards = shard_indices(model)
     stage = PipelineStage(model, pp, here.pp)
     engine = Pipeline(stage, groups.pipeline, CrossEntropyLoss(), micro_batches, schedule,

@@ -86,6 +86,7 @@ FLAGS = [
     ("--quiet", [], "quiet", True),
     ("--zero", ["2"], "zero", 2),
     ("--tp", ["2"], "tp", 2),
+    ("--sequence-parallel", [], "sequence_parallel", True),
     ("--pp", ["2"], "pp", 2),
     ("--micro-batches", ["4"], "micro_batches", 4),
     ("--pp-schedule", ["gpipe"], "pp_schedule", "gpipe"),

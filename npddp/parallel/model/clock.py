@@ -3,7 +3,7 @@
 :class:`ClockedGroup` stands in for a mesh group's Communicator (the tensor group whose
 all-reduces the tensor-parallel layers make, the pipeline group whose sends and receives carry
 activations and their gradients). Every blocking call it times (``allreduce``, ``send``,
-``recv``, ``broadcast``) adds its wall time, waiting for the peer included, to ``seconds``, and
+``recv``, ``broadcast``, and sequence parallelism's ``allgather`` and ``reduce_scatter``) adds its wall time, waiting for the peer included, to ``seconds``, and
 one to ``calls``; the moved bytes go to ``nbytes``. Anything else passes through unchanged.
 """
 
@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 #: The blocking calls counted, each moving the array given first.
-TIMED = ("allreduce", "send", "recv", "broadcast")
+TIMED = ("allreduce", "send", "recv", "broadcast", "allgather", "reduce_scatter")
 
 
 class ClockedGroup:
@@ -52,6 +52,14 @@ class ClockedGroup:
     def broadcast(self, buf, *args, **kwargs):
         """The group's broadcast, timed."""
         return self._timed("broadcast", buf, args, kwargs)
+
+    def allgather(self, buf, *args, **kwargs):
+        """The group's all-gather, timed (``buf``: this rank's block)."""
+        return self._timed("allgather", buf, args, kwargs)
+
+    def reduce_scatter(self, buf, *args, **kwargs):
+        """The group's reduce-scatter, timed (``buf``: the whole vector)."""
+        return self._timed("reduce_scatter", buf, args, kwargs)
 
     def __getattr__(self, name: str):
         return getattr(self.comm, name)

@@ -28,6 +28,7 @@ from npddp.nn.gpt import GPT
 from npddp.nn.layers import Linear, ReLU, Tanh
 from npddp.nn.module import Module, Sequential
 from npddp.parallel.model.attention import HeadParallelAttention
+from npddp.parallel.model.sequence import sequence_parallel
 from npddp.parallel.model.tensor import (ColumnParallelLinear, RowParallelLinear, SplitDropout, block,
                                          check_divisible)
 
@@ -74,9 +75,12 @@ def _split_mlp(net: Sequential, plan: list[str], comm, tracer) -> Sequential:
     return Sequential(*layers)
 
 
-def tensor_parallel(model: Module, comm, tracer=None) -> Module:
-    """The tensor-parallel form of ``model`` (MLP Sequential or GPT) over the tensor group ``comm``."""
+def tensor_parallel(model: Module, comm, tracer=None, sequence: bool = False) -> Module:
+    """The tensor-parallel form of ``model`` (MLP Sequential or GPT) over the tensor group ``comm``;
+    ``sequence``: a GPT's LayerNorm regions split along the sequence too (:mod:`npddp.parallel.model.sequence`)."""
     tp = comm.size
+    if sequence and not isinstance(model, GPT):
+        raise ValueError(f"sequence parallelism splits a GPT's sequence, got {type(model).__name__}")
     if isinstance(model, GPT):
         cfg = model.config
         check_divisible("num_heads", cfg["num_heads"], tp)
@@ -88,7 +92,7 @@ def tensor_parallel(model: Module, comm, tracer=None) -> Module:
         for blk, plan in zip(model.blocks.layers, plans):
             blk.attn = HeadParallelAttention(blk.attn, comm, tracer)
             blk.mlp = _split_mlp(blk.mlp, plan, comm, tracer)
-        return model
+        return sequence_parallel(model, comm, tracer) if sequence else model
     if isinstance(model, Sequential):
         return _split_mlp(model, _mlp_plan(model, tp, ""), comm, tracer)
     raise ValueError(f"tensor_parallel: expected an MLP Sequential or a GPT, got {type(model).__name__}")

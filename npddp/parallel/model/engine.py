@@ -63,14 +63,15 @@ class MeshEngine(Engine):
     ``timeout``: what the groups are created with; ``micro_batches``, ``schedule``: the
     pipeline's; ``sync``, ``bucket_cap_mb``: DDP's over the data group, and ``comm_hook(group)
     -> (state, hook)`` its hook; ``eval_batch``: rows per validation forward pass; ``tracer``:
-    None for ``NPDDP_TRACE``'s.
+    None for ``NPDDP_TRACE``'s; ``sequence_parallel``: a GPT's LayerNorm regions split along the
+    sequence over the tensor group (:mod:`npddp.parallel.model.sequence`).
     """
 
     splits_model = True
 
     def __init__(self, comm, model, dropouts, *, tp: int, pp: int, backend: str, timeout: float,
                  micro_batches: int, schedule: str, sync: str, bucket_cap_mb: float, comm_hook,
-                 eval_batch: int, tracer=None):
+                 eval_batch: int, tracer=None, sequence_parallel: bool = False):
         self.comm, self.mesh = comm, Mesh(comm.size, tp=tp, pp=pp)
         self.groups = mesh_groups(self.mesh, raw_world(comm), backend, timeout=timeout)
         self.here = self.mesh.coords(comm.rank)
@@ -82,7 +83,7 @@ class MeshEngine(Engine):
                        ClockedGroup(self.groups.data)]
         full = [(n, p.data.shape, p.data.dtype) for n, p in model.named_parameters()]
         if tp > 1:
-            model = tensor_parallel(model, self.clocks[0], tracer=self.tracer)
+            model = tensor_parallel(model, self.clocks[0], tracer=self.tracer, sequence=sequence_parallel)
         shards = shard_indices(model)
         self.stage = PipelineStage(model, pp, self.here.pp)
         self.micro, self.eval_batch = micro_batches, eval_batch

@@ -73,6 +73,7 @@ def check_config(cfg: Config, world_size: int) -> None:
         raise ConfigError(f"--powersgd-start-iter must be an integer >= 2 (error feedback and warm start "
                           f"need plain steps first), got {cfg.powersgd_start_iter}")
     _check_zero(cfg)
+    _check_sequence_parallel(cfg)
     _check_dataset(cfg)
     _check_files(cfg)
 
@@ -147,6 +148,20 @@ def _check_files(cfg: Config) -> None:
 
 #: ZeRO stages --zero takes.
 ZERO_STAGES = (0, 1, 2, 3)
+
+
+def _check_sequence_parallel(cfg: Config) -> None:
+    """--sequence-parallel needs a tensor-parallel GPT whose context length splits over --tp."""
+    if not cfg.sequence_parallel:
+        return
+    if cfg.tp < 2:
+        raise ConfigError(f"--sequence-parallel splits the sequence over the tensor group: it needs --tp 2 or more, "
+                          f"got --tp {cfg.tp}")
+    if cfg.model != "gpt":
+        raise ConfigError(f"--sequence-parallel applies to --model gpt, not {cfg.model}")
+    if cfg.context_length % cfg.tp:
+        raise ConfigError(f"--sequence-parallel: --context-length {cfg.context_length} is not a multiple of --tp "
+                          f"{cfg.tp}; use e.g. {cfg.context_length - cfg.context_length % cfg.tp or cfg.tp}")
 
 
 def _check_zero(cfg: Config) -> None:
