@@ -11,7 +11,7 @@ import pytest
 
 from npddp.comm import DTYPES, OPS, create
 
-from tests.comm.conftest import one_rank_group
+from tests.helpers.groups import one_rank_group
 from tests.helpers.collectives import run_case, sizes
 
 
