@@ -48,3 +48,16 @@ def error_line(proc) -> str:
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     return lines[0]
+
+
+#: Runs the training CLI with writes limited to 12 kB per file from the moment MPI is initialised
+#: (MPI's own shared-memory files must be created first): a checkpoint write then fails with EFBIG,
+#: as on a full disk. SIGXFSZ is ignored so the write fails instead of killing the process.
+LIMITED = """
+import resource, runpy, signal, sys
+from mpi4py import MPI
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (12000, 12000))
+sys.argv[0] = "npddp.train"
+runpy.run_module("npddp.train", run_name="__main__", alter_sys=True)
+"""
