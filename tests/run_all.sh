@@ -93,7 +93,7 @@ NPDDP_RANKS_PER_NODE=2 run hier-tcp-4 600 python -m npddp.run --nproc 4 -m pytes
 # reason): every backend but shm (hier included) at N = 2 (2 nodes x 1) and 4 (2 x 2) on both transports (the
 # non-power-of-two paths are mpi-3's and tcp-3's on one node; across nodes they send what they send on one).
 CLUSTER_TESTS=(-q tests/comm/test_comm_allreduce.py)
-if why=$(python -c "from tests.cluster.conftest import WHY_NOT; print(WHY_NOT or '')") && [[ -z "$why" ]]; then
+if why=$(python -c "from tests.helpers.cluster import WHY_NOT; print(WHY_NOT or '')") && [[ -z "$why" ]]; then
   for shape in "2 1" "2 2"; do
     read -r nodes per <<< "$shape"
     up=(python -m npddp.cluster --nodes "$nodes" --ranks-per-node "$per" --rate none)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.conftest import job_env, mpirun
+from tests.helpers.jobs import job_env, mpirun
 
 #: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
 pytestmark = pytest.mark.alone

@@ -1,40 +1,31 @@
 """Benchmark tests: the repository root on sys.path (the faces under benchmarks/ import as a
-package), and a fixture that launches a benchmark script under mpirun."""
+package), and fixtures that launch a benchmark script or a job under mpirun."""
 
-import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.jobs import ROOT, mpirun, outside_env, run_job as run_one
+
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-
-
-def _mpirun() -> str:
-    """The mpirun beside this Python (the virtual environment's), else the one on PATH."""
-    found = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or shutil.which("mpirun")
-    assert found, "no mpirun found beside the interpreter or on PATH"
-    return found
-
-
-def _child_env() -> dict:
-    """This environment without the variables of an enclosing MPI job."""
-    skip = ("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_")
-    return {k: v for k, v in os.environ.items() if not k.startswith(skip)}
 
 
 @pytest.fixture
 def run_script():
     """``run_script(n, "allreduce.py", *args, cwd=None)``: run benchmarks/<script> on n ranks; CompletedProcess."""
     def run(n: int, script: str, *args: str, cwd=None, timeout: float = 120):
-        command = [_mpirun(), "-n", str(n), sys.executable, str(ROOT / "benchmarks" / script), *args]
+        command = [mpirun(), "-n", str(n), sys.executable, str(ROOT / "benchmarks" / script), *args]
         return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                              env=_child_env(), cwd=cwd or ROOT)
+                              env=outside_env(), cwd=cwd or ROOT)
     return run
+
+
+@pytest.fixture
+def run_job():
+    """``run_job(args, n=2, cwd=None, timeout=120, **env)`` -> CompletedProcess of ``mpirun -n n python ARGS``."""
+    return run_one
 
 
 def _torch_compare_rows():

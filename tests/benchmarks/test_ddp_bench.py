@@ -12,7 +12,6 @@ import shutil
 import stat
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,10 +23,10 @@ from benchmarks import results
 from benchmarks.columns import KINDS
 from npddp.parallel.ddp import SYNCS
 from npddp.nn import mlp
+from tests.helpers.bench import DDP_TINY as TINY
+from tests.helpers.jobs import ROOT, mpirun, outside_env
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "ddp.py"
-TINY = ["--models", "tiny", "--batch", "4", "--steps", "2", "--warmup", "1"]
 # 0.001 MiB holds no two tiny-model tensors (one bucket each); 1000 MiB holds them all
 BUCKETS = ["--bucket-mb", "0.001,1000"]
 
@@ -304,17 +303,9 @@ def test_a_fifo_at_out_exits_2_and_is_left_alone(tmp_path, capsys):
     assert stat.S_ISFIFO(os.stat(tmp_path / "x.h5").st_mode)
 
 
-def _mpirun():
-    """The mpirun beside this Python (the virtual environment's), else the one on PATH."""
-    found = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or shutil.which("mpirun")
-    assert found, "no mpirun found"
-    return found
-
-
 def test_script_bad_arguments_exit_2_on_every_rank_without_hanging():
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_"))}
-    done = subprocess.run([_mpirun(), "-n", "2", sys.executable, str(SCRIPT), "--syncs", "overlap,bogus"],
-                          capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    done = subprocess.run([mpirun(), "-n", "2", sys.executable, str(SCRIPT), "--syncs", "overlap,bogus"],
+                          capture_output=True, text=True, timeout=120, env=outside_env(), cwd=ROOT)
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("ddp.py: error: argument --syncs: unknown name 'bogus'") == 1, done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""

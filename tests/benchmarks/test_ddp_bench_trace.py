@@ -5,7 +5,7 @@ import json
 from mpi4py import MPI
 
 from benchmarks import ddp as bd
-from tests.benchmarks.test_ddp_bench import TINY
+from tests.helpers.bench import DDP_TINY as TINY
 from tests.helpers.trace import nesting_problems, x_events
 
 

@@ -80,7 +80,7 @@ def test_the_peak_memory_leaves_out_freed_heap_pages():
 
 
 def _can_make_nodes() -> str | None:
-    from tests.cluster.conftest import WHY_NOT
+    from tests.helpers.cluster import WHY_NOT
     return WHY_NOT
 
 

@@ -7,13 +7,13 @@ import sys
 import pytest
 
 from benchmarks.results import read_table
-from tests.benchmarks.conftest import ROOT, _child_env
+from tests.helpers.jobs import ROOT, outside_env
 
 SCRIPT = ROOT / "benchmarks" / "scaling.sh"
 
 
 def run(*args, timeout=180):
-    env = _child_env()
+    env = outside_env()
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env)

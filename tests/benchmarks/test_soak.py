@@ -14,7 +14,6 @@ import pytest
 from benchmarks import soak
 from npddp.comm import BACKENDS
 
-from tests.reliability.conftest import run_job  # noqa: F401  (the fixture that launches a job)
 
 SCRIPT = Path(soak.__file__)
 MAX_GROWTH = 4 << 20

@@ -1,36 +1,16 @@
-"""Fixtures for the cluster tests: skip with the reason where namespaces cannot be made; run the harness."""
+"""Fixtures for the cluster tests: the harness's environment, the harness run to the end, the namespaces a test made."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from npddp.cluster.cli import missing_privilege
 from npddp.cluster.launch import LIBRARIES
 
-ROOT = Path(__file__).resolve().parents[2]
-JOB = str(Path(__file__).resolve().parent / "job.py")
-
-
-def _why_not() -> str | None:
-    """None when this process can make a network namespace, else why not."""
-    reason = missing_privilege()
-    if reason:
-        return reason
-    name = f"npddp-probe-{os.getpid()}"
-    made = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
-    if made.returncode:
-        return f"cannot make a network namespace: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "delete", name], capture_output=True)
-    return None
-
-
-WHY_NOT = _why_not()
-needs_namespaces = pytest.mark.skipif(WHY_NOT is not None, reason=f"emulated nodes unavailable: {WHY_NOT}")
+from tests.helpers.jobs import ROOT
 
 
 @pytest.fixture

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from npddp.cluster import launch, shaping
-from tests.cluster.conftest import JOB, ROOT, needs_namespaces
+from tests.helpers.cluster import JOB, needs_namespaces
+from tests.helpers.jobs import ROOT
 
 #: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
 pytestmark = pytest.mark.alone

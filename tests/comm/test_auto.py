@@ -22,7 +22,7 @@ from npddp.comm.compose.tuning import FORMAT, VERSION, check_table
 from npddp.comm.engine.cost import MODEL
 from npddp.tools.tune import decide, stable, steps_from
 
-from tests.comm.conftest import one_rank_group
+from tests.helpers.groups import one_rank_group
 
 #: runs again across pretended nodes (tests/run_all.sh: hier-mpi-4, hier-tcp-4)
 pytestmark = pytest.mark.across_nodes

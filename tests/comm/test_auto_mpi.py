@@ -23,7 +23,7 @@ from npddp.comm.compose.tuning import FORMAT, VERSION, check_table
 from npddp.comm.algorithms.registry import LIBRARY
 from npddp.util.mpilibs import LIBRARIES
 
-from tests.comm.conftest import one_rank_group
+from tests.helpers.groups import one_rank_group
 from tests.helpers.collectives import run_case, sizes
 from tests.helpers.ranks import TCP_MODE
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from npddp.comm import DTYPES, OPS, create
-from tests.comm.conftest import new_held
+from tests.helpers.groups import new_held
 
 
 def sizes(k: int) -> list[int]:

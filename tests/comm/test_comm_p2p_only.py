@@ -11,7 +11,7 @@ from npddp.comm.engine.signed import HEAD_BYTES, SMALL_BYTES, SignedRecv, Signed
 from npddp.comm.transports.base import is_transport
 from npddp.comm.transports.mpi import MPITransport
 
-from tests.comm.conftest import P2P_BACKENDS, P2POnly, new_held
+from tests.helpers.groups import P2P_BACKENDS, P2POnly, new_held
 from tests.helpers.marks import marked_backend
 from tests.helpers.ranks import as_group
 

@@ -1,7 +1,7 @@
 """A user's all-reduce through the public API: examples/custom_allreduce.py under the project's own tests.
 
 The ``backend`` fixture is ``custom_ring`` here, and the all-reduce tests of
-``test_comm_allreduce`` are imported, so they run on it over COMM_SELF and the world, over MPI
+``tests/helpers/allreduce_cases`` are imported, so they run on it over COMM_SELF and the world, over MPI
 and TCP (the suite runs tests/comm at N = 2, 3, 4 on both). Then the contract library on it,
 ``register_algorithm``'s own checks, ``auto`` considering a declared cost, and ``npddp.check``
 naming the first failing case of a broken algorithm.
@@ -21,7 +21,7 @@ from npddp.comm.compose.costmodel import candidates, model_table, predict
 from npddp.comm.algorithms import registry
 from npddp.comm.algorithms.registry import load_plugins
 
-from tests.comm.test_comm_allreduce import (  # noqa: F401  collected again, on custom_ring
+from tests.helpers.allreduce_cases import (  # noqa: F401  collected again, on custom_ring
     test_allreduce_any_shape, test_allreduce_exact, test_float_cancellation_agrees_bitwise,
     test_iallreduce_interleaved_with_blocking_collectives, test_iallreduce_one_rank_completes_at_once,
     test_iallreduce_polled_then_waited_in_order, test_iallreduce_started_while_only_some_ranks_wait_on_an_earlier_one,

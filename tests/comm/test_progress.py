@@ -9,7 +9,7 @@ import pytest
 
 from npddp.comm import create
 
-from tests.comm.conftest import one_rank_group
+from tests.helpers.groups import one_rank_group
 
 
 def test_an_unknown_progress_mode_is_refused():

@@ -21,6 +21,7 @@ from npddp.comm.transports import handshake
 from npddp.comm.transports.rendezvous import LaunchEnv, RendezvousError, connect
 from npddp.comm.transports.tcp import TCPWorld
 from npddp.process.spawn import free_port
+from tests.helpers.jobs import job_env
 
 KEY = b"k" * 64
 
@@ -268,26 +269,17 @@ INTRUDER = textwrap.dedent("""
 """)
 
 
-def _env(**extra):
-    env = dict(os.environ)
-    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                 handshake.SECRET_VARIABLE):
-        env.pop(name, None)
-    env.update(extra)
-    return env
-
-
 def test_an_intruder_started_first_never_joins_a_launched_job(tmp_path):
     (tmp_path / "job.py").write_text(SCRIPT)
     (tmp_path / "intruder.py").write_text(INTRUDER)
     port = free_port("127.0.0.1")
     intruder = subprocess.Popen([sys.executable, str(tmp_path / "intruder.py")], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True,
-                                env=_env(RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+                                env=job_env(RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
     time.sleep(0.3)   # it is already knocking when the job starts, and rank 0 listens for a second at least
     job = subprocess.run([sys.executable, "-m", "npddp.run", "--nproc", "2", "--master-port", str(port),
                           str(tmp_path / "job.py"), "3", "1.0"], capture_output=True, text=True, timeout=120,
-                         env=_env())
+                         env=job_env())
     try:
         i_out, i_err = intruder.communicate(timeout=60)
     finally:
@@ -307,7 +299,7 @@ def test_two_jobs_on_the_same_port_never_mix(tmp_path):
         port = free_port("127.0.0.1")
         jobs = [subprocess.Popen([sys.executable, "-m", "npddp.run", "--nproc", "2", "--master-port", str(port),
                                   str(tmp_path / "job.py"), str(value)], stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True, env=_env(NPDDP_TIMEOUT="30"))
+                                 stderr=subprocess.PIPE, text=True, env=job_env(NPDDP_TIMEOUT="30"))
                 for value in (1, 1000)]
         done = [(j.communicate(timeout=120), j.returncode) for j in jobs]
         for (out, err), code in done:

@@ -1,11 +1,10 @@
 """The training CLI (``python -m npddp.train``) as a subprocess under mpirun, ``npddp.run`` or plain python, on tiny
 data, and the environment such jobs get."""
 
-import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
+
+from tests.helpers.jobs import mpirun, outside_env
 
 # 384 rows, a global batch of 32: 12 steps per epoch on any world size that divides 32
 TINY = ["--train-samples", "384", "--val-samples", "96", "--batch-size", "32", "--hidden", "16",
@@ -14,19 +13,13 @@ STEPS_PER_EPOCH = 12
 
 
 def mpirun_path() -> str:
-    """The mpirun beside the interpreter, else the first on PATH."""
-    beside = Path(sys.executable).parent / "mpirun"
-    found = str(beside) if beside.exists() else shutil.which("mpirun")
-    assert found, "no mpirun beside the interpreter or on PATH"
-    return found
+    """The mpirun beside the interpreter, else the first on PATH (:func:`tests.helpers.jobs.mpirun`)."""
+    return mpirun()
 
 
 def clean_env() -> dict:
     """This environment minus an enclosing MPI job's variables, one BLAS thread per rank."""
-    skip = ("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(skip)}
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    return env
+    return dict(outside_env(), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
 
 
 def train(cwd, *args, n=2, timeout=120, launcher="mpirun") -> subprocess.CompletedProcess:
@@ -55,3 +48,16 @@ def error_line(proc) -> str:
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     return lines[0]
+
+
+#: Runs the training CLI with writes limited to 12 kB per file from the moment MPI is initialised
+#: (MPI's own shared-memory files must be created first): a checkpoint write then fails with EFBIG,
+#: as on a full disk. SIGXFSZ is ignored so the write fails instead of killing the process.
+LIMITED = """
+import resource, runpy, signal, sys
+from mpi4py import MPI
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (12000, 12000))
+sys.argv[0] = "npddp.train"
+runpy.run_module("npddp.train", run_name="__main__", alter_sys=True)
+"""

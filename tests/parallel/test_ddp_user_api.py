@@ -177,7 +177,7 @@ print("finished", flush=True)
 
 def test_one_rank_bypassing_ends_the_job_promptly(tmp_path):
     """Rank 1 alone calls ddp.module.backward: it raises at step, and the job ends instead of hanging rank 0."""
-    from tests.reliability.conftest import job_env, mpirun
+    from tests.helpers.jobs import job_env, mpirun
 
     script = tmp_path / "one_rank_wrong.py"
     script.write_text(ONE_RANK_WRONG)

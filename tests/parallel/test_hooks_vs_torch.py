@@ -66,7 +66,7 @@ def torch_group():
 
 
 def one_rank_comm():
-    from tests.comm.conftest import one_rank_group
+    from tests.helpers.groups import one_rank_group
     return create("ring", one_rank_group())
 
 

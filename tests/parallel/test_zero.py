@@ -12,76 +12,19 @@ import pytest
 
 from npddp.comm import create
 from npddp.data import BatchLoader, DistributedSampler
-from npddp.nn import CrossEntropyLoss, Linear, Sequential, cnn, gpt, mlp
-from npddp.optim import OPTIMIZERS, SGD, AdamW, make_optimizer
+from npddp.nn import CrossEntropyLoss, Linear, Sequential, gpt
+from npddp.optim import OPTIMIZERS, SGD, make_optimizer
 from npddp.parallel.ddp import DistributedDataParallel
 from npddp.parallel.zero import ShardedInit, ShardedOptimizer, ZeroDataParallel, ZeroRedundancyOptimizer
 
 from tests.helpers.fakes import Idle
-
 from tests.helpers.ranks import RUN_BACKENDS, world_raw
+from tests.helpers.zero import (BUCKET_MB, CLASSES, CONTEXT, FEATURES, GLOBAL_BATCH, STEPS, VOCAB, make_data, make_model,
+                                train, values)
 
-GLOBAL_BATCH, STEPS = 12, 3
-VOCAB, CONTEXT, FEATURES, CLASSES = 11, 6, 5, 3
-BUCKET_MB = 2e-3                                   # a few parameters per group
 TOLERANCE = {"float64": 1e-12, "float32": 1e-6}
 ROWS, PER_RANK, EPOCHS = 25, 4, 2   # 25 rows: padded at N = 2, 3, 4, and every epoch ends on a partial batch
 CLI_SETTINGS = {"lr": 0.02, "momentum": 0.9, "weight_decay": 0.1}   # what the CLI passes make_optimizer
-
-
-def make_model(kind: str, dtype):
-    if kind == "gpt":
-        return gpt(VOCAB, CONTEXT, d_model=8, num_layers=2, num_heads=2, d_ff=12, dtype=dtype, seed=3)
-    if kind == "cnn":
-        return cnn((1, 4, 4), [2], [5], CLASSES, dtype=dtype, seed=3)
-    return mlp(FEATURES, [7, 6], CLASSES, dtype=dtype, seed=3)
-
-
-def make_data(kind: str, dtype):
-    rng = np.random.default_rng(0)
-    if kind == "gpt":
-        tokens = rng.integers(0, VOCAB, size=(STEPS, GLOBAL_BATCH, CONTEXT + 1))
-        return tokens[..., :-1], tokens[..., 1:]
-    if kind == "cnn":
-        return (rng.standard_normal((STEPS, GLOBAL_BATCH, 1, 4, 4)).astype(dtype),
-                rng.integers(0, CLASSES, size=(STEPS, GLOBAL_BATCH)))
-    return (rng.standard_normal((STEPS, GLOBAL_BATCH, FEATURES)).astype(dtype),
-            rng.integers(0, CLASSES, size=(STEPS, GLOBAL_BATCH)))
-
-
-def optimizer_class(name: str):
-    if name == "adamw":
-        return AdamW, {"lr": 0.01, "weight_decay": 0.1}
-    return SGD, {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.01}
-
-
-def train(comm, kind: str, dtype, stage: int, opt_name: str, steps: int = STEPS):
-    """``steps`` steps of ``stage`` (0: DDP); the parameters afterwards (full values) and the engine's pieces."""
-    model, loss = make_model(kind, dtype), CrossEntropyLoss()
-    cls, defaults = optimizer_class(opt_name)
-    if stage >= 2:
-        engine = ZeroDataParallel(model, comm, stage=stage, bucket_cap_mb=BUCKET_MB)
-        opt = ShardedOptimizer(engine, cls, **defaults)
-    else:
-        engine = DistributedDataParallel(model, comm, bucket_cap_mb=BUCKET_MB)
-        opt = (ZeroRedundancyOptimizer(engine.parameters(), cls, comm, **defaults) if stage == 1
-               else cls(engine.parameters(), **defaults))
-    X, Y = make_data(kind, dtype)
-    parts = np.array_split(np.arange(GLOBAL_BATCH), comm.size)[comm.rank]
-    for t in range(steps):
-        engine.zero_grad()
-        loss.forward(engine(X[t, parts]), Y[t, parts])
-        engine.backward(loss.backward())
-        engine.step(opt)
-    return model, engine, opt
-
-
-def values(model, engine) -> np.ndarray:
-    full = getattr(engine, "full_parameters", None)
-    if full is None:
-        return np.concatenate([p.data.ravel() for p in model.parameters()])
-    with full():
-        return np.concatenate([p.data.ravel() for p in model.parameters()])
 
 
 @pytest.fixture(params=[b for b in ("mpi", "ring") if b in RUN_BACKENDS])

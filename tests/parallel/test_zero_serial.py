@@ -9,7 +9,7 @@ from npddp.nn import Parameter
 from npddp.optim import SGD, AdamW
 from npddp.parallel.zero import ShardedOptimizer, ZeroDataParallel, ZeroRedundancyOptimizer, partition_parameters
 
-from tests.parallel.test_zero import make_model, train, values
+from tests.helpers.zero import make_model, train, values
 
 
 @pytest.mark.parametrize("sizes, n, want", [

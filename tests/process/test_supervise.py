@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.conftest import _rank_of, descendants, job_env
+from tests.helpers.jobs import descendants, job_env, rank_of
 
 ROOT = Path(__file__).resolve().parents[2]
 SLEEPER = """
@@ -34,7 +34,7 @@ def _start(tmp_path, *options):
         line = proc.stdout.readline()
         assert line, seen
         seen += line
-    ranks = [pid for pid in descendants(proc.pid) if _rank_of(pid) is not None]
+    ranks = [pid for pid in descendants(proc.pid) if rank_of(pid) is not None]
     assert len(ranks) == 2, ranks
     return proc, ranks
 

@@ -19,7 +19,7 @@ import pytest
 
 from npddp.checkpoint import fileformat
 
-from tests.reliability.conftest import job_env
+from tests.helpers.jobs import job_env
 
 #: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
 pytestmark = pytest.mark.alone
@@ -138,8 +138,8 @@ def test_mpi_run_max_restarts_resumes_bit_identical_after_a_sigkill(tmp_path):
 
 def _find_rank(root: int, rank: int) -> int | None:
     """The pid of the python process with ``rank`` among the descendants of ``root``."""
-    from tests.reliability.conftest import _rank_of, descendants
+    from tests.helpers.jobs import descendants, rank_of
     for pid in descendants(root):
-        if _rank_of(pid) == rank:
+        if rank_of(pid) == rank:
             return pid
     return None

@@ -18,7 +18,7 @@ from npddp.comm.transports.rendezvous import REGISTER, TABLE_HEAD, LaunchEnv, Re
 from npddp.process import cleanup
 from npddp.process.spawn import free_port
 
-from tests.reliability.conftest import job_env
+from tests.helpers.jobs import job_env
 
 #: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
 pytestmark = pytest.mark.alone

@@ -20,7 +20,7 @@ from npddp.comm.node.names import PREFIX, SHM_DIR
 from npddp.process.spawn import parse_args, rank_env
 from npddp.util.env import JOIN_DIR_VARIABLE
 
-from tests.reliability.conftest import job_env
+from tests.helpers.jobs import job_env
 
 #: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
 pytestmark = pytest.mark.alone

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.reliability.conftest import job_env
+from tests.helpers.jobs import job_env
 
 #: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
 pytestmark = pytest.mark.alone

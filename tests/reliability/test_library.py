@@ -18,7 +18,7 @@ import pytest
 
 from npddp.comm.engine.deadline import GRACE_S
 from npddp.process.cleanup import Watch
-from tests.reliability.conftest import job_env, mpirun
+from tests.helpers.jobs import job_env, mpirun
 
 #: watches the whole machine or times a job's end: never beside another test (run_all.sh: serial-alone)
 pytestmark = pytest.mark.alone

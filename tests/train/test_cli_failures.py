@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from npddp.checkpoint import fileformat
-from tests.helpers.cli import TINY, clean_env, epoch_lines, error_line, mpirun_path, ok, train
+from tests.helpers.cli import LIMITED, TINY, clean_env, epoch_lines, error_line, mpirun_path, ok, train
 from npddp.train.checkpoint.saving import load_model
 
 
@@ -49,20 +49,6 @@ def test_sys_exit_on_one_rank_ends_the_job_with_its_status(tmp_path, backend):
     proc = train(tmp_path, *TINY, "--backend", backend, "--inject-fault", "1:3:exit", timeout=90)
     assert proc.returncode == 3 and time.monotonic() - start < 30, proc.stderr
     assert "[rank 1] exit status 3, ending all 2 ranks" in proc.stderr
-
-
-#: Runs the training CLI with writes limited to 12 kB per file from the moment MPI is initialised
-#: (MPI's own shared-memory files must be created first): a checkpoint write then fails with EFBIG,
-#: as on a full disk. SIGXFSZ is ignored so the write fails instead of killing the process.
-LIMITED = """
-import resource, runpy, signal, sys
-from mpi4py import MPI
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-resource.setrlimit(resource.RLIMIT_FSIZE, (12000, 12000))
-sys.argv[0] = "npddp.train"
-runpy.run_module("npddp.train", run_name="__main__", alter_sys=True)
-"""
-
 
 
 #: The training CLI in a process whose SIGXFSZ is at its default, killing (CPython ignores it at start-up,

@@ -13,20 +13,10 @@ from npddp.checkpoint import fileformat
 from npddp.train.checkpoint.saving import load_model
 from npddp.train.cli import layout
 from npddp.train.cli.validate import check_config
-from npddp.train.config import Config, ConfigError
-from npddp.train.cli.parser import parse_args
+from npddp.train.config import ConfigError
 from npddp.train.models import build_model
 from tests.helpers.cli import ok, train
-
-GPT = ["--model", "gpt", "--dtype", "float64", "--context-length", "8", "--train-samples", "96",
-       "--val-samples", "32", "--batch-size", "8", "--optimizer", "adamw", "--lr", "1e-3", "--progress", "none",
-       "--quiet"]
-MLP = ["--model", "mlp", "--hidden", "32", "32", "--dropout", "0.2", "--dtype", "float64", "--train-samples", "92",
-       "--val-samples", "32", "--batch-size", "8", "--epochs", "1", "--progress", "none", "--quiet"]
-
-
-def cfg_of(argv) -> Config:
-    return Config(**parse_args(argv))
+from tests.helpers.cli_split import GPT, MLP, cfg_of
 
 
 # argv, world size, text the one error line holds

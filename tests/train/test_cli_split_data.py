@@ -18,7 +18,7 @@ from npddp.train.checkpoint.saving import load_model
 from npddp.train.console.metrics import read_metrics
 from npddp.train.cli.validate import check_config
 from tests.helpers.cli import epoch_lines, ok, train
-from tests.train.test_cli_model_parallel import GPT, MLP, cfg_of
+from tests.helpers.cli_split import GPT, MLP, cfg_of
 
 ONE_EPOCH = [*GPT, "--epochs", "1"]
 

@@ -1,25 +1,12 @@
 """``python -m npddp.train --zero {1,2,3}`` end to end (subprocesses under mpirun): the same parameters as
 ``--zero 0``, the header's memory line, checkpoints resumed with another stage and world size, bad combinations."""
 
-import numpy as np
 import pytest
 
 from npddp.checkpoint import fileformat
 
 from tests.helpers.cli import ok, train
-
-GPT = ["--model", "gpt", "--optimizer", "adamw", "--lr", "0.003", "--context-length", "16", "--train-samples", "96",
-       "--val-samples", "24", "--batch-size", "24", "--epochs", "2", "--dtype", "float64", "--backend", "ring",
-       "--bucket-mb", "0.01", "--progress", "none", "--threads", "1"]
-
-
-def params_of(path) -> np.ndarray:
-    ckpt = fileformat.read(str(path))
-    return np.concatenate([np.asarray(v).ravel() for _, v in sorted(ckpt.params.items())])
-
-
-def relative(a, b) -> float:
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+from tests.helpers.cli_zero import GPT, params_of, relative
 
 
 @pytest.fixture(scope="module")

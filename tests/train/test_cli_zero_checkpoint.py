@@ -13,37 +13,8 @@ import pytest
 from npddp.checkpoint import fileformat, shardwrite
 from npddp.train.checkpoint.saving import load_model
 
-from tests.helpers.cli import clean_env, mpirun_path, ok, train
-from tests.train.test_cli_failures import LIMITED
-from tests.train.test_cli_zero import GPT, params_of, relative
-
-MLP = ["--train-samples", "192", "--val-samples", "48", "--batch-size", "24", "--hidden", "16", "--epochs", "2",
-       "--dtype", "float64", "--optimizer", "adamw", "--lr", "0.01", "--backend", "ring", "--bucket-mb", "0.001",
-       "--progress", "none", "--threads", "1"]
-
-
-def whole_state(path) -> dict:
-    """Every parameter and optimizer array of a checkpoint, by name."""
-    ckpt = fileformat.read(str(path))
-    return {**{f"p/{k}": np.asarray(v) for k, v in ckpt.params.items()},
-            **{f"o/{k}": np.asarray(v) for k, v in ckpt.optimizer.items()}}
-
-
-def step_dirs(cwd, name="z.h5") -> list[str]:
-    return sorted(e for e in os.listdir(cwd) if e.startswith(name + ".step-"))
-
-
-def steps_saved(cwd, name="z.h5") -> list[int]:
-    """The steps of the shard directories beside the index ``name`` (``name.step-<step>-<generation>``)."""
-    return [int(d[len(name) + 6:].split("-")[0]) for d in step_dirs(cwd, name)]
-
-
-def one_error(proc) -> str:
-    """The single ``error:`` line of a failed run (exit 2)."""
-    assert proc.returncode == 2, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, proc.stdout + proc.stderr
-    return lines[0]
+from tests.helpers.cli import LIMITED, clean_env, mpirun_path, ok, train
+from tests.helpers.cli_zero import GPT, MLP, one_error, params_of, relative, step_dirs, steps_saved, whole_state
 
 
 @pytest.mark.parametrize("flags, stage, n, launcher", [(MLP, 1, 2, "mpirun"), (GPT, 2, 3, "mpirun"),

@@ -15,7 +15,7 @@ import pytest
 from npddp.checkpoint import fileformat, shardwrite
 
 from tests.helpers.cli import clean_env, mpirun_path, ok, train
-from tests.train.test_cli_zero_checkpoint import MLP, one_error, step_dirs, steps_saved, whole_state
+from tests.helpers.cli_zero import MLP, one_error, step_dirs, steps_saved, whole_state
 
 #: The training CLI with rank 1's files limited to 4 kB once MPI is up: its shard write fails with EFBIG.
 RANK1_LIMITED = """
