@@ -27,6 +27,7 @@ import numpy as np
 from npddp.comm import checks as c
 from npddp.comm.communicators import split as sp
 from npddp.comm.communicators.choice import CollectiveChoice
+from npddp.comm.communicators.alltoall import AllToAll
 from npddp.comm.communicators.lifecycle import CallLifecycle
 from npddp.comm.communicators.point import PointWork
 from npddp.comm.engine.call import CHUNK_BYTES, Context
@@ -35,8 +36,9 @@ from npddp.comm.engine.scratch import ScratchPool
 from npddp.comm.engine.work import DoneWork
 
 
-class P2PCommunicator(CallLifecycle):
-    """Collectives built from a transport's point-to-point messages; all-reduce by ``algorithm``."""
+class P2PCommunicator(AllToAll, CallLifecycle):
+    """Collectives built from a transport's point-to-point messages; all-reduce by ``algorithm``; all-to-all by
+    :class:`~npddp.comm.communicators.alltoall.AllToAll`."""
 
     #: Broadcasts of at least this many bytes use a pipelined chain instead of a binomial tree.
     chain_bytes = CHUNK_BYTES
