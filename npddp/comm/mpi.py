@@ -17,6 +17,7 @@ from mpi4py import MPI
 from npddp.comm import checks as c
 from npddp.comm import signature as sg
 from npddp.comm.communicators import split as sp
+from npddp.comm.engine.exchange import offsets
 from npddp.comm.engine.work import DoneWork
 from npddp.comm.mpi_calls import MPI_OPS, MPICalls, MPIWork, Received, no_request
 from npddp.comm.transports.mpi import free_comm
@@ -293,4 +294,4 @@ class MPICommunicator(MPICalls):
 def _vector(flat: np.ndarray, counts: np.ndarray) -> list:
     """An MPI vector message of ``flat`` cut into blocks of ``counts`` elements, in bytes."""
     size = flat.itemsize
-    return [flat, ([int(n) * size for n in counts], [b * size for b in sg.offsets(counts)[:-1]]), MPI.BYTE]
+    return [flat, ([int(n) * size for n in counts], [b * size for b in offsets(counts)[:-1]]), MPI.BYTE]

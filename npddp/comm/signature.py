@@ -150,13 +150,6 @@ def unpack(word: int) -> tuple[int, list[int]]:
 # rank raises the same CollectiveMismatchError before any data has moved.
 
 
-def offsets(counts: np.ndarray) -> list[int]:
-    """``size + 1`` offsets of blocks of ``counts`` elements laid end to end."""
-    bounds = np.zeros(counts.size + 1, dtype=np.int64)
-    np.cumsum(counts, out=bounds[1:])
-    return bounds.tolist()
-
-
 def counts_row(send: np.ndarray, recv: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """This rank's row of the table: ``[sendcounts | recvcounts]``, int64 of shape (2 * size,)."""
     if out is None:

@@ -2,6 +2,7 @@
 
     mpirun -n 4 python -m npddp.check --backend custom_ring --plugin examples.custom_allreduce
     python -m npddp.run --nproc 3 -m npddp.check --backend ring --transport tcp
+    mpirun -n 4 python -m npddp.check --backend ring --alltoall bruck
 
 Every rank runs the same calls (see :mod:`npddp.comm.contract`); rank 0 prints ``PASS`` or
 ``FAIL`` per property, then a summary, and on a failure one line naming the first failing case
@@ -15,6 +16,7 @@ import argparse
 import sys
 
 from npddp.comm import backend_names
+from npddp.comm.algorithms import registry
 from npddp.comm.contract import PROPERTIES, run_contract
 from npddp.process.job import JobError, open_communicator
 from npddp.tools.arguments import load_plugins_and_check_transport
@@ -43,8 +45,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(default auto: tcp under npddp.run, else mpi)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                    help="seconds a call may wait for its peers (default 60)")
+    p.add_argument("--alltoall", metavar="NAME",
+                   help="the all-to-all algorithm of a hand-written backend (default auto; one of "
+                        "npddp.comm.algorithms.registry.names('alltoall'))")
     args = p.parse_args(argv)
     load_plugins_and_check_transport(p, args)
+    if args.alltoall is not None and (args.backend == "mpi" or
+                                      args.alltoall not in ("auto", *registry.names("alltoall"))):
+        p.error(f"--alltoall {args.alltoall!r} is unknown or --backend mpi (MPI's own); valid with a hand-written "
+                f"backend: auto, {', '.join(registry.names('alltoall'))}")
     if args.backend not in backend_names():
         p.error(f"--backend {args.backend!r} is unknown; valid: {', '.join(backend_names())} "
                 "(an algorithm of your own: --plugin MODULE)")
@@ -60,6 +69,8 @@ def main(argv=None) -> int:
         if exc.local or env.world_rank() == 0:
             sys.stderr.write(f"error: {exc}\n")
         return exc.code
+    if args.alltoall is not None:
+        comm.alltoall_algorithm = args.alltoall
     outcomes = run_contract(comm)
     if comm.rank == 0:
         print(f"# {PROG}: backend {args.backend}, {comm.size} ranks")

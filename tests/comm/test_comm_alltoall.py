@@ -3,7 +3,10 @@
 import numpy as np
 import pytest
 
-from npddp.comm import DTYPES
+from npddp.comm import DTYPES, create
+from npddp.comm.algorithms import registry
+from npddp.comm.engine.cost import MODEL
+from tests.comm.conftest import one_rank_group
 
 
 def block_of(source: int, dest: int, n: int, dtype) -> np.ndarray:
@@ -130,3 +133,44 @@ def test_bad_arguments_raise_naming_the_value_before_any_message(comm, group, as
     if not np.array_equal(after.ravel(), np.arange(k) * 10 + rank):
         problems.append(f"the call after gave {after.ravel()}")
     assert_all_ranks(not problems, "; ".join(problems[:4]), group)
+
+
+@pytest.mark.parametrize("algorithm", [*registry.names("alltoall", builtin=True), "auto"])
+def test_every_alltoall_algorithm_exact_blocking_and_not(algorithm, group, assert_all_ranks):
+    """Each registered all-to-all algorithm, chosen by name on a hand-written backend: exact blocks for equal blocks
+    (Bruck's packed rounds included) and per-pair counts, blocking and non-blocking; a split child keeps the choice."""
+    comm = create("ring", group)
+    comm.alltoall_algorithm = algorithm
+    k, rank, problems = comm.size, comm.rank, []
+    for n in (1, 3, 1000, 5000):
+        for dtype in ("float16", "int64"):
+            buf = np.stack([block_of(rank, d, n, dtype) for d in range(k)])
+            want = np.stack([block_of(s, rank, n, dtype) for s in range(k)])
+            if not (np.array_equal(comm.alltoall(buf), want) and np.array_equal(comm.ialltoall(buf).wait(), want)):
+                problems.append(f"alltoall n={n} {dtype}")
+    counts = counts_matrix(k, 2)
+    vbuf = np.concatenate([block_of(rank, d, int(counts[rank, d]), "float32") for d in range(k)])
+    vwant = np.concatenate([block_of(s, rank, int(counts[s, rank]), "float32") for s in range(k)])
+    if not np.array_equal(comm.alltoallv(vbuf, counts[rank], counts[:, rank]), vwant):
+        problems.append("alltoallv")
+    child = comm.split(0, key=-rank)
+    if child.alltoall_algorithm != algorithm:
+        problems.append(f"the split child runs {child.alltoall_algorithm}")
+    assert_all_ranks(not problems, f"{algorithm}: " + "; ".join(problems[:4]), group)
+
+
+def test_an_unknown_alltoall_algorithm_is_refused_naming_the_valid_ones():
+    comm = create("ring", one_rank_group())
+    with pytest.raises(ValueError, match="bruck"):
+        comm.alltoall_algorithm = "nope"
+    assert comm.alltoall_algorithm == "auto"
+
+
+def test_auto_prices_bruck_for_small_blocks_and_pairwise_for_large_ones():
+    """By the cost model: at N = 8 Bruck's 3 steps beat N - 1 = 7 for 1 KiB, its extra bytes lose at 16 MiB."""
+    alpha, beta, gamma = MODEL["mpi"]
+    small = {n: registry.algorithm(n, "alltoall").cost(1024, 8, 1 << 20).time(alpha, beta, gamma)
+             for n in ("bruck", "pairwise")}
+    large = {n: registry.algorithm(n, "alltoall").cost(16 << 20, 8, 1 << 20).time(alpha, beta, gamma)
+             for n in ("bruck", "pairwise")}
+    assert small["bruck"] < small["pairwise"] and large["pairwise"] < large["bruck"], (small, large)

@@ -2,9 +2,10 @@
 
 :class:`AllToAll` is a base of :class:`~npddp.comm.communicators.p2p.P2PCommunicator`. Both calls cut
 the send buffer into one contiguous block per destination and the output into one per source,
-then run a schedule of message rounds (:class:`~npddp.comm.engine.work.RoundWork`): by default
-the pairwise exchange, in round k sending to ``rank + k`` and receiving from ``rank - k``. The
-blocking call is the non-blocking one waited on, so both give the same bits.
+then run the rounds of a registered all-to-all algorithm (:mod:`npddp.comm.engine.exchange`;
+``pairwise``, ``bruck``, ``direct`` in :mod:`npddp.comm.algorithms`), chosen by name with
+``alltoall_algorithm`` or by ``auto`` from their costs. The blocking call is the non-blocking one
+waited on, so both give the same bits.
 
 Argument check. ``alltoall``'s signature carries its dtype and element count, which every rank
 passes alike. ``alltoallv``'s signature carries its dtype; its counts differ per rank, so with the
@@ -22,29 +23,53 @@ import numpy as np
 
 from npddp.comm import checks as c
 from npddp.comm import signature as sg
-from npddp.comm.engine.work import DoneWork, RoundWork
+from npddp.comm.algorithms import registry
+from npddp.comm.engine.cost import MODEL
+from npddp.comm.engine.exchange import blocks
+from npddp.comm.engine.work import DoneWork
 
-def blocks(flat: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
-    """``flat`` cut into consecutive views of ``counts[i]`` elements each."""
-    bounds = sg.offsets(counts)
-    return [flat[bounds[i]:bounds[i + 1]] for i in range(counts.size)]
-
-
-def pairwise(rank: int, size: int, sends: list, recvs: list) -> list[tuple]:
-    """Rounds of the pairwise exchange: in round k send ``sends[rank + k]`` and receive ``recvs[rank - k]``
-    (blocks of no elements send nothing)."""
-    rounds = []
-    for k in range(1, size):
-        dest, source = (rank + k) % size, (rank - k) % size
-        out = [(sends[dest], dest)] if sends[dest].size else []
-        into = [(recvs[source], source)] if recvs[source].size else []
-        if out or into:
-            rounds.append((out, into, None))
-    return rounds
-
+#: ``alltoall_algorithm``'s default: the cheapest by the cost model for each call's size (``alltoallv``: pairwise).
+AUTO = "auto"
 
 class AllToAll:
-    """``alltoall``/``alltoallv`` and their non-blocking forms for a communicator with ``_begin`` (CallLifecycle)."""
+    """``alltoall``/``alltoallv`` and their non-blocking forms for a communicator with ``_begin`` (CallLifecycle)
+    and ``context``; the schedule is the registered all-to-all algorithm ``alltoall_algorithm`` names."""
+
+    _alltoall_name = AUTO
+    _exchanges: dict | None = None   # name -> the algorithm's instance over this communicator's context
+
+    @property
+    def alltoall_algorithm(self) -> str:
+        """The all-to-all algorithm by name (:func:`npddp.comm.algorithms.registry.names` ``("alltoall")``), or
+        ``auto``: the cheapest by the cost model for each call's size (every rank alike: the size is signed);
+        ``alltoallv``, whose size differs per rank, runs ``pairwise`` under ``auto``."""
+        return self._alltoall_name
+
+    @alltoall_algorithm.setter
+    def alltoall_algorithm(self, name: str) -> None:
+        if name != AUTO:
+            registry.algorithm(name, "alltoall")   # ValueError naming the valid ones
+        self._alltoall_name = name
+
+    def _exchange(self, nbytes: int, equal: bool):
+        """The algorithm instance of a call of ``nbytes`` (its send buffer) with equal blocks or not."""
+        name = self._alltoall_name
+        if name == AUTO:
+            name = self._cheapest(nbytes) if equal else "pairwise"
+        if self._exchanges is None:
+            self._exchanges = {}
+        exchange = self._exchanges.get(name)
+        if exchange is None:
+            exchange = self._exchanges[name] = registry.algorithm(name, "alltoall")(self.context)
+        return exchange
+
+    def _cheapest(self, nbytes: int) -> str:
+        """The all-to-all algorithm ``auto`` may pick whose cost is the least at ``nbytes`` (ties: the first)."""
+        constants = MODEL.get(self.transport.name, MODEL["mpi"])
+        size, chunk = self._size, self.context.chunk_bytes
+        priced = [(entry.cost(nbytes, size, chunk).time(*constants), i, entry.name)
+                  for i, entry in enumerate(registry.entries("alltoall")) if entry.auto]
+        return min(priced)[2]
 
     def alltoall(self, buf, out=None):
         """Rank r's ``buf[j]`` lands in rank j's ``out[r]``; ``buf`` and ``out`` of shape ``(size, *block)``."""
@@ -87,16 +112,14 @@ class AllToAll:
         return self._alltoall_work(call, flat, out, send, recv, False, out)
 
     def _alltoall_work(self, call, flat, out, send, recv, agreed: bool, result):
-        """The rounds moving ``send``'s blocks of ``flat`` into ``recv``'s blocks of ``out``: first, with the check on
-        and counts not ``agreed`` by the signature, every rank's row of counts traded and compared."""
-        rounds = []
-        if not agreed and call.signature is not None:
-            rounds.append(self._counts_round(call, send, recv))
-        rounds += self._alltoall_rounds(flat, out, send, recv)
-        if not rounds:   # nothing moves here, and the signature travels with no data message
+        """The algorithm's rounds moving ``send``'s blocks of ``flat`` into ``recv``'s blocks of ``out``; first, with
+        the check on and counts not ``agreed`` by the signature (alltoallv), every rank's row of counts traded and
+        compared."""
+        first = [self._counts_round(call, send, recv)] if not agreed and call.signature is not None else []
+        work = self._exchange(flat.nbytes, agreed).start(call, flat, out, send, recv, agreed, result, first)
+        if work.__class__ is DoneWork:   # nothing moves here, and the signature travels with no data message
             self._signed_empty(call)
-            return DoneWork(result)
-        return RoundWork(call, rounds, result)
+        return work
 
     def _counts_round(self, call, send, recv) -> tuple:
         """The round that trades this rank's row of counts with every peer, then compares the whole table."""
@@ -105,10 +128,6 @@ class AllToAll:
         peers = [p for p in range(size) if p != rank]
         return ([(table[rank], p) for p in peers], [(table[p], p) for p in peers],
                 partial(self._agree_counts, call, table))
-
-    def _alltoall_rounds(self, flat, out, send, recv) -> list[tuple]:
-        """The data rounds (the pairwise exchange; ``naive`` routes through rank 0)."""
-        return pairwise(self._rank, self._size, blocks(flat, send), blocks(out, recv))
 
     def _agree_counts(self, call, table) -> None:
         """CollectiveMismatchError on every rank alike (and close) unless every pair's counts in ``table`` agree."""

@@ -8,7 +8,7 @@ import numpy as np
 
 from npddp.comm import checks as c
 from npddp.comm import signature as sg
-from npddp.comm.communicators import alltoall as aa
+from npddp.comm.engine.exchange import blocks
 from npddp.comm.communicators.p2p import P2PCommunicator
 from npddp.comm.engine.work import DoneWork, RoundWork
 from npddp.comm.algorithms.naive import ROOT
@@ -159,7 +159,7 @@ class NaiveCommunicator(P2PCommunicator):
 
         def assemble():
             for d in range(size):
-                parts = [aa.blocks(got[s], sent[s])[d] for s in range(size)]
+                parts = [blocks(got[s], sent[s])[d] for s in range(size)]
                 if outgoing[d].size:
                     np.concatenate(parts, out=outgoing[d])
         return [((), [(got[s], s) for s in range(1, size) if got[s].size], assemble),

@@ -276,7 +276,7 @@ class P2PCommunicator(AllToAll, CallLifecycle):
         if transport is None:
             return None
         child = self._child(transport)
-        child.check_args = self.check_args
+        child.check_args, child.alltoall_algorithm = self.check_args, self.alltoall_algorithm
         return child
 
     def _child(self, transport):
