@@ -2,7 +2,7 @@
 
     mpirun -n 4 python -m npddp.check --backend custom_ring --plugin examples.custom_allreduce
     python -m npddp.run --nproc 3 -m npddp.check --backend ring --transport tcp
-    mpirun -n 4 python -m npddp.check --backend ring --alltoall bruck
+    mpirun -n 4 python -m npddp.check --backend ring --alltoall bruck --broadcast scatter_allgather
 
 Every rank runs the same calls (see :mod:`npddp.comm.contract`); rank 0 prints ``PASS`` or
 ``FAIL`` per property, then a summary, and on a failure one line naming the first failing case
@@ -23,6 +23,8 @@ from npddp.tools.arguments import load_plugins_and_check_transport
 from npddp.util import env
 
 PROG = "python -m npddp.check"
+#: Collectives whose algorithm a flag of their name chooses (--alltoall, --broadcast).
+CHOSEN = ("alltoall", "broadcast")
 
 
 class _RankZeroParser(argparse.ArgumentParser):
@@ -45,15 +47,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(default auto: tcp under npddp.run, else mpi)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                    help="seconds a call may wait for its peers (default 60)")
-    p.add_argument("--alltoall", metavar="NAME",
-                   help="the all-to-all algorithm of a hand-written backend (default auto; one of "
-                        "npddp.comm.algorithms.registry.names('alltoall'))")
+    for collective in CHOSEN:
+        p.add_argument(f"--{collective}", metavar="NAME",
+                       help=f"the {collective} algorithm of a hand-written backend (default auto; one of "
+                            f"npddp.comm.algorithms.registry.names({collective!r}))")
     args = p.parse_args(argv)
     load_plugins_and_check_transport(p, args)
-    if args.alltoall is not None and (args.backend == "mpi" or
-                                      args.alltoall not in ("auto", *registry.names("alltoall"))):
-        p.error(f"--alltoall {args.alltoall!r} is unknown or --backend mpi (MPI's own); valid with a hand-written "
-                f"backend: auto, {', '.join(registry.names('alltoall'))}")
+    for collective in CHOSEN:
+        name = getattr(args, collective)
+        if name is not None and (args.backend == "mpi" or name not in ("auto", *registry.names(collective))):
+            p.error(f"--{collective} {name!r} is unknown or --backend mpi (MPI's own); valid with a hand-written "
+                    f"backend: auto, {', '.join(registry.names(collective))}")
     if args.backend not in backend_names():
         p.error(f"--backend {args.backend!r} is unknown; valid: {', '.join(backend_names())} "
                 "(an algorithm of your own: --plugin MODULE)")
@@ -71,6 +75,8 @@ def main(argv=None) -> int:
         return exc.code
     if args.alltoall is not None:
         comm.alltoall_algorithm = args.alltoall
+    if args.broadcast is not None:
+        comm.broadcast_algorithm = args.broadcast
     outcomes = run_contract(comm)
     if comm.rank == 0:
         print(f"# {PROG}: backend {args.backend}, {comm.size} ranks")
