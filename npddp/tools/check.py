@@ -68,13 +68,12 @@ def main(argv=None) -> int:
     """Check, print, and return the exit status."""
     args = parse_args(argv)
     try:
-        comm = open_communicator(args.backend, transport=args.transport, timeout=args.timeout)
+        comm = open_communicator(args.backend, transport=args.transport, timeout=args.timeout,
+                                 algorithms=None if args.alltoall is None else {"alltoall": args.alltoall})
     except JobError as exc:   # no MPI for --backend mpi, a world other than the launcher's: one line, exit 2
         if exc.local or env.world_rank() == 0:
             sys.stderr.write(f"error: {exc}\n")
         return exc.code
-    if args.alltoall is not None:
-        comm.alltoall_algorithm = args.alltoall
     if args.broadcast is not None:
         comm.broadcast_algorithm = args.broadcast
     outcomes = run_contract(comm)

@@ -139,8 +139,7 @@ def test_bad_arguments_raise_naming_the_value_before_any_message(comm, group, as
 def test_every_alltoall_algorithm_exact_blocking_and_not(algorithm, group, assert_all_ranks):
     """Each registered all-to-all algorithm, chosen by name on a hand-written backend: exact blocks for equal blocks
     (Bruck's packed rounds included) and per-pair counts, blocking and non-blocking; a split child keeps the choice."""
-    comm = create("ring", group)
-    comm.alltoall_algorithm = algorithm
+    comm = create("ring", group, algorithms={"alltoall": algorithm})
     k, rank, problems = comm.size, comm.rank, []
     for n in (1, 3, 1000, 5000):
         for dtype in ("float16", "int64"):
@@ -154,16 +153,16 @@ def test_every_alltoall_algorithm_exact_blocking_and_not(algorithm, group, asser
     if not np.array_equal(comm.alltoallv(vbuf, counts[rank], counts[:, rank]), vwant):
         problems.append("alltoallv")
     child = comm.split(0, key=-rank)
-    if child.alltoall_algorithm != algorithm:
-        problems.append(f"the split child runs {child.alltoall_algorithm}")
+    if child.choice.chosen["alltoall"] != algorithm:
+        problems.append(f"the split child runs {child.choice.chosen['alltoall']}")
     assert_all_ranks(not problems, f"{algorithm}: " + "; ".join(problems[:4]), group)
 
 
 def test_an_unknown_alltoall_algorithm_is_refused_naming_the_valid_ones():
-    comm = create("ring", one_rank_group())
     with pytest.raises(ValueError, match="bruck"):
-        comm.alltoall_algorithm = "nope"
-    assert comm.alltoall_algorithm == "auto"
+        create("ring", one_rank_group(), algorithms={"alltoall": "nope"})
+    assert create("ring", one_rank_group()).choice.chosen["alltoall"] == "pairwise"
+    assert create("auto", one_rank_group()).choice.chosen["alltoall"] == "auto"
 
 
 def test_auto_prices_bruck_for_small_blocks_and_pairwise_for_large_ones():

@@ -10,7 +10,7 @@ from npddp.comm import CollectiveMismatchError, create
 from npddp.comm import signature as sg
 from npddp.comm.engine.signed import SMALL_BYTES
 
-from tests.conftest import RUN_BACKENDS
+from tests.helpers.ranks import RUN_BACKENDS
 
 
 def _v(comm, dtype="float32", skew=0, blocking=True):

@@ -4,7 +4,7 @@
 the send buffer into one contiguous block per destination and the output into one per source,
 then run the rounds of a registered all-to-all algorithm (:mod:`npddp.comm.engine.exchange`;
 ``pairwise``, ``bruck``, ``direct`` in :mod:`npddp.comm.algorithms`), chosen by name with
-``alltoall_algorithm`` or by ``auto`` from their costs. The blocking call is the non-blocking one
+``create(..., algorithms={"alltoall": name})`` or by ``auto`` from their costs (:mod:`.choice`). The blocking call is the non-blocking one
 waited on, so both give the same bits.
 
 Argument check. ``alltoall``'s signature carries its dtype and element count, which every rank
@@ -23,53 +23,22 @@ import numpy as np
 
 from npddp.comm import checks as c
 from npddp.comm import signature as sg
-from npddp.comm.algorithms import registry
-from npddp.comm.engine.cost import MODEL
+from npddp.comm.communicators.choice import AUTO
 from npddp.comm.engine.exchange import blocks
 from npddp.comm.engine.work import DoneWork
 
-#: ``alltoall_algorithm``'s default: the cheapest by the cost model for each call's size (``alltoallv``: pairwise).
-AUTO = "auto"
-
 class AllToAll:
     """``alltoall``/``alltoallv`` and their non-blocking forms for a communicator with ``_begin`` (CallLifecycle)
-    and ``context``; the schedule is the registered all-to-all algorithm ``alltoall_algorithm`` names."""
-
-    _alltoall_name = AUTO
-    _exchanges: dict | None = None   # name -> the algorithm's instance over this communicator's context
-
-    @property
-    def alltoall_algorithm(self) -> str:
-        """The all-to-all algorithm by name (:func:`npddp.comm.algorithms.registry.names` ``("alltoall")``), or
-        ``auto``: the cheapest by the cost model for each call's size (every rank alike: the size is signed);
-        ``alltoallv``, whose size differs per rank, runs ``pairwise`` under ``auto``."""
-        return self._alltoall_name
-
-    @alltoall_algorithm.setter
-    def alltoall_algorithm(self, name: str) -> None:
-        if name != AUTO:
-            registry.algorithm(name, "alltoall")   # ValueError naming the valid ones
-        self._alltoall_name = name
+    and ``choice`` (:class:`~npddp.comm.communicators.choice.CollectiveChoice`), which names the schedule."""
 
     def _exchange(self, nbytes: int, equal: bool):
-        """The algorithm instance of a call of ``nbytes`` (its send buffer) with equal blocks or not."""
-        name = self._alltoall_name
-        if name == AUTO:
-            name = self._cheapest(nbytes) if equal else "pairwise"
-        if self._exchanges is None:
-            self._exchanges = {}
-        exchange = self._exchanges.get(name)
-        if exchange is None:
-            exchange = self._exchanges[name] = registry.algorithm(name, "alltoall")(self.context)
-        return exchange
-
-    def _cheapest(self, nbytes: int) -> str:
-        """The all-to-all algorithm ``auto`` may pick whose cost is the least at ``nbytes`` (ties: the first)."""
-        constants = MODEL.get(self.transport.name, MODEL["mpi"])
-        size, chunk = self._size, self.context.chunk_bytes
-        priced = [(entry.cost(nbytes, size, chunk).time(*constants), i, entry.name)
-                  for i, entry in enumerate(registry.entries("alltoall")) if entry.auto]
-        return min(priced)[2]
+        """The all-to-all algorithm of a call of ``nbytes`` (its send buffer): the one chosen for the collective
+        (``create(..., algorithms={"alltoall": name})``), or ``auto``'s pick at that size; an ``alltoallv``, whose
+        size differs per rank, runs ``pairwise`` under ``auto`` (every rank must run one schedule)."""
+        if equal:
+            return self.choice.algorithm("alltoall", nbytes)
+        name = self.choice.chosen["alltoall"]
+        return self.choice.named("alltoall", "pairwise" if name == AUTO else name)
 
     def alltoall(self, buf, out=None):
         """Rank r's ``buf[j]`` lands in rank j's ``out[r]``; ``buf`` and ``out`` of shape ``(size, *block)``."""

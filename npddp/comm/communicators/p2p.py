@@ -4,8 +4,8 @@
 and runs the all-reduce algorithm it was built with (``ring``, ``rd``, ``rabenseifner``, ``tree``,
 or ``auto``'s choice per call). The other collectives use the same schedules for every
 algorithm: a dissemination barrier, ring reduce-scatter and all-gather, linear gather and scatter;
-the broadcast and all-to-all algorithms registered for their collectives, chosen by
-``broadcast_algorithm`` and ``alltoall_algorithm``. The ``naive`` backend overrides
+the all-to-all and broadcast algorithms registered for their collectives, chosen by
+``create(..., algorithms=...)`` and ``broadcast_algorithm``. The ``naive`` backend overrides
 them with its root-based versions.
 
 An all-reduce algorithm is a class with ``__init__(ctx)`` (a :class:`~npddp.comm.engine.call.Context`:
@@ -253,8 +253,7 @@ class P2PCommunicator(AllToAll, CallLifecycle):
         if transport is None:
             return None
         child = self._child(transport)
-        child.check_args, child.alltoall_algorithm = self.check_args, self.alltoall_algorithm
-        child.broadcast_algorithm = self.broadcast_algorithm
+        child.check_args, child.broadcast_algorithm = self.check_args, self.broadcast_algorithm
         return child
 
     def _child(self, transport):
