@@ -99,6 +99,23 @@ class Communicator(Protocol):
     def iallgather(self, buf: np.ndarray, out: np.ndarray | None = None) -> Work:
         """Start :meth:`allgather` into ``out`` of shape ``(size, *buf.shape)``; ``buf`` may be ``out[rank]``."""
 
+    def alltoall(self, buf: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Rank r's ``buf[j]`` lands in rank j's ``out[r]``: ``buf`` and ``out`` (None: a new array) of shape
+        ``(size, *block)``, ``out`` apart from ``buf``; return ``out``."""
+
+    def ialltoall(self, buf: np.ndarray, out: np.ndarray | None = None) -> Work:
+        """Start :meth:`alltoall`; ``Work.wait`` returns ``out``."""
+
+    def alltoallv(self, buf: np.ndarray, sendcounts, recvcounts, out: np.ndarray | None = None) -> np.ndarray:
+        """All-to-all with counts per peer. ``buf`` (read flat) holds ``sum(sendcounts)`` elements: block j, the
+        ``sendcounts[j]`` after blocks 0..j-1, goes to rank j. ``out`` (1-d, ``sum(recvcounts)`` elements; None: a
+        new array) gets rank s's block for this rank as block s (``recvcounts[s]`` elements). Rank i's
+        ``sendcounts[j]`` must equal rank j's ``recvcounts[i]`` (with the argument check: CollectiveMismatchError
+        on every rank otherwise); return ``out``."""
+
+    def ialltoallv(self, buf: np.ndarray, sendcounts, recvcounts, out: np.ndarray | None = None) -> Work:
+        """Start :meth:`alltoallv`; ``Work.wait`` returns ``out``."""
+
 
 class Backend:
     """Base of the backends: rank and size (read once by the subclass) and the timeout every wait honours."""

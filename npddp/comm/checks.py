@@ -184,3 +184,63 @@ def is_row(buf: np.ndarray, out: np.ndarray, rank: int) -> bool:
     row = out.reshape(out.shape[0], -1)[rank]  # (buf.size,)
     return (buf.size == row.size and buf.size > 0
             and buf.__array_interface__["data"][0] == row.__array_interface__["data"][0])
+
+
+def check_alltoall(buf, out, size: int) -> np.ndarray:
+    """An all-to-all's ``buf`` of shape ``(size, *block)`` and ``out`` of the same shape and dtype, apart from
+    ``buf`` (None: allocate); returns ``out``."""
+    check_stacked(buf, size)
+    if out is None:
+        return np.empty_like(buf)
+    check_buffer(out, "out")
+    if out.shape != buf.shape or out.dtype != buf.dtype:
+        raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; expected shape {buf.shape} and dtype "
+                         f"{buf.dtype} like buf (size={size}, *block)")
+    if np.shares_memory(out, buf):
+        raise ValueError("out overlaps buf in an all-to-all; pass a separate array")
+    return out
+
+
+def check_counts(counts, size: int, what: str) -> np.ndarray:
+    """Per-peer element counts: ``size`` ints >= 0 (list, tuple or integer array) as an int64 array of shape (size,)."""
+    if isinstance(counts, np.ndarray):
+        if counts.dtype.kind not in "iu":
+            raise TypeError(f"{what} must hold integers, got dtype {counts.dtype}")
+        values = counts.reshape(-1).astype(np.int64)
+    elif isinstance(counts, (list, tuple)):
+        bad = [v for v in counts if isinstance(v, bool) or not isinstance(v, (int, np.integer))]
+        if bad:
+            raise TypeError(f"{what} must hold ints, got {bad[0]!r} ({type(bad[0]).__name__})")
+        values = np.array(counts, dtype=np.int64).reshape(-1)
+    else:
+        raise TypeError(f"{what} must be a list, tuple or integer array of {size} counts, got {type(counts).__name__}")
+    if values.size != size:
+        raise ValueError(f"{what} has {values.size} counts; expected one per rank: {size}")
+    if values.size and values.min() < 0:
+        raise ValueError(f"{what}={values.tolist()} holds a negative count; valid counts: >= 0")
+    return values
+
+
+def check_alltoallv(buf, sendcounts, recvcounts, out, size: int, rank: int):
+    """An all-to-all-v's arguments: ``(sendcounts, recvcounts, flat buf, out)``; ``buf`` holds ``sum(sendcounts)``
+    elements (any shape, read flat), ``out`` is 1-d of ``sum(recvcounts)`` elements and ``buf``'s dtype (None:
+    allocate), and this rank's block to itself has one count both ways."""
+    check_buffer(buf, writable=False)
+    send, recv = check_counts(sendcounts, size, "sendcounts"), check_counts(recvcounts, size, "recvcounts")
+    if int(send.sum()) != buf.size:
+        raise ValueError(f"sendcounts={send.tolist()} add up to {int(send.sum())} elements but buf holds {buf.size}; "
+                         "valid: sum(sendcounts) == buf.size")
+    if send[rank] != recv[rank]:
+        raise ValueError(f"sendcounts[{rank}]={send[rank]} but recvcounts[{rank}]={recv[rank]}: rank {rank}'s block "
+                         "to itself must have one count both ways")
+    total = int(recv.sum())
+    if out is None:
+        out = np.empty(total, dtype=buf.dtype)
+    else:
+        check_buffer(out, "out")
+        if out.shape != (total,) or out.dtype != buf.dtype:
+            raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; expected shape ({total},) "
+                             f"(sum(recvcounts)) and dtype {buf.dtype}")
+        if np.shares_memory(out, buf):
+            raise ValueError("out overlaps buf in an all-to-all-v; pass a separate array")
+    return send, recv, buf.reshape(-1), out

@@ -144,6 +144,33 @@ def other_collectives(comm) -> list:
     return out
 
 
+def _block(source: int, dest: int, n: int, dtype: str) -> np.ndarray:
+    """What rank ``source`` sends rank ``dest`` in an all-to-all: ``n`` small integers, unique per pair."""
+    return ((np.arange(n) * 7 + 31 * source + 5 * dest) % 1000).astype(dtype)
+
+
+def all_to_all(comm) -> list:
+    """alltoall, ialltoall and alltoallv (counts with zeros, per pair) deliver every block where it belongs."""
+    out, k, rank = [], comm.size, comm.rank
+    for dtype in DTYPES:
+        for n in SIZES:
+            buf = np.stack([_block(rank, d, n, dtype) for d in range(k)])   # (size, n)
+            want = np.stack([_block(s, rank, n, dtype) for s in range(k)])
+            got, late = comm.alltoall(buf), comm.ialltoall(buf).wait()
+            counts = (n + np.add.outer(np.arange(k), 2 * np.arange(k))) % (n + 1)   # counts[i, j]: i sends j
+            vbuf = np.concatenate([_block(rank, d, int(counts[rank, d]), dtype) for d in range(k)])
+            vwant = np.concatenate([_block(s, rank, int(counts[s, rank]), dtype) for s in range(k)])
+            vgot = comm.alltoallv(vbuf, counts[rank], counts[:, rank])
+            if not (np.array_equal(got, want) and np.array_equal(late, want) and got.dtype == want.dtype):
+                out.append(f"alltoall dtype={dtype} size={n} rank={rank}: wrong blocks")
+            elif not (np.array_equal(vgot, vwant) and vgot.dtype == vwant.dtype):
+                out.append(f"alltoallv dtype={dtype} size={n} rank={rank}: counts {counts[rank].tolist()}: wrong "
+                           "blocks")
+            else:
+                out.append(None)
+    return out
+
+
 #: Every property, in the order they run.
 PROPERTIES: dict[str, Callable] = {
     "allreduce exact for every dtype, op and size": exact_results,
@@ -152,6 +179,7 @@ PROPERTIES: dict[str, Callable] = {
     "out= fills out, input unchanged": out_of_place,
     "bad input raises before any message": bad_input,
     "broadcast, reduce_scatter, allgather": other_collectives,
+    "alltoall, ialltoall, alltoallv": all_to_all,
 }
 
 

@@ -15,7 +15,9 @@ import numpy as np
 from mpi4py import MPI
 
 from npddp.comm import checks as c
+from npddp.comm import signature as sg
 from npddp.comm.communicators import split as sp
+from npddp.comm.engine.exchange import offsets
 from npddp.comm.engine.work import DoneWork
 from npddp.comm.mpi_calls import MPI_OPS, MPICalls, MPIWork, Received, no_request
 from npddp.comm.transports.mpi import free_comm
@@ -234,3 +236,62 @@ class MPICommunicator(MPICalls):
         if self._checking:
             return self._checked("iallgather", lambda: comm.Iallgather(send, out), out, 0.0, buf)
         return MPIWork(self, comm.Iallgather(send, out), out, "iallgather")
+
+    # --- all-to-all: MPI_Alltoall and MPI_Alltoallv, moved as bytes ---------------------
+    def alltoall(self, buf, out=None):
+        """MPI_Alltoall: rank r's ``buf[j]`` lands in rank j's ``out[r]``; both ``(size, *block)``."""
+        out = c.check_alltoall(buf, out, self._size)
+        self._check_usable()
+        if buf.size and self._size > 1:
+            comm, send, recv = self.comm, [buf, MPI.BYTE], [out, MPI.BYTE]
+            self._run("alltoall", lambda: comm.Alltoall(send, recv), lambda: comm.Ialltoall(send, recv), sig=(buf,))
+        else:
+            out[...] = buf
+            self._nothing("alltoall", buf)
+        return out
+
+    def ialltoall(self, buf, out=None):
+        """MPI_Ialltoall into ``out`` (None: a new array); with ``check_args`` it starts once every rank agrees."""
+        out = c.check_alltoall(buf, out, self._size)
+        self._check_usable()
+        self._calls += 1
+        if buf.size == 0 or self._size == 1:
+            out[...] = buf
+            return self._checked("ialltoall", no_request, out, 0.0, buf) if self._checking else DoneWork(out)
+        comm, send, recv = self.comm, [buf, MPI.BYTE], [out, MPI.BYTE]
+        if self._checking:
+            return self._checked("ialltoall", lambda: comm.Ialltoall(send, recv), out, 0.0, buf)
+        return MPIWork(self, comm.Ialltoall(send, recv), out, "ialltoall")
+
+    def alltoallv(self, buf, sendcounts, recvcounts, out=None):
+        """MPI_Alltoallv: rank r's block j of flat ``buf`` (``sendcounts[j]`` elements) lands as block r of rank j's
+        1-d ``out`` (``recvcounts[r]`` elements); with ``check_args`` every pair's counts agree first."""
+        send, recv, flat, out = c.check_alltoallv(buf, sendcounts, recvcounts, out, self._size, self._rank)
+        self._check_usable()
+        if self._size == 1:
+            out[...] = flat
+            return out
+        comm, smsg, rmsg = self.comm, _vector(flat, send), _vector(out, recv)
+        self._run("alltoallv", lambda: comm.Alltoallv(smsg, rmsg), lambda: comm.Ialltoallv(smsg, rmsg),
+                  sig=(sg.typed(buf.dtype),), extra=sg.counts_row(send, recv))
+        return out
+
+    def ialltoallv(self, buf, sendcounts, recvcounts, out=None):
+        """MPI_Ialltoallv into ``out`` (None: a new array); with ``check_args`` it starts once every rank agrees."""
+        send, recv, flat, out = c.check_alltoallv(buf, sendcounts, recvcounts, out, self._size, self._rank)
+        self._check_usable()
+        self._calls += 1
+        if self._size == 1:
+            out[...] = flat
+            return DoneWork(out)
+        comm, smsg, rmsg = self.comm, _vector(flat, send), _vector(out, recv)
+        if self._checking:
+            return self._checked("ialltoallv", lambda: comm.Ialltoallv(smsg, rmsg), out, 0.0, sg.typed(buf.dtype),
+                                 extra=sg.counts_row(send, recv))
+        return MPIWork(self, comm.Ialltoallv(smsg, rmsg), out, "ialltoallv")
+
+
+def _vector(flat: np.ndarray, counts: np.ndarray) -> list:
+    """An MPI vector message of ``flat`` cut into blocks of ``counts`` elements, in bytes."""
+    size = flat.itemsize
+    return [flat, ([int(n) * size for n in counts], [b * size for b in offsets(counts)[:-1]]), MPI.BYTE]

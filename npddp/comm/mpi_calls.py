@@ -142,19 +142,23 @@ class MPICalls(Backend):
             self._checks = self.comm.Dup()
             weakref.finalize(self, free_comm, self._checks, self._abandoned)
 
-    def _checked(self, what: str, start, result, scale: float = 0.0, buf=None, op=None, root=None) -> MPIWork:
+    def _checked(self, what: str, start, result, scale: float = 0.0, buf=None, op=None, root=None,
+                 extra=None) -> MPIWork:
         """A checked call: start the all-gather of its signature now, its data (``start()``) once all agree."""
         self._carry(what, buf, op, root)   # a forecast all-reduce first, where every rank makes one
-        table = self._signatures(what, buf, op, root)
+        table = self._signatures(what, buf, op, root, extra)
         work = MPIWork(self, None, result, what, scale, (table, self._checks.Iallgather(MPI.IN_PLACE, table)), start)
         self._queue.append(work)
         self._pump()
         return work
 
-    def _signatures(self, what: str, buf=None, op=None, root=None) -> np.ndarray:
-        """A table for every rank's signature of this call, this rank's row filled in."""
-        table = np.empty((self._size, sg.WORDS), dtype=np.int64)
-        sg.encode(table[self._rank], what, self._calls, buf, op, root)
+    def _signatures(self, what: str, buf=None, op=None, root=None, extra=None) -> np.ndarray:
+        """A table for every rank's signature of this call, this rank's row filled in; ``extra``: int64 words after
+        the signature (an all-to-all-v's counts, :mod:`npddp.comm.signature`), compared once the signatures agree."""
+        table = np.empty((self._size, sg.WORDS + (0 if extra is None else extra.size)), dtype=np.int64)
+        sg.encode(table[self._rank, :sg.WORDS], what, self._calls, buf, op, root)
+        if extra is not None:
+            table[self._rank, sg.WORDS:] = extra
         return table
 
     def _pump(self) -> None:
@@ -174,19 +178,26 @@ class MPICalls(Backend):
     def _verdict(self, table: np.ndarray) -> None:
         """CollectiveMismatchError (and close) unless every rank's signature in ``table`` agrees with rank 0's."""
         first = table[0]
+        text = None
         for rank in range(1, self._size):
             if not sg.agree(table[rank], first):
-                text = sg.message(int(table[self._rank][1]), 0, first, rank, table[rank])
-                self._failure = text
-                self._queue.clear()
-                raise sg.CollectiveMismatchError(f"[rank {self._rank}] {text}; this communicator is now closed")
+                text = sg.message(int(table[self._rank][1]), 0, first[:sg.WORDS], rank, table[rank, :sg.WORDS])
+                break
+        if text is None and table.shape[1] > sg.WORDS:   # an all-to-all-v: every pair's counts
+            pair = sg.counts_disagreement(table[:, sg.WORDS:])
+            if pair is not None:
+                text = sg.counts_message(int(table[self._rank][1]), table[:, sg.WORDS:], pair)
+        if text is not None:
+            self._failure = text
+            self._queue.clear()
+            raise sg.CollectiveMismatchError(f"[rank {self._rank}] {text}; this communicator is now closed")
 
     def _check_usable(self) -> None:
         if self._failure is not None:
             raise RuntimeError(f"this mpi communicator is unusable after an earlier failure: {self._failure}")
 
     def _run(self, what: str, blocking, nonblocking, waiting: str = "for its peers", sig=None, peer=None,
-             carry=None) -> None:
+             carry=None, extra=None) -> None:
         """Run one call: ``blocking()`` without a deadline, else ``nonblocking()``'s request polled against it;
         a collective (``sig``: its buffer, op and root) with ``check_args`` starts its data once all agree.
         ``peer``: the one rank a send or receive needs (None: every member). ``carry``: an all-reduce's
@@ -198,7 +209,7 @@ class MPICalls(Backend):
                 self._wait(self._drained, what, waiting)
             if self._carry(what, *sig, carry=carry):
                 return
-            table = self._signatures(what, *sig)
+            table = self._signatures(what, *sig, extra=extra)
             self._wait(self._checks.Iallgather(MPI.IN_PLACE, table).Test, what, waiting)
             self._verdict(table)
         if math.isinf(self._timeout):  # no deadline: MPI's blocking call
@@ -260,10 +271,10 @@ class MPICalls(Backend):
                 return
         self._wait(done, what, waiting, peer)
 
-    def _nothing(self, what: str, buf=None, op=None, root=None, carry=None) -> None:
+    def _nothing(self, what: str, buf=None, op=None, root=None, carry=None, extra=None) -> None:
         """A collective that moves no data on this rank: with ``check_args`` it still takes part in the check."""
         if self._checking:
-            self._run(what, None, no_request, sig=(buf, op, root), carry=carry)
+            self._run(what, None, no_request, sig=(buf, op, root), carry=carry, extra=extra)
 
     def _wait(self, done, what: str, waiting: str = "for its peers", peer: int | None = None) -> None:
         """Poll ``done()`` through the one deadline loop until it is true; TimeoutError past the deadline,

@@ -9,6 +9,9 @@ path folds it into one word of its control line (:func:`pack`), and the ``mpi`` 
 on it with one small all-reduce before the data (:mod:`npddp.comm.mpi`). A rank that finds a peer's signature differs from its own raises
 :class:`CollectiveMismatchError`, naming both ranks and the fields.
 
+An all-to-all-v's counts differ per rank: its signature holds no count, and its counts are agreed
+apart, every rank's row in one table (:func:`counts_table`, :func:`counts_disagreement`).
+
 The blocking and non-blocking forms of a collective (``allreduce`` and ``iallreduce``, ...) have
 the same kind: mixing them is allowed and gives the right result. The number is carried for the
 message only: ranks number their calls alike, and a call skipped by one rank shows as a timeout.
@@ -23,9 +26,10 @@ import numpy as np
 from npddp.comm import checks as c
 
 #: Kinds of collectives; the non-blocking forms share their blocking form's code.
-KINDS = ("barrier", "broadcast", "allreduce", "reduce_scatter", "allgather", "gather", "scatter")
+KINDS = ("barrier", "broadcast", "allreduce", "reduce_scatter", "allgather", "gather", "scatter", "alltoall",
+         "alltoallv")
 _KIND_CODE = {**{k: i for i, k in enumerate(KINDS)},
-              "iallreduce": 2, "ireduce_scatter": 3, "iallgather": 4}
+              "iallreduce": 2, "ireduce_scatter": 3, "iallgather": 4, "ialltoall": 7, "ialltoallv": 8}
 _DTYPE_CODE = {np.dtype(name): i for i, name in enumerate(c.DTYPES)}   # keyed by dtype: faster than its name
 _OP_CODE = {name: i for i, name in enumerate(c.REDUCTIONS)}
 #: Field names, in word order.
@@ -55,6 +59,18 @@ def words(operation: str, number: int, buf=None, op=None, root=None) -> tuple:
                 _NONE if root is None else root)
     return (_KIND_CODE[operation], number, _DTYPE_CODE[buf.dtype], buf.size,
             _NONE if op is None else _OP_CODE[op], _NONE if root is None else root)
+
+
+_TYPED: dict = {}   # dtype -> an empty array of it
+
+
+def typed(dtype: np.dtype) -> np.ndarray:
+    """An empty array of ``dtype``: what an all-to-all-v signs (its dtype, count 0: its counts are agreed apart,
+    :mod:`npddp.comm.counts`)."""
+    empty = _TYPED.get(dtype)
+    if empty is None:
+        empty = _TYPED[dtype] = np.empty(0, dtype=dtype)
+    return empty
 
 
 def encode(out: np.ndarray, operation: str, number: int, buf=None, op=None, root=None) -> np.ndarray:
@@ -124,3 +140,43 @@ def unpack(word: int) -> tuple[int, list[int]]:
     if sig[4] == 7:
         sig[4] = _NONE
     return word >> PACK_BITS, sig
+
+
+# --- all-to-all-v's per-peer counts ------------------------------------------------------------------------------
+# An all-to-all-v moves sendcounts[j] elements from each rank i to rank j, which expects recvcounts[i] of them. A
+# signature cannot hold these, since they differ per rank; so with the argument check on, every rank first shares its
+# row [sendcounts | recvcounts] (a table of shape (size, 2 * size), the same on every rank once traded) and every rank
+# finds the same verdict in it: rank i's sendcounts[j] must equal rank j's recvcounts[i] for every pair, else every
+# rank raises the same CollectiveMismatchError before any data has moved.
+
+
+def counts_row(send: np.ndarray, recv: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """This rank's row of the table: ``[sendcounts | recvcounts]``, int64 of shape (2 * size,)."""
+    if out is None:
+        out = np.empty(2 * send.size, dtype=np.int64)
+    out[:send.size], out[send.size:] = send, recv
+    return out
+
+
+def counts_table(send: np.ndarray, recv: np.ndarray, rank: int) -> np.ndarray:
+    """A table of shape ``(size, 2 * size)`` with this rank's row filled in (the others to be received)."""
+    table = np.zeros((send.size, 2 * send.size), dtype=np.int64)
+    counts_row(send, recv, table[rank])
+    return table
+
+
+def counts_disagreement(table: np.ndarray) -> tuple[int, int] | None:
+    """The first ``(i, j)`` (by i, then j) where rank i sends other than rank j expects; None when all agree."""
+    size = table.shape[0]
+    sent, expected = table[:, :size], table[:, size:].T   # sent[i, j] must equal expected[i, j] (j's recvcounts[i])
+    bad = np.argwhere(sent != expected)
+    return None if bad.size == 0 else (int(bad[0, 0]), int(bad[0, 1]))
+
+
+def counts_message(number: int, table: np.ndarray, pair: tuple[int, int]) -> str:
+    """The error text of a disagreement at ``pair``: who sends how many, who expects how many."""
+    i, j = pair
+    size = table.shape[0]
+    return (f"collective #{number} mismatch: alltoallv counts disagree: rank {i} sends {int(table[i, j])} elements "
+            f"to rank {j} (its sendcounts[{j}]) but rank {j} expects {int(table[j, size + i])} from rank {i} "
+            f"(its recvcounts[{i}]); differing fields: count")

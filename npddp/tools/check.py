@@ -2,6 +2,7 @@
 
     mpirun -n 4 python -m npddp.check --backend custom_ring --plugin examples.custom_allreduce
     python -m npddp.run --nproc 3 -m npddp.check --backend ring --transport tcp
+    mpirun -n 4 python -m npddp.check --backend ring --alltoall bruck --broadcast scatter_allgather
 
 Every rank runs the same calls (see :mod:`npddp.comm.contract`); rank 0 prints ``PASS`` or
 ``FAIL`` per property, then a summary, and on a failure one line naming the first failing case
@@ -15,12 +16,15 @@ import argparse
 import sys
 
 from npddp.comm import backend_names
+from npddp.comm.algorithms import registry
 from npddp.comm.contract import PROPERTIES, run_contract
 from npddp.process.job import JobError, open_communicator
 from npddp.tools.arguments import load_plugins_and_check_transport
 from npddp.util import env
 
 PROG = "python -m npddp.check"
+#: Collectives whose algorithm a flag of their name chooses (--alltoall, --broadcast).
+CHOSEN = ("alltoall", "broadcast")
 
 
 class _RankZeroParser(argparse.ArgumentParser):
@@ -43,8 +47,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(default auto: tcp under npddp.run, else mpi)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                    help="seconds a call may wait for its peers (default 60)")
+    for collective in CHOSEN:
+        p.add_argument(f"--{collective}", metavar="NAME",
+                       help=f"the {collective} algorithm of a hand-written backend (default auto; one of "
+                            f"npddp.comm.algorithms.registry.names({collective!r}))")
     args = p.parse_args(argv)
     load_plugins_and_check_transport(p, args)
+    for collective in CHOSEN:
+        name = getattr(args, collective)
+        if name is not None and (args.backend == "mpi" or name not in ("auto", *registry.names(collective))):
+            p.error(f"--{collective} {name!r} is unknown or --backend mpi (MPI's own); valid with a hand-written "
+                    f"backend: auto, {', '.join(registry.names(collective))}")
     if args.backend not in backend_names():
         p.error(f"--backend {args.backend!r} is unknown; valid: {', '.join(backend_names())} "
                 "(an algorithm of your own: --plugin MODULE)")
@@ -55,11 +68,14 @@ def main(argv=None) -> int:
     """Check, print, and return the exit status."""
     args = parse_args(argv)
     try:
-        comm = open_communicator(args.backend, transport=args.transport, timeout=args.timeout)
+        comm = open_communicator(args.backend, transport=args.transport, timeout=args.timeout,
+                                 algorithms=None if args.alltoall is None else {"alltoall": args.alltoall})
     except JobError as exc:   # no MPI for --backend mpi, a world other than the launcher's: one line, exit 2
         if exc.local or env.world_rank() == 0:
             sys.stderr.write(f"error: {exc}\n")
         return exc.code
+    if args.broadcast is not None:
+        comm.broadcast_algorithm = args.broadcast
     outcomes = run_contract(comm)
     if comm.rank == 0:
         print(f"# {PROG}: backend {args.backend}, {comm.size} ranks")

@@ -149,7 +149,7 @@ def test_check_and_hier_training_across_nodes_with_this_mpi(cluster, own_namespa
                        "python", *job, timeout=300)
         assert done.returncode == 0, f"{lib.name}, {job}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
         assert f"npddp.cluster: {lib.name} between node0 and node1: " in done.stderr
-        assert ("6 passed, 0 failed" if job[1] == "npddp.check" else "done: epoch 1/1") in done.stdout, done.stdout
+        assert ("7 passed, 0 failed" if job[1] == "npddp.check" else "done: epoch 1/1") in done.stdout, done.stdout
     assert not own_namespaces()
 
 

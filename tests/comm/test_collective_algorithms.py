@@ -69,7 +69,8 @@ def test_pairwise_reduces_in_rank_order(op, group, assert_all_ranks):
 def test_a_split_group_keeps_the_choice(group, assert_all_ranks):
     comm = create("ring", group, algorithms={"allgather": "bruck", "reduce_scatter": "halving"})
     child = comm.split(0)
-    ok = child.choice.chosen == comm.choice.chosen == {"allgather": "bruck", "reduce_scatter": "halving"}
+    ok = child.choice.chosen == comm.choice.chosen == {"allgather": "bruck", "reduce_scatter": "halving",
+                                                       "alltoall": "pairwise"}
     got = child.allgather(np.full(3, child.rank, dtype=np.int64))
     ok = ok and np.array_equal(got, np.repeat(np.arange(child.size), 3).reshape(child.size, 3))
     assert_all_ranks(ok, f"child chose {child.choice.chosen}, gathered {got.tolist()}", group)

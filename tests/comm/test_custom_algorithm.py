@@ -99,7 +99,7 @@ def test_check_cli_exits_1_naming_the_failing_case():
     assert "first failure: allreduce dtype=float16 op=sum size=1 rank=0:" in run.stdout
     ok = subprocess.run([*cmd[:7], "--backend", "custom_ring", "--plugin", "examples.custom_allreduce"],
                         cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert ok.returncode == 0 and "6 passed, 0 failed" in ok.stdout, ok.stdout + ok.stderr
+    assert ok.returncode == 0 and "7 passed, 0 failed" in ok.stdout, ok.stdout + ok.stderr
 
 
 def test_check_cli_rejects_unknown_backend(capsys):
@@ -112,7 +112,7 @@ def test_check_cli_rejects_unknown_backend(capsys):
 def test_check_in_one_process_passes(capsys):
     from npddp.tools.check import main
     assert main(["--backend", "custom_ring", "--plugin", "examples.custom_allreduce"]) == 0
-    assert "6 passed, 0 failed" in capsys.readouterr().out
+    assert "7 passed, 0 failed" in capsys.readouterr().out
 
 
 def test_benchmarks_take_a_plugin_backend_by_name():

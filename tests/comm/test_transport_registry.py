@@ -68,7 +68,7 @@ def test_npddp_check_passes_over_the_pipe_transport_and_leaves_no_pipe_behind():
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "6 passed, 0 failed of 6 properties" in run.stdout
+    assert "7 passed, 0 failed of 7 properties" in run.stdout
     assert set(glob.glob(pipes)) == before
 
 

@@ -146,6 +146,49 @@ class Rank:
             None if out is None or got is out else "wait() did not return out",
             self.expect(index, lambda: oracle.compare(got, self._gathered(index, members), op.dtype, True))]), members)
 
+    def alltoall(self, index, op):
+        comm, members, me = self.where(op)
+        x = self.mine(index, op, len(members))   # (size, *block)
+        keep = x.copy()
+        got = comm.alltoall(x)
+        problems = [None if np.array_equal(x, keep) else "changed its input",
+                    self.expect(index, lambda: oracle.compare(got, self._alltoall_result(index, members, me),
+                                                              op.dtype, True))]
+        self.record(index, op, got, problems, ())
+
+    def _alltoall_result(self, index, members, me):
+        return np.stack([oracle.input_of(self.program, index, r, len(members))[me] for r in members])
+
+    def ialltoall(self, index, op):
+        comm, members, me = self.where(op)
+        x = self.mine(index, op, len(members))
+        out = None if op.place == "in" else np.full(x.shape, oracle.SENTINEL, dtype=x.dtype)
+        work = comm.ialltoall(x, out)
+        self.pending[index] = (work, lambda got: (got, [
+            None if out is None or got is out else "wait() did not return out",
+            self.expect(index, lambda: oracle.compare(got, self._alltoall_result(index, members, me), op.dtype,
+                                                      True))]), ())
+
+    def alltoallv(self, index, op):
+        comm, members, me = self.where(op)
+        x, send, recv = oracle.alltoallv_input(self.program, index, self.rank, me, len(members))
+        keep = x.copy()
+        got = comm.alltoallv(x, send, recv)
+        problems = [None if np.array_equal(x, keep) else "changed its input",
+                    self.expect(index, lambda: oracle.compare(
+                        got, oracle.alltoallv_result(self.program, index, members, me), op.dtype, True))]
+        self.record(index, op, got, problems, ())
+
+    def ialltoallv(self, index, op):
+        comm, members, me = self.where(op)
+        x, send, recv = oracle.alltoallv_input(self.program, index, self.rank, me, len(members))
+        out = None if op.place == "in" else np.full(int(recv.sum()), oracle.SENTINEL, dtype=x.dtype)
+        work = comm.ialltoallv(x, send.tolist(), recv, out)
+        self.pending[index] = (work, lambda got: (got, [
+            None if out is None or got is out else "wait() did not return out",
+            self.expect(index, lambda: oracle.compare(
+                got, oracle.alltoallv_result(self.program, index, members, me), op.dtype, True))]), ())
+
     def broadcast(self, index, op):
         comm, members, me = self.where(op)
         root = op.root % len(members)

@@ -46,8 +46,37 @@ def values(seed: int, index: int, rank: int, op: Op, shape: tuple, salt: int = 0
 
 
 def buffer_shape(op: Op, size: int) -> tuple:
-    """The shape of the buffer a rank passes: scatter's is ``(size, *block)``."""
-    return (size, *op.shape) if op.base == "scatter" else tuple(op.shape)
+    """The shape of the buffer a rank passes: scatter's and alltoall's are ``(size, *block)``."""
+    return (size, *op.shape) if op.base in ("scatter", "alltoall") else tuple(op.shape)
+
+
+def alltoallv_counts(seed: int, index: int, op: Op, size: int) -> np.ndarray:
+    """``counts[i, j]``: elements rank i of the communicator sends rank j in op ``index`` as ``op`` passes it.
+
+    About a third of the pairs move nothing (the same pairs whatever ``op``); the others ``op.count`` and 0..3 more,
+    always the pair to the next rank: a rank whose ``op.count`` differs disagrees with a peer on some count."""
+    rng = np.random.default_rng([seed & (2**63 - 1), index, 7])
+    zero = rng.random((size, size)) < 0.3
+    zero[np.arange(size), (np.arange(size) + 1) % size] = False
+    return np.where(zero, 0, op.count + rng.integers(0, 4, (size, size)))
+
+
+def alltoallv_input(program: Program, index: int, world_rank: int, me: int, size: int) -> tuple:
+    """``(buf, sendcounts, recvcounts)`` that ``world_rank`` (rank ``me`` of ``size``) passes to op ``index``."""
+    op = program.op_of(world_rank, index)
+    counts = alltoallv_counts(program.seed, index, op, size)
+    send, recv = counts[me], counts[:, me]
+    return values(program.seed, index, world_rank, op, (int(send.sum()),)), send, recv
+
+
+def alltoallv_result(program: Program, index: int, members: tuple, me: int) -> np.ndarray:
+    """What rank ``me`` of ``members`` receives: each member's block for it, in member order."""
+    parts = []
+    for s, world_rank in enumerate(members):
+        buf, send, _ = alltoallv_input(program, index, world_rank, s, len(members))
+        start = int(send[:me].sum())
+        parts.append(buf[start:start + int(send[me])])
+    return np.concatenate(parts)
 
 
 def input_of(program: Program, index: int, world_rank: int, comm_size: int) -> np.ndarray:

@@ -16,14 +16,17 @@ from dataclasses import dataclass
 from npddp.comm import DTYPES, OPS
 
 #: Blocking collectives, and each non-blocking form with the blocking one it counts as.
-COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "gather", "scatter", "barrier")
-NONBLOCKING = {"iallreduce": "allreduce", "ireduce_scatter": "reduce_scatter", "iallgather": "allgather"}
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "gather", "scatter", "barrier", "alltoall",
+               "alltoallv")
+NONBLOCKING = {"iallreduce": "allreduce", "ireduce_scatter": "reduce_scatter", "iallgather": "allgather",
+               "ialltoall": "alltoall", "ialltoallv": "alltoallv"}
 REDUCING = ("allreduce", "reduce_scatter")
 ROOTED = ("broadcast", "gather", "scatter")
 #: Which fields of a collective a perturbation may change (besides the call order).
 FIELDS = {"allreduce": ("dtype", "count", "op"), "reduce_scatter": ("dtype", "count", "op"),
           "allgather": ("dtype", "count"), "broadcast": ("dtype", "count", "root"),
-          "gather": ("dtype", "count", "root"), "scatter": ("dtype", "count", "root"), "barrier": ()}
+          "gather": ("dtype", "count", "root"), "scatter": ("dtype", "count", "root"), "barrier": (),
+          "alltoall": ("dtype", "count"), "alltoallv": ("dtype", "count")}
 #: Perturbations of a point-to-point message: the sender's dtype, or its length above or below the receive's.
 P2P_FIELDS = ("p2p-dtype", "p2p-longer", "p2p-shorter")
 #: How a program's communicator is wrapped: plain, checked by ``debug=True``, or driven by a progress thread.
@@ -38,7 +41,8 @@ class Op:
     kind: str                    # a collective, its i-form, "wait", "test", "p2p" or "split"
     comm: int = 0                # 0: the world; c: the child made by the split at op index c - 1
     dtype: str = "float32"
-    shape: tuple = (0,)          # scatter: one block's shape (the buffer is (size, *shape))
+    shape: tuple = (0,)          # scatter, alltoall: one block's shape (the buffer is (size, *shape)); alltoallv:
+    #                              (n,), the least count of a pair that moves anything (oracle.alltoallv_counts)
     op: str = "sum"
     root: int = 0                # taken modulo the communicator's size
     place: str = "in"            # in | out | alias (out is buf); iallgather alias: buf is out[rank]; wait: in | poll
@@ -144,7 +148,7 @@ def _collective(rng: random.Random, kind: str, size: int, comm: int) -> Op:
     """A random call of ``kind`` (blocking or non-blocking) on communicator ``comm``."""
     base = NONBLOCKING.get(kind, kind)
     n = _count(rng, size)
-    if base == "scatter":
+    if base in ("scatter", "alltoall", "alltoallv"):
         n = min(n, 5000)
     place = "in"
     if base == "allreduce" and kind == "allreduce":
@@ -153,6 +157,11 @@ def _collective(rng: random.Random, kind: str, size: int, comm: int) -> Op:
         place = rng.choice(("in", "out"))       # in: out=None (a new array); out: an array of ours
     elif kind == "iallgather":
         place = rng.choice(("in", "out", "alias"))
+    elif kind in ("ialltoall", "ialltoallv"):
+        place = rng.choice(("in", "out"))       # in: out=None (a new array); out: an array of ours
+    if base == "alltoallv":
+        return Op(kind, comm=comm, dtype=rng.choice(DTYPES), shape=(n,), place=place,
+                  values=rng.choice(("exact", "random")))
     return Op(kind, comm=comm, dtype=rng.choice(DTYPES), shape=_shape(rng, n), op=rng.choice(tuple(OPS)),
               root=rng.randrange(8), place=place, values=rng.choice(("exact", "exact", "random")))
 

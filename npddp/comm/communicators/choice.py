@@ -13,7 +13,7 @@ from npddp.comm.algorithms import registry
 from npddp.comm.engine.cost import MODEL
 
 #: The collectives whose algorithm is chosen here, and the algorithm each runs unless told otherwise.
-DEFAULTS = {"allgather": "ring", "reduce_scatter": "ring"}
+DEFAULTS = {"allgather": "ring", "reduce_scatter": "ring", "alltoall": "pairwise"}
 #: The name that picks per call by the cost model.
 AUTO = "auto"
 _CACHE_SIZE = 256
@@ -59,7 +59,10 @@ class CollectiveChoice:
 
     def algorithm(self, collective: str, nbytes: int):
         """The algorithm instance that runs ``collective`` on ``nbytes`` bytes."""
-        name = self.name_for(collective, nbytes)
+        return self.named(collective, self.name_for(collective, nbytes))
+
+    def named(self, collective: str, name: str):
+        """The instance of ``collective``'s algorithm ``name`` over this communicator's context (built once)."""
         built = self._built.get((collective, name))
         if built is None:
             built = self._built[(collective, name)] = registry.algorithm(name, collective)(self.ctx)

@@ -7,6 +7,8 @@ from functools import partial
 import numpy as np
 
 from npddp.comm import checks as c
+from npddp.comm import signature as sg
+from npddp.comm.engine.exchange import blocks
 from npddp.comm.communicators.p2p import P2PCommunicator
 from npddp.comm.engine.work import DoneWork, RoundWork
 from npddp.comm.algorithms.naive import ROOT
@@ -119,3 +121,46 @@ class NaiveCommunicator(P2PCommunicator):
         else:
             rounds = [([(rows[self._rank], ROOT)], (), None), ((), [(out, ROOT)], None)]
         return RoundWork(call, rounds, out)
+
+    def _alltoall_work(self, call, flat, out, send, recv, agreed: bool, result):
+        """All-to-all through rank 0: every rank sends its whole buffer there, rank 0 sends each rank its blocks.
+        Rank 0 needs every rank's counts: an ``alltoallv`` first gathers the rows of counts there and sends the table
+        back to all (every rank compares it alike)."""
+        size, rank = self._size, self._rank
+        if agreed:   # equal blocks: the table is known everywhere
+            table = np.tile(np.concatenate([send, recv]), (size, 1))   # (size, 2 * size)
+            rounds = self._routed(flat, out, table)
+            return RoundWork(call, rounds, result) if rounds else DoneWork(result)
+        table = sg.counts_table(send, recv, rank)
+        others = range(1, size)
+        rounds: list = []
+        then = partial(self._route_after, call, flat, out, table, rounds)
+        if rank == ROOT:
+            rounds += [((), [(table[s], s) for s in others], None), ([(table, d) for d in others], (), then)]
+        else:
+            rounds += [([(table[rank], ROOT)], (), None), ((), [(table, ROOT)], then)]
+        return RoundWork(call, rounds, result)
+
+    def _route_after(self, call, flat, out, table, rounds: list) -> None:
+        """The table is in: compare it, then add the data rounds."""
+        self._agree_counts(call, table)
+        rounds += self._routed(flat, out, table)
+
+    def _routed(self, flat, out, table) -> list:
+        """Rounds moving every rank's blocks through rank 0, given every rank's counts ``table`` (size, 2 * size)."""
+        size, rank = self._size, self._rank
+        sent = table[:, :size]   # sent[i, j]: elements rank i sends rank j
+        if rank != ROOT:
+            sends = [(flat, ROOT)] if flat.size else []
+            recvs = [(out, ROOT)] if out.size else []
+            return [(sends, recvs, None)] if sends or recvs else []
+        got = [flat] + [np.empty(int(sent[s].sum()), dtype=flat.dtype) for s in range(1, size)]
+        outgoing = [out] + [np.empty(int(sent[:, d].sum()), dtype=flat.dtype) for d in range(1, size)]
+
+        def assemble():
+            for d in range(size):
+                parts = [blocks(got[s], sent[s])[d] for s in range(size)]
+                if outgoing[d].size:
+                    np.concatenate(parts, out=outgoing[d])
+        return [((), [(got[s], s) for s in range(1, size) if got[s].size], assemble),
+                ([(outgoing[d], d) for d in range(1, size) if outgoing[d].size], (), None)]

@@ -3,8 +3,9 @@
 :class:`P2PCommunicator` holds a :class:`~npddp.comm.transports.base.Transport` and the scratch pool,
 and runs the all-reduce algorithm it was built with (``ring``, ``rd``, ``rabenseifner``, ``tree``,
 or ``auto``'s choice per call). The other collectives use the same schedules for every
-algorithm: a dissemination barrier, a binomial tree (small) or pipelined chain (large) broadcast,
-ring reduce-scatter and all-gather, linear gather and scatter. The ``naive`` backend overrides
+algorithm: a dissemination barrier, ring reduce-scatter and all-gather, linear gather and scatter;
+the all-to-all and broadcast algorithms registered for their collectives, chosen by
+``create(..., algorithms=...)`` and ``broadcast_algorithm``. The ``naive`` backend overrides
 them with its root-based versions.
 
 An all-reduce algorithm is a class with ``__init__(ctx)`` (a :class:`~npddp.comm.engine.call.Context`:
@@ -27,16 +28,18 @@ import numpy as np
 from npddp.comm import checks as c
 from npddp.comm.communicators import split as sp
 from npddp.comm.communicators.choice import CollectiveChoice
+from npddp.comm.communicators.alltoall import AllToAll
 from npddp.comm.communicators.lifecycle import CallLifecycle
 from npddp.comm.communicators.point import PointWork
 from npddp.comm.engine.call import CHUNK_BYTES, Context
-from npddp.comm.engine.deadline import Overdue
 from npddp.comm.engine.scratch import ScratchPool
 from npddp.comm.engine.work import DoneWork
+from npddp.comm.algorithms import registry
 
 
-class P2PCommunicator(CallLifecycle):
-    """Collectives built from a transport's point-to-point messages; all-reduce by ``algorithm``."""
+class P2PCommunicator(AllToAll, CallLifecycle):
+    """Collectives built from a transport's point-to-point messages; all-reduce by ``algorithm``; all-to-all by
+    :class:`~npddp.comm.communicators.alltoall.AllToAll`."""
 
     #: Broadcasts of at least this many bytes use a pipelined chain instead of a binomial tree.
     chain_bytes = CHUNK_BYTES
@@ -46,6 +49,7 @@ class P2PCommunicator(CallLifecycle):
         self.scratch = ScratchPool()
         self.context = Context(transport, self.scratch, chunk_bytes=CHUNK_BYTES, window=2)
         self._algorithm = algorithm              # the class, for a split's child
+        self._broadcast_name, self._broadcasters = "auto", {}   # the broadcast algorithm and its instances
         self.algorithm = algorithm(self.context) if algorithm is not None else None
         #: The algorithm of each other collective (``create(..., algorithms=...)``; :mod:`.choice`).
         self.choice = CollectiveChoice(self.context, algorithms or {}, self._default_choice())
@@ -133,62 +137,37 @@ class P2PCommunicator(CallLifecycle):
             dist <<= 1
 
     def broadcast(self, buf, root=0):
-        """Binomial tree from root; a pipelined chain of chunks for buffers of ``chain_bytes`` or more."""
+        """Root's ``buf`` to every rank in place, by the broadcast algorithm ``broadcast_algorithm`` names."""
         c.check_buffer(buf)
         root = c.check_rank(root, self._size)
         call = self._begin("broadcast", None, buf, None, root)
         self._signed_empty(call)   # a root receives nothing: it compares its signature with every peer's first
         if buf.size == 0 or self._size == 1:
             return buf
-        if buf.nbytes >= self.chain_bytes and self._size > 2:
-            self._chain_broadcast(call, buf.reshape(-1), root)
-        else:
-            self._tree_broadcast(call, buf, root)
+        self._broadcaster(buf.nbytes).run(call, buf.reshape(-1), root)
         return buf
 
-    def _tree_broadcast(self, call, buf, root):
-        """Receive from the parent (clear lowest set bit of the relative rank), then send to children."""
-        size, vrank = self._size, (self._rank - root) % self._size
-        mask = 1
-        while mask < size:
-            if vrank & mask:
-                call.transfer(recvs=[(buf, (vrank - mask + root) % size)])
-                break
-            mask <<= 1
-        children = []
-        mask >>= 1
-        while mask:
-            if vrank + mask < size:
-                children.append((buf, (vrank + mask + root) % size))
-            mask >>= 1
-        if children:
-            call.transfer(sends=children)
+    @property
+    def broadcast_algorithm(self) -> str:
+        """The broadcast algorithm by name (``registry.names("broadcast")``), or ``auto``: a binomial tree below
+        ``chain_bytes`` (or on two ranks), a pipelined chain from there."""
+        return self._broadcast_name
 
-    def _chain_broadcast(self, call, flat, root):
-        """Root -> root+1 -> ...: each rank forwards a chunk as soon as it has arrived."""
-        size, vrank, tag = self._size, (self._rank - root) % self._size, call.tag
-        seg = max(1, self.chunk_bytes // flat.itemsize)
-        parts = [flat[i:i + seg] for i in range(0, flat.size, seg)]
-        left, right = (self._rank - 1) % size, (self._rank + 1) % size
-        if vrank == 0:
-            call.transfer(sends=[(p, right) for p in parts])
-            return
-        transport, recvs, sends = call.transport, [], []
-        try:
-            recvs += [(transport.irecv(p, left, tag), left) for p in parts]
-            for p, (req, _) in zip(parts, recvs):
-                call.wait(req)
-                if vrank < size - 1:
-                    sends.append((transport.isend(p, right, tag), right))
-            for req, _ in sends:
-                call.wait(req)
-        except Overdue:
-            raise self.give_up(call, recvs, sends, parts) from None
-        except ConnectionError as exc:
-            raise self.fail(call, exc, recvs, sends, parts) from None
-        except Exception:   # a mismatch found while waiting
-            self.strand(recvs + sends, parts)
-            raise
+    @broadcast_algorithm.setter
+    def broadcast_algorithm(self, name: str) -> None:
+        if name != "auto":
+            registry.algorithm(name, "broadcast")   # ValueError naming the valid ones
+        self._broadcast_name = name
+
+    def _broadcaster(self, nbytes: int):
+        """The broadcast algorithm's instance for a buffer of ``nbytes`` (every rank alike: the count is signed)."""
+        name = self._broadcast_name
+        if name == "auto":
+            name = "chain" if nbytes >= self.chain_bytes and self._size > 2 else "binomial"
+        algorithm = self._broadcasters.get(name)
+        if algorithm is None:
+            algorithm = self._broadcasters[name] = registry.algorithm(name, "broadcast")(self.context)
+        return algorithm
 
     def reduce_scatter(self, buf, op="sum"):
         """Rank r ends with block r (``np.array_split``'s) of the reduction, by the chosen algorithm."""
@@ -274,7 +253,7 @@ class P2PCommunicator(CallLifecycle):
         if transport is None:
             return None
         child = self._child(transport)
-        child.check_args = self.check_args
+        child.check_args, child.broadcast_algorithm = self.check_args, self.broadcast_algorithm
         return child
 
     def _child(self, transport):

@@ -25,16 +25,16 @@ from __future__ import annotations
 import numpy as np
 
 from npddp.comm import checks as c
-from npddp.comm.signature import CollectiveMismatchError
+from npddp.comm.signature import CollectiveMismatchError, typed
 
 __all__ = ["CollectiveMismatchError", "DebugCommunicator", "FINGERPRINT_LENGTH", "describe", "encode", "mismatch"]
 
 #: Collectives in fingerprint order; a fingerprint stores the index.
 OPERATIONS = ("barrier", "broadcast", "allreduce", "iallreduce", "reduce_scatter", "allgather", "gather", "scatter",
-              "ireduce_scatter", "iallgather")
+              "ireduce_scatter", "iallgather", "alltoall", "ialltoall", "alltoallv", "ialltoallv")
 _REDUCING = frozenset({"allreduce", "iallreduce", "reduce_scatter", "ireduce_scatter"})
 _ROOTED = frozenset({"broadcast", "gather", "scatter"})
-_SHAPED = frozenset({"allgather", "gather", "scatter", "iallgather"})
+_SHAPED = frozenset({"allgather", "gather", "scatter", "iallgather", "alltoall", "ialltoall"})
 _OP_NAMES = c.REDUCTIONS
 _OPERATION_CODE = {name: i for i, name in enumerate(OPERATIONS)}
 _OP_CODE = {name: i for i, name in enumerate(_OP_NAMES)}
@@ -271,3 +271,27 @@ class DebugCommunicator:
         c.check_stacked_out(buf, out, self.size, self.rank)
         self._check("iallgather", buf)
         return self.inner.iallgather(buf, out)
+
+    def alltoall(self, buf, out=None):
+        """Checked alltoall."""
+        c.check_alltoall(buf, out, self.size)
+        self._check("alltoall", buf)
+        return self.inner.alltoall(buf, out)
+
+    def ialltoall(self, buf, out=None):
+        """Checked ialltoall; the wrapped backend's Work handle is returned as is."""
+        c.check_alltoall(buf, out, self.size)
+        self._check("ialltoall", buf)
+        return self.inner.ialltoall(buf, out)
+
+    def alltoallv(self, buf, sendcounts, recvcounts, out=None):
+        """Checked alltoallv: the operation and dtype here; every pair's counts by the backend's own check."""
+        c.check_alltoallv(buf, sendcounts, recvcounts, out, self.size, self.rank)
+        self._check("alltoallv", typed(buf.dtype))
+        return self.inner.alltoallv(buf, sendcounts, recvcounts, out)
+
+    def ialltoallv(self, buf, sendcounts, recvcounts, out=None):
+        """Checked ialltoallv (as :meth:`alltoallv`); the wrapped backend's Work handle is returned as is."""
+        c.check_alltoallv(buf, sendcounts, recvcounts, out, self.size, self.rank)
+        self._check("ialltoallv", typed(buf.dtype))
+        return self.inner.ialltoallv(buf, sendcounts, recvcounts, out)

@@ -71,7 +71,7 @@ class ThreadedCommunicator:
 
     def __getattr__(self, name):
         attr = getattr(self.inner, name)
-        if not callable(attr) or name in ("iallreduce", "ireduce_scatter", "iallgather"):
+        if not callable(attr) or name in ("iallreduce", "ireduce_scatter", "iallgather", "ialltoall", "ialltoallv"):
             return attr
 
         def locked(*args, **kwargs):
@@ -102,6 +102,16 @@ class ThreadedCommunicator:
         """Start the all-gather; the progress thread drives it from now on."""
         with self.lock:
             return self._driven(self.inner.iallgather(buf, out), "iallgather")
+
+    def ialltoall(self, buf, out=None) -> ThreadedWork:
+        """Start the all-to-all; the progress thread drives it from now on."""
+        with self.lock:
+            return self._driven(self.inner.ialltoall(buf, out), "ialltoall")
+
+    def ialltoallv(self, buf, sendcounts, recvcounts, out=None) -> ThreadedWork:
+        """Start the all-to-all-v; the progress thread drives it from now on."""
+        with self.lock:
+            return self._driven(self.inner.ialltoallv(buf, sendcounts, recvcounts, out), "ialltoallv")
 
     def _driven(self, inner, operation: str) -> ThreadedWork:
         """Hand ``inner`` (a call of ``operation``) to the progress thread (the caller holds the lock)."""
