@@ -63,16 +63,16 @@ class MeshEngine(Engine):
     ``timeout``: what the groups are created with; ``micro_batches``, ``schedule``: the
     pipeline's; ``sync``, ``bucket_cap_mb``: DDP's over the data group, and ``comm_hook(group)
     -> (state, hook)`` its hook; ``eval_batch``: rows per validation forward pass; ``tracer``:
-    None for ``NPDDP_TRACE``'s.
+    None for ``NPDDP_TRACE``'s; ``algorithms``: the groups' all-gather/reduce-scatter choice (``create``'s).
     """
 
     splits_model = True
 
     def __init__(self, comm, model, dropouts, *, tp: int, pp: int, backend: str, timeout: float,
                  micro_batches: int, schedule: str, sync: str, bucket_cap_mb: float, comm_hook,
-                 eval_batch: int, tracer=None):
+                 eval_batch: int, tracer=None, algorithms: dict | None = None):
         self.comm, self.mesh = comm, Mesh(comm.size, tp=tp, pp=pp)
-        self.groups = mesh_groups(self.mesh, raw_world(comm), backend, timeout=timeout)
+        self.groups = mesh_groups(self.mesh, raw_world(comm), backend, timeout=timeout, algorithms=algorithms)
         self.here = self.mesh.coords(comm.rank)
         self.tracer = tracing.from_env(comm) if tracer is None else tracer
         self.tracer.describe(process_names=process_names(self.mesh))
