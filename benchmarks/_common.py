@@ -181,20 +181,21 @@ def check_out(paths: dict, world, parser: argparse.ArgumentParser) -> None:
 # ----------------------------------------------------------------------------- communicators
 
 def create_comm(backend: str, mpi_comm, transport: str = DEFAULT_TRANSPORT, tcp_world=None,
-                progress: str = "caller", check_args: bool | None = None):
+                progress: str = "caller", check_args: bool | None = None, algorithms: dict | None = None):
     """``npddp.comm.create`` of ``backend`` over ``transport``, its ranks those of ``mpi_comm``.
 
     Over tcp the communicator gets a message context of its own in ``tcp_world`` (see :func:`tcp_world`); over
     a transport a plugin registers (``npddp.comm.transport_names()``), one over every rank of the job.
-    ``check_args``: the default argument check on or off (None: ``NPDDP_CHECK_ARGS``).
+    ``check_args``: the default argument check on or off (None: ``NPDDP_CHECK_ARGS``); ``algorithms``: ``create``'s.
     """
     from npddp import comm as npcomm
 
+    kwargs = {"progress": progress, "check_args": check_args, "algorithms": algorithms}
     if transport == "tcp":
-        return npcomm.create(backend, tcp_world.transport(), progress=progress, check_args=check_args)
+        return npcomm.create(backend, tcp_world.transport(), **kwargs)
     if transport != "mpi":   # a registered transport: every rank of the job, in a context of its own
-        return npcomm.create(backend, transport=transport, progress=progress, check_args=check_args)
-    return npcomm.create(backend, mpi_comm, transport=transport, progress=progress, check_args=check_args)
+        return npcomm.create(backend, transport=transport, **kwargs)
+    return npcomm.create(backend, mpi_comm, transport=transport, **kwargs)
 
 
 def tcp_world(mpi_comm):

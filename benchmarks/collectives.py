@@ -6,6 +6,7 @@ Run it with MPI (the defaults sweep all-reduce from 8 B to 256 MiB on every back
     mpirun -n 4 python -m benchmarks.collectives --backends mpi,ring -b 1K -e 64M -f 4 --out ar.h5 --csv ar.csv
     mpirun -n 4 python benchmarks/collectives.py --collective allgather --dtype float64
     mpirun -n 2 python benchmarks/collectives.py --collective reduce_scatter --backends raw,mpi,auto -b 1K -e 16M -f 16
+    mpirun -n 3 python benchmarks/collectives.py --collective allgather --backends ring:bruck,ring:rd,auto -b 1K -e 1M
     mpirun -n 2 python benchmarks/collectives.py --collective alltoall -b 1K -e 16M -f 16   # MPI_Alltoall (raw)
     mpirun -n 2 python benchmarks/collectives.py --backends mpi,ring --transports mpi,tcp   # ring over both
     mpirun -n 2 python benchmarks/collectives.py --backends gloo,ring --transports tcp      # beside PyTorch's gloo
@@ -18,7 +19,10 @@ Run it with MPI (the defaults sweep all-reduce from 8 B to 256 MiB on every back
 ``*_perf`` programs and OSU's ``osu_*`` time); ``--op`` is the reduction, as nccl-tests' ``-o``.
 
 Rows. Every backend named (default: all of npddp's, where its communicator protocol has the
-collective: :func:`benchmarks._common.offered`), plus ``raw`` beside ``mpi``: MPI's own call in a bare mpi4py loop
+collective: :func:`benchmarks._common.offered`; for all-gather and reduce-scatter, ``mpi``, one row per
+registered algorithm of the collective, ``ring:NAME`` (a backend ``B:NAME`` runs that collective with algorithm
+``NAME``, ``create(B, algorithms={collective: NAME})``), and ``auto``, whose algorithm column shows its pick per
+size), plus ``raw`` beside ``mpi``: MPI's own call in a bare mpi4py loop
 (:mod:`benchmarks._raw`: ``MPI_Allreduce``, ``MPI_Allgather``, ``MPI_Reduce_scatter_block``,
 ``MPI_Alltoall``, ``MPI_Bcast``). A collective the protocol does not have yet (all-to-all) is
 timed on ``raw`` alone; its npddp rows appear once the protocol declares it.
@@ -100,6 +104,8 @@ except ImportError:   # the sweep's harness (barriers, the timings' all-reduce) 
     MPI = None
 
 from npddp import comm as npcomm
+from npddp.comm.algorithms import registry
+from npddp.comm.communicators import choice
 from benchmarks import results
 from npddp.process.job import abort_on_exception
 from npddp.util import env
@@ -122,6 +128,39 @@ REDUCING = ("allreduce", "reduce_scatter")
 BLOCKED = ("allgather", "reduce_scatter", "alltoall")
 
 BUFFER_CHOICES = (*BUFFERS, "both")
+#: ``BACKEND:ALGORITHM``: a hand-written backend whose all-gather or reduce-scatter runs the named algorithm.
+CHOSEN = ":"
+#: Backends that run their own schedules for every collective: no ``:ALGORITHM`` and no pick to show.
+OWN_SCHEDULES = ("mpi", "naive", "hier", GLOO, RAW)
+
+
+def default_backends(collective: str) -> tuple:
+    """The rows without ``--backends``: MPI's own, then for a collective with an algorithm menu each registered
+    algorithm (``ring:NAME``) and ``auto``; else every built-in backend."""
+    if collective in choice.DEFAULTS:
+        return ("mpi", *(f"ring{CHOSEN}{name}" for name in registry.names(collective)), "auto")
+    return npcomm.BACKENDS
+
+
+def split_backend(spec: str, collective: str) -> tuple[str, dict | None]:
+    """``ring:bruck`` as ``("ring", {collective: "bruck"})``; a plain backend as ``(spec, None)``."""
+    base, sep, name = spec.partition(CHOSEN)
+    return (base, {collective: name}) if sep else (spec, None)
+
+
+def _check_chosen(spec: str, collective: str) -> str | None:
+    """Why ``spec`` (``BACKEND:ALGORITHM``) is not a valid row for ``collective``, or None."""
+    base, algorithms = split_backend(spec, collective)
+    if collective not in choice.DEFAULTS:
+        return f"{spec}: {collective} has no algorithm menu; BACKEND:ALGORITHM applies to {', '.join(choice.DEFAULTS)}"
+    if base in OWN_SCHEDULES or base not in npcomm.backend_names():
+        valid = [b for b in npcomm.backend_names() if b not in OWN_SCHEDULES]
+        return f"{spec}: {base!r} is not a backend that runs the registry's algorithms; valid: {', '.join(valid)}"
+    try:
+        choice.check_algorithms(algorithms)
+    except ValueError as exc:
+        return f"{spec}: {exc}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -171,8 +210,10 @@ def build_parser(verbose: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--plugin", type=bc.plugin, action="append", default=[], metavar="MODULE", help=bc.PLUGIN_HELP)
     p.add_argument("--backends", default="",
                    help=f"comma-separated backends (default: {','.join(npcomm.BACKENDS)}, those the protocol offers "
-                        f"the collective on; valid: {', '.join(npcomm.backend_names())}, raw: MPI's own call in a bare "
-                        "mpi4py loop, and gloo: PyTorch's all-reduce over TCP, when torch is installed)")
+                        "the collective on; for allgather and reduce_scatter: mpi, ring:NAME for each registered "
+                        f"algorithm NAME, and auto; valid: {', '.join(npcomm.backend_names())}, BACKEND:ALGORITHM (a "
+                        "hand-written backend whose allgather or reduce_scatter runs ALGORITHM), raw: MPI's own call "
+                        "in a bare mpi4py loop, and gloo: PyTorch's all-reduce over TCP, when torch is installed)")
     p.add_argument("--collective", default="allreduce", choices=bc.COLLECTIVES)
     p.add_argument("-b", "--minbytes", type=_size, default=8, help="smallest size, e.g. 8, 1K (default 8)")
     p.add_argument("-e", "--maxbytes", type=_size, default=256 << 20, help="largest size (default 256M)")
@@ -219,10 +260,13 @@ def parse_config(argv, verbose: bool = True) -> SweepConfig:
     bc.load_plugins(argv)
     parser = build_parser(verbose)
     a = parser.parse_args(argv)
-    backends = tuple(b.strip() for b in (a.backends or ",".join(npcomm.BACKENDS)).split(","))
+    backends = tuple(b.strip() for b in a.backends.split(",")) if a.backends else default_backends(a.collective)
     if not a.backends and not bc.offered(a.collective):   # the default: npddp's rows where the protocol has the call
         backends = (RAW,)
-    bad = [b for b in backends if b not in (*npcomm.backend_names(), GLOO, RAW)]
+    for spec in (b for b in backends if CHOSEN in b):
+        if _check_chosen(spec, a.collective):
+            parser.error(f"--backends {_check_chosen(spec, a.collective)}")
+    bad = [b for b in backends if CHOSEN not in b and b not in (*npcomm.backend_names(), GLOO, RAW)]
     if bad or not backends:
         parser.error(f"--backends: unknown backend {bad[0] if bad else ''!r}; valid: {', '.join(npcomm.backend_names())}, "
                      f"{GLOO}, {RAW}")
@@ -372,6 +416,22 @@ def measure_size(cfg: SweepConfig, comms: dict, todo: list, count: int, harness)
     return times, wrong
 
 
+def row_algorithm(cfg: SweepConfig, comm, backend: str, nbytes: int) -> str:
+    """The algorithm a row's call ran: the all-reduce's pick, the chosen all-gather/reduce-scatter algorithm (auto's
+    pick at this size), else the backend's name."""
+    if cfg.collective == "allreduce":
+        return bc.algorithm_of(comm, backend, nbytes, cfg.dtype)
+    if cfg.collective in choice.DEFAULTS and split_backend(backend, cfg.collective)[0] not in OWN_SCHEDULES:
+        return comm.choice.name_for(cfg.collective, nbytes)
+    return backend
+
+
+def _npddp_comm(cfg: SweepConfig, pair: tuple, sub, world):
+    """The communicator of row ``pair`` = (backend, transport, check): ``BACKEND:ALGORITHM`` with that algorithm."""
+    backend, algorithms = split_backend(pair[0], cfg.collective)
+    return bc.create_comm(backend, sub, pair[1], world, check_args=pair[2], algorithms=algorithms)
+
+
 def run_sweep(cfg: SweepConfig, harness, on_size=None) -> tuple[list[dict], np.ndarray]:
     """Measure every size x group on the MPI communicator ``harness``.
 
@@ -387,8 +447,7 @@ def run_sweep(cfg: SweepConfig, harness, on_size=None) -> tuple[list[dict], np.n
     try:
         world = bc.tcp_world(harness) if "tcp" in cfg.transports else None
         comms = {pair: GlooComm(harness) if pair[0] == GLOO else RawMPI(sub) if pair[0] == RAW else
-                 bc.create_comm(pair[0], sub, pair[1], world, check_args=pair[2])
-                 for pair, sub in subcomms.items()}
+                 _npddp_comm(cfg, pair, sub, world) for pair, sub in subcomms.items()}
         for count in sizes(cfg, n):
             times, wrong = measure_size(cfg, comms, todo, int(count), harness)
             harness.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)  # NaN padding is the same on every rank
@@ -397,8 +456,7 @@ def run_sweep(cfg: SweepConfig, harness, on_size=None) -> tuple[list[dict], np.n
             done = []
             for i, g in enumerate(todo):
                 comm = comms[g.backend, g.transport, g.check]
-                algorithm = (bc.algorithm_of(comm, g.backend, nbytes, cfg.dtype) if cfg.collective == "allreduce"
-                             else g.backend)
+                algorithm = row_algorithm(cfg, comm, g.backend, nbytes)
                 done.append(row(cfg, g, algorithm, n, int(count), times[i][np.isfinite(times[i])], wrong[i]))
             rows += done
             raw.append(times)
@@ -414,7 +472,7 @@ def run_sweep(cfg: SweepConfig, harness, on_size=None) -> tuple[list[dict], np.n
 
 _PLACE_LABEL = {"outofplace": "out-of-place", "inplace": "in-place"}
 _LEAD = (("size", "(B)", 11), ("count", "(elements)", 10), ("type", "", 7), ("redop", "", 5),
-         ("backend", "", 12), ("algorithm", "", 12))
+         ("backend", "", 13), ("algorithm", "", 12))
 _PER_PLACE = (("time", "(us)", 9), ("algbw", "(GB/s)", 7), ("busbw", "(GB/s)", 7), ("#wrong", "", 6))
 
 

@@ -113,6 +113,10 @@ class Config:
                                     "(--comm-hook powersgd; >= 2)", metavar="K", resume="match")
     plugin: str = _opt("", "comma-separated modules (dotted names or .py paths) imported first; they register "
                        "all-reduce algorithms that --backend then accepts", metavar="MODULES", resume="inherit")
+    algorithms: str = _opt("", "the algorithm of each other collective, COLLECTIVE=NAME,... e.g. allgather=bruck,"
+                           "reduce_scatter=halving (or =auto: the cost model's pick per call); ZeRO and split runs "
+                           "take their all-gathers and reduce-scatters from it; hand-written backends only",
+                           metavar="C=NAME,...", shown="the ring's halves; auto's picks with --backend auto")
     local_sgd: int = _opt(0, "average parameters every K steps instead of gradients every step "
                           "(0: plain data parallelism)", metavar="K", resume="match")
     timeout: typing.Optional[float] = _opt(

@@ -6,6 +6,7 @@ drives whichever :func:`build` returns the same way.
 
 from __future__ import annotations
 
+from npddp.comm.communicators.choice import parse_algorithms
 from npddp.optim import make_optimizer
 from npddp.parallel import hook_registry as hooks
 from npddp.parallel.ddp import DistributedDataParallel
@@ -27,7 +28,8 @@ def build(cfg: Config, comm, model, dropouts, num_classes: int, init=None):
                             micro_batches=cfg.micro_batches or cfg.pp, schedule=cfg.pp_schedule, sync=cfg.sync,
                             bucket_cap_mb=cfg.bucket_mb, comm_hook=lambda group: _comm_hook(cfg, group),
                             eval_batch=_split_eval_batch(cfg, num_classes), tracer=tracer,
-                            sequence_parallel=cfg.sequence_parallel)
+                            sequence_parallel=cfg.sequence_parallel,
+                            algorithms=parse_algorithms(cfg.algorithms) or None)
         return engine, _optimizer(cfg, engine, engine.data)
     if cfg.zero >= 2:
         return sharding.build(cfg, model, comm, tracer, init)

@@ -279,7 +279,7 @@ class Picking:
 
 def test_the_algorithm_column_asks_the_backend_which_algorithm_ran(monkeypatch, tmp_path, capsys):
     real = bc.create_comm
-    monkeypatch.setattr(bc, "create_comm", lambda name, c, transport="mpi", world=None, check_args=None: Picking(real("ring", c)))
+    monkeypatch.setattr(bc, "create_comm", lambda name, c, transport="mpi", world=None, check_args=None, **_: Picking(real("ring", c)))
     path = tmp_path / "ar.h5"
     assert ar.main(TINY + ["--backends", "ring", "--out", str(path)], mpi_comm=MPI.COMM_SELF) == 0
     df = results.read_table(path)
@@ -295,7 +295,7 @@ def test_every_backend_that_npddp_lists_is_swept_with_the_raw_mpi_row_beside_mpi
     assert ar.parse_config(["--backends", "mpi,raw"]).backends == ("mpi", "raw")
     for collective in ("broadcast", "allgather", "reduce_scatter"):   # MPI's own call beside every collective's mpi row
         assert ar.parse_config(["--backends", "mpi", "--collective", collective]).backends == ("raw", "mpi")
-        assert ar.parse_config(["--collective", collective]).backends == ("raw", *npcomm.BACKENDS)
+        assert ar.parse_config(["--collective", collective]).backends == ("raw", *ar.default_backends(collective))
     cfg = ar.parse_config(["--backends", "raw", "--transports", "tcp", "--check-args", "both"])
     assert [(g.backend, g.transport, g.check) for g in ar.groups(cfg)] == [("raw", "mpi", True)] * 2
 
@@ -323,7 +323,7 @@ def test_every_collective_has_its_raw_row_and_alltoall_its_npddp_rows_once_the_p
         path = tmp_path / f"{collective}.h5"
         assert ar.main(TINY + ["--collective", collective, "--out", str(path)], mpi_comm=MPI.COMM_SELF) == 0
         df, meta = results.read_table(path), results.read_meta(path)
-        expected = ["raw", *npcomm.BACKENDS] if bc.offered(collective) else ["raw"]
+        expected = ["raw", *ar.default_backends(collective)] if bc.offered(collective) else ["raw"]
         assert df["backend"].unique().tolist() == expected and meta["collective"] == collective
         assert (df["collective"] == collective).all() and not df["wrong"].any()
     if not bc.offered("alltoall"):   # naming a backend for a collective npddp lacks is an error, raised up front

@@ -46,6 +46,7 @@ FLAGS = [
     ("--powersgd-start-iter", ["5"], "powersgd_start_iter", 5),
     ("--plugin", ["examples.custom_allreduce"], "plugin", "examples.custom_allreduce"),
     ("--topk-ratio", ["0.1"], "topk_ratio", 0.1),
+    ("--algorithms", ["allgather=bruck"], "algorithms", "allgather=bruck"),
     ("--local-sgd", ["4"], "local_sgd", 4),
     ("--timeout", ["30"], "timeout", 30.0),
     ("--inject-fault", ["1:5"], "inject_fault", "1:5"),
@@ -293,3 +294,17 @@ def test_each_optimizer_has_its_own_default_learning_rate_named_in_help():
     text = " ".join(build_parser().format_help().split())
     start = text.index("--lr LR learning rate")
     assert "0.05 with sgd, 0.001 with adamw" in text[start:text.index("--optimizer {", start)]
+
+
+def test_algorithms_flag_is_parsed_and_checked():
+    from npddp.train.cli.validate import check_algorithms
+    assert check_algorithms(parse_config([])) == {}
+    assert check_algorithms(parse_config(["--algorithms", "allgather=bruck, reduce_scatter=halving"])) == \
+        {"allgather": "bruck", "reduce_scatter": "halving"}
+    for bad, named in (("allgather=nope", "'nope'; valid: auto, "), ("broadcast=ring", "'broadcast'"),
+                       ("allgather", "COLLECTIVE=ALGORITHM"), ("allgather=rd,allgather=ring", "twice")):
+        with pytest.raises(ConfigError, match=named):
+            check_algorithms(parse_config(["--algorithms", bad]))
+    with pytest.raises(ConfigError, match="--backend mpi runs its own"):
+        check_config(parse_config(["--backend", "mpi", "--algorithms", "allgather=rd"]), 2)
+    check_config(parse_config(["--backend", "ring", "--algorithms", "allgather=rd"]), 2)

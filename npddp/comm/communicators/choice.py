@@ -34,6 +34,26 @@ def check_algorithms(algorithms) -> dict:
     return dict(algorithms)
 
 
+def parse_algorithms(text: str) -> dict:
+    """``"allgather=bruck,reduce_scatter=halving"`` as {collective: name}, checked; "" is {}. ValueError naming
+    the bad pair and the valid names."""
+    chosen = {}
+    for pair in filter(None, (p.strip() for p in text.split(","))):
+        collective, sep, name = (part.strip() for part in pair.partition("="))
+        if not sep or not name:
+            raise ValueError(f"{pair!r} is not COLLECTIVE=ALGORITHM, e.g. allgather=bruck; collectives: "
+                             f"{', '.join(DEFAULTS)}")
+        if collective in chosen:
+            raise ValueError(f"{collective} is named twice in {text!r}")
+        chosen[collective] = name
+    return check_algorithms(chosen)
+
+
+def describe(algorithms: dict) -> str:
+    """``allgather=bruck, reduce_scatter=halving``: the chosen algorithms as a run's header shows them."""
+    return ", ".join(f"{c}={n}" for c, n in algorithms.items())
+
+
 class CollectiveChoice:
     """The algorithm of each collective for one communicator: fixed by name, or ``auto``'s per call."""
 

@@ -64,16 +64,17 @@ class MeshEngine(Engine):
     pipeline's; ``sync``, ``bucket_cap_mb``: DDP's over the data group, and ``comm_hook(group)
     -> (state, hook)`` its hook; ``eval_batch``: rows per validation forward pass; ``tracer``:
     None for ``NPDDP_TRACE``'s; ``sequence_parallel``: a GPT's LayerNorm regions split along the
-    sequence over the tensor group (:mod:`npddp.parallel.model.sequence`).
+    sequence over the tensor group (:mod:`npddp.parallel.model.sequence`); ``algorithms``: the groups'
+    all-gather/reduce-scatter choice (``create``'s).
     """
 
     splits_model = True
 
     def __init__(self, comm, model, dropouts, *, tp: int, pp: int, backend: str, timeout: float,
                  micro_batches: int, schedule: str, sync: str, bucket_cap_mb: float, comm_hook,
-                 eval_batch: int, tracer=None, sequence_parallel: bool = False):
+                 eval_batch: int, tracer=None, sequence_parallel: bool = False, algorithms: dict | None = None):
         self.comm, self.mesh = comm, Mesh(comm.size, tp=tp, pp=pp)
-        self.groups = mesh_groups(self.mesh, raw_world(comm), backend, timeout=timeout)
+        self.groups = mesh_groups(self.mesh, raw_world(comm), backend, timeout=timeout, algorithms=algorithms)
         self.here = self.mesh.coords(comm.rank)
         self.tracer = tracing.from_env(comm) if tracer is None else tracer
         self.tracer.describe(process_names=process_names(self.mesh))

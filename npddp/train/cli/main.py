@@ -42,7 +42,7 @@ from npddp.process.agree import agree
 from npddp.train.console.banner import header, summary, transport_of
 from npddp.train.config import Config, ConfigError, default_backend
 from npddp.train.cli.parser import load_plugins, parse_args
-from npddp.train.cli.validate import check_config
+from npddp.train.cli.validate import OWN_SCHEDULES, check_algorithms, check_config
 from npddp.train.cli import layout
 from npddp.comm.node.memory import node_ids
 from npddp.comm.transports.base import resolve_transport
@@ -63,6 +63,7 @@ def train(argv=None) -> int:
     try:
         given = parse_args(argv, help_file=sys.stdout if hint == 0 else io.StringIO())
         cfg = Config(**given)
+        check_algorithms(cfg)
     except ConfigError as exc:
         Printer(hint).error(str(exc))
         return EXIT_USAGE
@@ -80,7 +81,8 @@ def train(argv=None) -> int:
         Printer(hint).error(_mpi_over_tcp(cfg))
         return EXIT_USAGE
     try:
-        comm = open_communicator(cfg.backend, timeout=cfg.timeout, transport=cfg.transport)
+        comm = open_communicator(cfg.backend, timeout=cfg.timeout, transport=cfg.transport,
+                                 algorithms=_algorithms(cfg))
     except JobError as exc:
         Printer(0 if exc.local else hint).error(str(exc))
         return exc.code
@@ -90,6 +92,11 @@ def train(argv=None) -> int:
     except JobError as exc:
         out.error(str(exc))
         return exc.code
+
+
+def _algorithms(cfg: Config) -> dict | None:
+    """``--algorithms`` for the communicator; None where the backend runs its own schedules (check_config says so)."""
+    return None if cfg.backend in OWN_SCHEDULES else check_algorithms(cfg) or None
 
 
 def _mpi_over_tcp(cfg: Config) -> str | None:
@@ -160,7 +167,8 @@ def _settle_config(cfg: Config, given: dict, comm):
     except ConfigError as exc:
         raise JobError(str(exc), EXIT_USAGE) from None
     if (cfg.backend, cfg.transport) != opened:  # the checkpoint's backend, taken over on --resume
-        comm = open_communicator(cfg.backend, timeout=cfg.timeout, transport=cfg.transport)
+        comm = open_communicator(cfg.backend, timeout=cfg.timeout, transport=cfg.transport,
+                                 algorithms=_algorithms(cfg))
     return cfg, comm, ckpt, saved, picked
 
 

@@ -10,11 +10,16 @@ from __future__ import annotations
 import math
 import os
 
+from npddp.comm.communicators.choice import parse_algorithms
 from npddp.data.datasets import TOKEN_PREFIXES
 from npddp.util.threads import parse_threads
 from npddp.train.config import DATA_SUFFIXES, DATASETS, H5_SUFFIXES, Config, ConfigError, flag
 from npddp.train.cli.layout import check_layout, check_micro_batches
 from npddp.train.faults import parse_fault
+
+#: Backends that run their own schedules for every collective: --algorithms does not apply to them.
+OWN_SCHEDULES = ("mpi", "naive", "hier")
+
 
 def _positive(cfg: Config, name: str, allow_zero: bool = False) -> None:
     value = getattr(cfg, name)
@@ -72,10 +77,22 @@ def check_config(cfg: Config, world_size: int) -> None:
     if cfg.powersgd_start_iter < 2:
         raise ConfigError(f"--powersgd-start-iter must be an integer >= 2 (error feedback and warm start "
                           f"need plain steps first), got {cfg.powersgd_start_iter}")
+    if check_algorithms(cfg) and cfg.backend in OWN_SCHEDULES:
+        raise ConfigError(f"--algorithms {cfg.algorithms} applies to the hand-written backends that run the "
+                          f"registry's algorithms; --backend {cfg.backend} runs its own schedules")
     _check_zero(cfg)
     _check_sequence_parallel(cfg)
     _check_dataset(cfg)
     _check_files(cfg)
+
+
+def check_algorithms(cfg: Config) -> dict:
+    """``--algorithms`` as {collective: name} (see :func:`npddp.comm.communicators.choice.parse_algorithms`)."""
+    try:
+        chosen = parse_algorithms(cfg.algorithms)
+    except ValueError as exc:
+        raise ConfigError(f"--algorithms: {exc}") from None
+    return chosen
 
 
 def _check_ranges(cfg: Config) -> None:

@@ -7,6 +7,7 @@ on ``--resume``, where the run continues.
 
 from __future__ import annotations
 
+from npddp.comm.communicators.choice import describe, parse_algorithms
 from npddp.optim import DEFAULT_LR
 from npddp.train.config import Config
 from npddp.train.console.printer import format_bytes
@@ -30,7 +31,8 @@ def header(cfg: Config, comm, ds, model_text: str, model, ddp, trainer, env: dic
     kind = transport_of(comm)
     where = f"MPI {library_short(env.get('mpi_library', '?'))}" if kind == "mpi" else "TCP sockets, no MPI"
     why = f" (default: {default_why})" if default_why else ""
-    lines = [f"npddp.train: {comm.size} rank{'s' * (comm.size > 1)}, backend {cfg.backend} over {kind}{why}, {where}",
+    chosen = f" ({describe(parse_algorithms(cfg.algorithms))})" if cfg.algorithms else ""
+    lines = [f"npddp.train: {comm.size} rank{'s' * (comm.size > 1)}, backend {cfg.backend}{chosen} over {kind}{why}, {where}",
              *([nodes_line(nodes)] if len(set(nodes)) > 1 else []),
              thread_line,
              f"model: {model_text}; {count:,} parameters ({cfg.dtype}, {format_bytes(nbytes)})",
