@@ -176,3 +176,28 @@ class ExpertDataParallel:
     def state_dict(self) -> dict:
         """This rank's parameters by name (its own experts only)."""
         return self.module.state_dict()
+
+
+def whole_state_dict(model, ep_comm) -> dict:
+    """The whole model's parameters by name on every rank of the expert group (collective over it): the
+    replicas as held here, every expert gathered from the rank holding it; what one process would save."""
+    state = model.state_dict()
+    for prefix, layer in model.named_modules():
+        if not isinstance(layer, MoE):
+            continue
+        names = [n for n, _ in layer.experts[layer.experts.held[0]].named_parameters()]
+        for name in names:
+            mine = np.stack([state.pop(f"{prefix}.experts.{e}.{name}") for e in layer.experts.held])
+            every = ep_comm.allgather(mine)                          # (ep, per, *shape): rank j's experts
+            for e, value in enumerate(every.reshape((-1,) + mine.shape[1:])):
+                state[f"{prefix}.experts.{e}.{name}"] = value
+    return state
+
+
+def load_whole(model, state: dict) -> None:
+    """Load a whole model's parameters (from any ``ep``, or one process) into this rank's part of ``model``."""
+    mine = model.state_dict()
+    missing = [n for n in mine if n not in state]
+    if missing:
+        raise KeyError(f"load_whole: the state lacks {len(missing)} parameters of this model, e.g. {missing[0]}")
+    model.load_state_dict({n: state[n] for n in mine})

@@ -96,3 +96,29 @@ def test_expert_parallel_equals_one_process(world, backend, ep, opt_name, assert
 def test_local_dispatcher_is_the_default():
     model = make_model()
     assert isinstance(model.blocks[0].mlp.dispatcher, LocalExperts)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_whole_state_gathers_every_expert_and_loads_into_any_ep(world, backend, assert_all_ranks):
+    """Saved at ep 2 -> the whole model (what one process holds); the whole model -> ep 2 gives the same logits."""
+    from npddp.parallel.model.experts import load_whole, whole_state_dict
+    if world.size > 4:
+        pytest.skip("at most 4 ranks")
+    comm = _world(backend)
+    group = comm.split(comm.rank // 2, comm.rank)
+    same = comm.split(comm.rank % 2, comm.rank)
+    rows = np.array_split(np.arange(BATCH), comm.size)[comm.rank]
+    model = expert_parallel(make_model(), group)
+    train(ExpertDataParallel(model, comm, same), rows, "sgd")
+    whole = whole_state_dict(model, group)
+    want = train(make_model(), np.arange(BATCH), "sgd")
+    assert_all_ranks(sorted(whole) == sorted(want), "names differ from one process's")
+    errs = [float(np.linalg.norm(whole[n] - want[n]) / np.linalg.norm(want[n])) for n in want]
+    assert_all_ranks(max(errs) <= 1e-9, f"largest difference {max(errs):.3g}")
+    one = make_model()                                            # resumed at ep 1 ...
+    load_whole(one, whole)
+    back = expert_parallel(make_model(), group)                   # ... and at ep 2 again
+    load_whole(back, whole)
+    X, _ = make_data()
+    np.testing.assert_allclose(back.forward(X[0, rows]), one.forward(X[0, rows]), rtol=0, atol=1e-12)
+    assert_all_ranks(not any(".experts.0." in n for n in back.state_dict()) or group.rank == 0)
