@@ -15,7 +15,7 @@ from npddp.optim import SGD, AdamW
 from npddp.parallel.model.experts import (AllToAllExperts, ExpertDataParallel, check_ep, expert_owner,
                                           expert_parallel, is_expert_parameter)
 
-from tests.conftest import RUN_BACKENDS, world_raw
+from tests.helpers.ranks import world_raw
 
 VOCAB, CONTEXT, BATCH, STEPS, EXPERTS = 13, 8, 8, 12, 4
 MOE = {"num_experts": EXPERTS, "top_k": 2, "capacity_factor": 1.0, "aux_coef": 0.05}
@@ -53,11 +53,6 @@ def test_owner_blocks_and_bad_ep():
     with pytest.raises(ValueError, match="ep must be >= 1 and divide both the number of experts 6 and the world"):
         check_ep(6, 4, 4)
     assert is_expert_parameter("blocks.0.mlp.experts.3.0.weight") and not is_expert_parameter("blocks.0.mlp.router.weight")
-
-
-@pytest.fixture(params=[b for b in ("mpi", "ring") if b in RUN_BACKENDS])
-def backend(request):
-    return request.param
 
 
 def _world(backend):
