@@ -14,6 +14,7 @@ from npddp.nn.layers import Flatten, Linear, ReLU, Tanh
 from npddp.nn.losses import CrossEntropyLoss, MSELoss
 from npddp.nn.module import Module, Sequential
 from npddp.nn.parameter import Parameter, settle_grads
+from npddp.nn.moe import MoE
 from npddp.nn.norm import LayerNorm
 from npddp.nn.pool import MaxPool2d
 
@@ -21,6 +22,6 @@ __all__ = [
     "Parameter", "Module", "Sequential", "settle_grads",
     "Linear", "ReLU", "Tanh", "GELU", "Conv2d", "MaxPool2d", "Flatten", "Dropout",
     "Embedding", "LayerNorm", "CausalSelfAttention", "Block", "GPT",
-    "CrossEntropyLoss", "MSELoss",
+    "MoE", "CrossEntropyLoss", "MSELoss",
     "mlp", "cnn", "gpt", "gpt_preset", "gpt_num_parameters", "PRESETS", "summary",
 ]

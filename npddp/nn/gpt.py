@@ -30,6 +30,7 @@ from npddp.nn.embedding import Embedding
 from npddp.nn.gelu import GELU
 from npddp.nn.layers import Linear
 from npddp.nn.module import Module, Sequential
+from npddp.nn.moe import MoE
 from npddp.nn.norm import LayerNorm
 
 #: name -> (d_model, d_ff, num_layers, num_heads)
@@ -49,16 +50,20 @@ class Block(Module):
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, *, dtype=np.float32, rng=None,
                  init_std: float | None = INIT_STD, proj_std: float | None = None,
-                 gelu: str = "none"):
+                 gelu: str = "none", moe: dict | None = None):
         super().__init__()
         proj_std = init_std if proj_std is None else proj_std
         self.ln1 = LayerNorm(d_model, dtype=dtype)
         self.attn = CausalSelfAttention(d_model, num_heads, dtype=dtype, rng=rng, init_std=init_std,
                                         proj_std=proj_std)
         self.ln2 = LayerNorm(d_model, dtype=dtype)
-        self.mlp = Sequential(Linear(d_model, d_ff, dtype=dtype, rng=rng, init_std=init_std),
-                              GELU(gelu),
-                              Linear(d_ff, d_model, dtype=dtype, rng=rng, init_std=proj_std))
+        if moe:   # a mixture of experts in the MLP's place: {"num_experts", "top_k", ...} (see MoE)
+            self.mlp = MoE(d_model, d_ff, **moe, dtype=dtype, rng=rng, init_std=init_std, proj_std=proj_std,
+                           gelu=gelu)
+        else:
+            self.mlp = Sequential(Linear(d_model, d_ff, dtype=dtype, rng=rng, init_std=init_std),
+                                  GELU(gelu),
+                                  Linear(d_ff, d_model, dtype=dtype, rng=rng, init_std=proj_std))
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         h = self.attn.forward(self.ln1.forward(x))             # (B, T, d)
@@ -80,7 +85,7 @@ class GPT(Module):
 
     def __init__(self, vocab_size: int, context_length: int, d_model: int, num_layers: int,
                  num_heads: int, d_ff: int, *, dtype=np.float32, seed: int = 0,
-                 tie_weights: bool = True, gelu: str = "none"):
+                 tie_weights: bool = True, gelu: str = "none", moe: dict | None = None):
         super().__init__()
         self.vocab_size = check_positive_int("vocab_size", vocab_size)
         self.context_length = check_positive_int("context_length", context_length)
@@ -94,12 +99,14 @@ class GPT(Module):
         self.config = {"vocab_size": vocab_size, "context_length": context_length, "d_model": d_model,
                        "num_layers": num_layers, "num_heads": num_heads, "d_ff": d_ff,
                        "tie_weights": bool(tie_weights), "gelu": gelu}
+        if moe:
+            self.config["moe"] = dict(moe)
         rng = np.random.default_rng(seed)
         proj_std = INIT_STD / math.sqrt(2 * num_layers)
         self.tok_emb = Embedding(vocab_size, d_model, dtype=dtype, rng=rng, init_std=INIT_STD)
         self.pos_emb = Embedding(context_length, d_model, dtype=dtype, rng=rng, init_std=INIT_STD)
         self.blocks = Sequential(*[Block(d_model, num_heads, d_ff, dtype=dtype, rng=rng, init_std=INIT_STD,
-                                         proj_std=proj_std, gelu=gelu) for _ in range(num_layers)])
+                                         proj_std=proj_std, gelu=gelu, moe=moe) for _ in range(num_layers)])
         self.ln_f = LayerNorm(d_model, dtype=dtype)
         self.head = Linear(d_model, vocab_size, bias=False, dtype=dtype, rng=rng, init_std=INIT_STD,
                            weight=self.tok_emb.weight if tie_weights else None)
@@ -129,10 +136,14 @@ class GPT(Module):
 
 
 def gpt(vocab_size: int, context_length: int, d_model: int, num_layers: int, num_heads: int, d_ff: int,
-        *, dtype=np.float32, seed: int = 0, tie_weights: bool = True, gelu: str = "none") -> GPT:
-    """A GPT language model returning logits (B, T, V) for tokens (B, T); see the module docstring."""
+        *, dtype=np.float32, seed: int = 0, tie_weights: bool = True, gelu: str = "none",
+        moe: dict | None = None) -> GPT:
+    """A GPT language model returning logits (B, T, V) for tokens (B, T); see the module docstring.
+
+    ``moe={"num_experts": E, "top_k": K, ...}`` puts a :class:`~npddp.nn.moe.MoE` in every block's MLP place.
+    """
     return GPT(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, dtype=dtype, seed=seed,
-               tie_weights=tie_weights, gelu=gelu)
+               tie_weights=tie_weights, gelu=gelu, moe=moe)
 
 
 def preset(name: str) -> dict:

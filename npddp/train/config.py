@@ -163,6 +163,14 @@ class Config:
         resume="match")
     context_length: int = _opt(64, "GPT only: tokens per training sequence (and learned positions)",
                                metavar="T", resume="match")
+    moe_experts: int = _opt(0, "GPT only: a mixture of this many expert MLPs in every block's MLP place, with a "
+                            "learned router (0: plain MLPs)", metavar="E", resume="match")
+    moe_top_k: int = _opt(1, "GPT with --moe-experts: experts per token, in [1, E]", metavar="K", resume="match")
+    moe_capacity: float = _opt(1.25, "GPT with --moe-experts: capacity factor, > 0; an expert takes at most "
+                               "ceil(factor * K * T / E) tokens of a sequence, the rest pass by", metavar="F",
+                               resume="match")
+    moe_aux: float = _opt(0.01, "GPT with --moe-experts: weight of the load-balancing loss, >= 0", metavar="C",
+                          resume="match")
     vocab_size: int = _opt(0, "GPT only: vocabulary size (0: from the data: 256 for text: and "
                            "synthetic-tokens, largest id + 1 for tokens:)", metavar="V", resume="match")
     # --- data

@@ -69,10 +69,15 @@ def _cnn(settings: Mapping, input_shape, num_classes: int, dtype):
 def _gpt(settings: Mapping, input_shape, num_classes: int, dtype):
     """A GPT preset (``model_size``) over ``num_classes`` tokens, sequences of ``input_shape[0]`` tokens."""
     size, context = settings.get("model_size", "tiny"), int(input_shape[0])
-    net = gpt_preset(size, num_classes, context, dtype=dtype, seed=int(settings["seed"]))
+    experts = int(settings.get("moe_experts", 0))
+    moe = {"num_experts": experts, "top_k": int(settings.get("moe_top_k", 1)),
+           "capacity_factor": float(settings.get("moe_capacity", 1.25)),
+           "aux_coef": float(settings.get("moe_aux", 0.01))} if experts else None
+    net = gpt_preset(size, num_classes, context, dtype=dtype, seed=int(settings["seed"]), moe=moe)
     c = net.config
+    mix = f", {experts} experts (top-{moe['top_k']})" if moe else ""
     return net, (f"gpt {size} (d_model {c['d_model']}, {c['num_layers']} layers, {c['num_heads']} heads, "
-                 f"d_ff {c['d_ff']}), vocab {c['vocab_size']}, context {context}, tied LM head")
+                 f"d_ff {c['d_ff']}{mix}), vocab {c['vocab_size']}, context {context}, tied LM head")
 
 
 MODELS = REGISTRY.names()

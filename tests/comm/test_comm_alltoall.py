@@ -6,7 +6,7 @@ import pytest
 from npddp.comm import DTYPES, create
 from npddp.comm.algorithms import registry
 from npddp.comm.engine.cost import MODEL
-from tests.comm.conftest import one_rank_group
+from tests.helpers.groups import one_rank_group
 
 
 def block_of(source: int, dest: int, n: int, dtype) -> np.ndarray:

@@ -6,7 +6,7 @@ import pytest
 from npddp.comm import DTYPES, create
 from npddp.comm.algorithms import registry
 from npddp.comm.engine.cost import MODEL
-from tests.comm.conftest import one_rank_group
+from tests.helpers.groups import one_rank_group
 
 
 @pytest.mark.parametrize("algorithm", [*registry.names("broadcast", builtin=True), "auto"])

@@ -9,6 +9,8 @@ from npddp.parallel.zero import ShardedOptimizer, ZeroDataParallel, ZeroRedundan
 
 GLOBAL_BATCH, STEPS = 12, 3
 VOCAB, CONTEXT, FEATURES, CLASSES = 11, 6, 5, 3
+#: Relative difference allowed between ZeRO and DDP parameters, per dtype.
+TOLERANCE = {"float64": 1e-12, "float32": 1e-6}
 BUCKET_MB = 2e-3                                   # a few parameters per group
 
 

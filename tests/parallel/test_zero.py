@@ -19,10 +19,9 @@ from npddp.parallel.zero import ShardedInit, ShardedOptimizer, ZeroDataParallel,
 
 from tests.helpers.fakes import Idle
 from tests.helpers.ranks import RUN_BACKENDS, world_raw
-from tests.helpers.zero import (BUCKET_MB, CLASSES, CONTEXT, FEATURES, GLOBAL_BATCH, STEPS, VOCAB, make_data, make_model,
+from tests.helpers.zero import (TOLERANCE, BUCKET_MB, CLASSES, CONTEXT, FEATURES, GLOBAL_BATCH, STEPS, VOCAB, make_data, make_model,
                                 train, values)
 
-TOLERANCE = {"float64": 1e-12, "float32": 1e-6}
 ROWS, PER_RANK, EPOCHS = 25, 4, 2   # 25 rows: padded at N = 2, 3, 4, and every epoch ends on a partial batch
 CLI_SETTINGS = {"lr": 0.02, "momentum": 0.9, "weight_decay": 0.1}   # what the CLI passes make_optimizer
 

@@ -15,7 +15,7 @@ from npddp.comm import create
 from npddp.comm.algorithms import registry
 
 from tests.helpers.ranks import world_raw
-from tests.parallel.test_zero import TOLERANCE, train, values
+from tests.helpers.zero import TOLERANCE, train, values
 
 GATHERS, SCATTERS = registry.names("allgather", builtin=True), registry.names("reduce_scatter", builtin=True)
 PAIRS = list(zip(GATHERS, islice(cycle(SCATTERS), len(GATHERS)))) if len(GATHERS) >= len(SCATTERS) else \

@@ -82,6 +82,7 @@ def check_config(cfg: Config, world_size: int) -> None:
                           f"registry's algorithms; --backend {cfg.backend} runs its own schedules")
     _check_zero(cfg)
     _check_sequence_parallel(cfg)
+    _check_moe(cfg)
     _check_dataset(cfg)
     _check_files(cfg)
 
@@ -115,7 +116,7 @@ def _check_ranges(cfg: Config) -> None:
 
 #: Flags only some built-in models read, and those models.
 MODEL_FLAGS = {"hidden": ("mlp", "cnn"), "channels": ("cnn",), "model_size": ("gpt",),
-               "context_length": ("gpt",), "vocab_size": ("gpt",)}
+               "context_length": ("gpt",), "vocab_size": ("gpt",), "moe_experts": ("gpt",)}
 
 
 def _check_model_flags(cfg: Config) -> None:
@@ -129,6 +130,23 @@ def _check_model_flags(cfg: Config) -> None:
             shown = " ".join(map(str, value)) if isinstance(value, list) else value
             raise ConfigError(f"{flag(name)} {shown} applies to --model {' or '.join(models)}; --model "
                               f"{cfg.model} does not read it")
+
+
+def _check_moe(cfg: Config) -> None:
+    """--moe-experts E >= 0; with E: --moe-top-k in [1, E], --moe-capacity > 0, --moe-aux >= 0, no --tp/--pp."""
+    if cfg.moe_experts < 0:
+        raise ConfigError(f"--moe-experts must be an integer >= 0 (0: no experts), got {cfg.moe_experts}")
+    if not cfg.moe_experts:
+        return
+    if not 1 <= cfg.moe_top_k <= cfg.moe_experts:
+        raise ConfigError(f"--moe-top-k must be in [1, {cfg.moe_experts}] (--moe-experts), got {cfg.moe_top_k}")
+    if not (0.0 < cfg.moe_capacity < math.inf):
+        raise ConfigError(f"--moe-capacity must be a finite number > 0, got {cfg.moe_capacity}")
+    if not (0.0 <= cfg.moe_aux < math.inf):
+        raise ConfigError(f"--moe-aux must be a finite number >= 0, got {cfg.moe_aux}")
+    if cfg.tp > 1 or cfg.pp > 1:
+        raise ConfigError(f"--moe-experts {cfg.moe_experts} runs with data parallelism only, not with "
+                          f"--tp {cfg.tp} --pp {cfg.pp}: use --tp 1 --pp 1")
 
 
 def _check_dataset(cfg: Config) -> None:
