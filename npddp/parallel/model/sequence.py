@@ -28,29 +28,7 @@ import numpy as np
 from npddp.nn.gpt import Block
 from npddp.nn.module import Module
 from npddp.nn.norm import LayerNorm
-from npddp.parallel.model.tensor import AddBias, ColumnParallelLinear, RowParallelLinear
-from npddp.util import tracing
-
-
-class _Traced:
-    """One collective of the tensor group, recorded on the tracer's comm track under ``label`` (one event per size)."""
-
-    __slots__ = ("comm", "tracer", "label", "events", "call")
-
-    def __init__(self, comm, tracer, label: str, call: str):
-        self.comm, self.label, self.call = comm, label, call
-        self.tracer = tracing.NULL if tracer is None else tracer
-        self.events: dict[int, int] = {}
-
-    def __call__(self, buf: np.ndarray) -> np.ndarray:
-        t0 = self.tracer.clock()
-        out = getattr(self.comm, self.call)(buf)
-        event = self.events.get(buf.nbytes)
-        if event is None:
-            event = self.events[buf.nbytes] = self.tracer.name(
-                self.label, backend=self.comm.name, group_size=self.comm.size, bytes=buf.nbytes)
-        self.tracer.add(t0, event, tracing.COMM)
-        return out
+from npddp.parallel.model.tensor import AddBias, ColumnParallelLinear, RowParallelLinear, TracedCollective
 
 
 def _block_length(comm, t: int) -> int:
@@ -67,13 +45,13 @@ def own_block(comm, x: np.ndarray) -> np.ndarray:
     return x[:, comm.rank * n:(comm.rank + 1) * n].copy()
 
 
-def gathered(gather: _Traced, x: np.ndarray) -> np.ndarray:
+def gathered(gather: TracedCollective, x: np.ndarray) -> np.ndarray:
     """(B, T/tp, ...) blocks of every rank -> (B, T, ...), ranks in order along the sequence."""
     parts = gather(np.ascontiguousarray(x))                      # (tp, B, T/tp, ...)
     return np.concatenate(list(parts), axis=1)
 
 
-def scattered(reduce: _Traced, comm, x: np.ndarray) -> np.ndarray:
+def scattered(reduce: TracedCollective, comm, x: np.ndarray) -> np.ndarray:
     """(B, T, ...) partial sums -> this rank's (B, T/tp, ...) block of their sum over the group."""
     n = _block_length(comm, x.shape[1])
     seq_first = np.ascontiguousarray(np.moveaxis(x, 1, 0))       # (T, B, ...): block r of the ravel is block r of T
@@ -87,8 +65,8 @@ class GatherSequence(Module):
     def __init__(self, comm, tracer=None):
         super().__init__()
         self.comm = comm
-        self.gather = _Traced(comm, tracer, "sequence-parallel all-gather (forward)", "allgather")
-        self.reduce = _Traced(comm, tracer, "sequence-parallel reduce-scatter (backward)", "reduce_scatter")
+        self.gather = TracedCollective(comm, tracer, "sequence-parallel all-gather (forward)", "allgather")
+        self.reduce = TracedCollective(comm, tracer, "sequence-parallel reduce-scatter (backward)", "reduce_scatter")
 
     def forward(self, x):
         return gathered(self.gather, x)
@@ -103,8 +81,8 @@ class ScatterSequence(Module):
     def __init__(self, comm, tracer=None):
         super().__init__()
         self.comm = comm
-        self.reduce = _Traced(comm, tracer, "sequence-parallel reduce-scatter (forward)", "reduce_scatter")
-        self.gather = _Traced(comm, tracer, "sequence-parallel all-gather (backward)", "allgather")
+        self.reduce = TracedCollective(comm, tracer, "sequence-parallel reduce-scatter (forward)", "reduce_scatter")
+        self.gather = TracedCollective(comm, tracer, "sequence-parallel all-gather (backward)", "allgather")
 
     def forward(self, x):
         return scattered(self.reduce, self.comm, x)
@@ -113,7 +91,7 @@ class ScatterSequence(Module):
         return gathered(self.gather, dout)
 
 
-def _summed_over_group(params, allreduce: _Traced, run):
+def _summed_over_group(params, allreduce: TracedCollective, run):
     """``run()`` with ``params``' gradients written into fresh buffers, all-reduced as one, then added to theirs."""
     saved = [(p, *p.grad_to_write()) for p in params]
     for p in params:
@@ -145,8 +123,8 @@ class SequenceLayerNorm(LayerNorm):
         self.weight, self.bias = norm.weight, norm.bias            # the same Parameters: names and values kept
         self._xhat = self._rstd = None
         self.comm, self.gather_input = comm, gather_input
-        self.allreduce = _Traced(comm, tracer, "sequence-parallel LayerNorm gradient all-reduce", "allreduce")
-        self.gather = _Traced(comm, tracer, "sequence-parallel all-gather (final LayerNorm)", "allgather")
+        self.allreduce = TracedCollective(comm, tracer, "sequence-parallel LayerNorm gradient all-reduce", "allreduce")
+        self.gather = TracedCollective(comm, tracer, "sequence-parallel all-gather (final LayerNorm)", "allgather")
 
     def forward(self, x):
         if self.gather_input:
@@ -165,7 +143,7 @@ class SequenceAddBias(AddBias):
 
     def __init__(self, add: AddBias, comm, tracer=None):
         super().__init__(add.bias)
-        self.allreduce = _Traced(comm, tracer, "sequence-parallel bias gradient all-reduce", "allreduce")
+        self.allreduce = TracedCollective(comm, tracer, "sequence-parallel bias gradient all-reduce", "allreduce")
 
     def backward(self, dout):
         return _summed_over_group([self.bias], self.allreduce, lambda: super(SequenceAddBias, self).backward(dout))
@@ -181,7 +159,7 @@ class SequenceParallelBlock(Block):
         self.ln2 = SequenceLayerNorm(block.ln2, comm, tracer)
         self.mlp = block.mlp
         self.comm, self.first = comm, first
-        self.gather = _Traced(comm, tracer, "sequence-parallel all-gather (embedding gradient)", "allgather")
+        self.gather = TracedCollective(comm, tracer, "sequence-parallel all-gather (embedding gradient)", "allgather")
         for _, m in list(self.attn.named_modules()) + list(self.mlp.named_modules()):
             if isinstance(m, ColumnParallelLinear):
                 m.enter = GatherSequence(comm, tracer)

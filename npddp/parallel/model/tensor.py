@@ -28,19 +28,20 @@ from npddp.nn.parameter import Parameter
 from npddp.util import tracing
 
 
-class _TracedAllReduce:
-    """``comm.allreduce`` in place, recorded on the tracer's comm track under one event name per size."""
+class TracedCollective:
+    """One collective of a group (``comm.<call>``), recorded on the tracer's comm track under ``label``, one event
+    name per size."""
 
-    __slots__ = ("comm", "tracer", "label", "events")
+    __slots__ = ("comm", "tracer", "label", "events", "run")
 
-    def __init__(self, comm, tracer, label: str):
-        self.comm, self.label = comm, label
+    def __init__(self, comm, tracer, label: str, call: str = "allreduce"):
+        self.comm, self.label, self.run = comm, label, getattr(comm, call)
         self.tracer = tracing.NULL if tracer is None else tracer
         self.events: dict[int, int] = {}     # bytes -> event id (a layer's buffer has one size per micro-batch shape)
 
     def __call__(self, buf: np.ndarray) -> np.ndarray:
         t0 = self.tracer.clock()
-        out = self.comm.allreduce(buf)
+        out = self.run(buf)
         event = self.events.get(buf.nbytes)
         if event is None:
             event = self.events[buf.nbytes] = self.tracer.name(
@@ -54,7 +55,7 @@ class CopyToGroup(Module):
 
     def __init__(self, comm, tracer=None):
         super().__init__()
-        self.allreduce = _TracedAllReduce(comm, tracer, "tensor-parallel all-reduce (backward)")
+        self.allreduce = TracedCollective(comm, tracer, "tensor-parallel all-reduce (backward)")
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         return x
@@ -70,7 +71,7 @@ class ReduceFromGroup(Module):
 
     def __init__(self, comm, tracer=None):
         super().__init__()
-        self.allreduce = _TracedAllReduce(comm, tracer, "tensor-parallel all-reduce (forward)")
+        self.allreduce = TracedCollective(comm, tracer, "tensor-parallel all-reduce (forward)")
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         return self.allreduce(np.ascontiguousarray(x))
