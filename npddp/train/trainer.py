@@ -158,7 +158,9 @@ class Trainer:
                 checkpoint.save(self.comm, self.cfg.checkpoint, self.saved_objects(), info=checkpoint.RunInfo(
                     self.attrs["config"], self.cfg.backend, self.cfg.optimizer,
                     {k: v for k, v in self.attrs.items() if k != "config"}, self.input_shape, self.num_classes))
-            except OSError as exc:
+            except (TimeoutError, ConnectionError):
+                raise            # a peer failed while the file was gathered (OSErrors too): the job ends as on any call
+            except OSError as exc:   # the file could not be written, agreed by every rank
                 raise JobError(f"{exc}, training stopped", EXIT_WRITE) from None
         self.engine.tracer.add(traced, self.trace_save, tracing.CHECKPOINT)
 
