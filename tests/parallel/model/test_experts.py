@@ -97,8 +97,8 @@ def test_local_dispatcher_is_the_default():
 def test_whole_state_gathers_every_expert_and_loads_into_any_ep(world, backend, assert_all_ranks):
     """Saved at ep 2 -> the whole model (what one process holds); the whole model -> ep 2 gives the same logits."""
     from npddp.parallel.model.experts import load_whole, whole_state_dict
-    if world.size > 4:
-        pytest.skip("at most 4 ranks")
+    if world.size % 2 or world.size > 4:
+        pytest.skip(f"a world of {world.size} does not hold ep 2 (or is above 4)")
     comm = _world(backend)
     group = comm.split(comm.rank // 2, comm.rank)
     same = comm.split(comm.rank % 2, comm.rank)
