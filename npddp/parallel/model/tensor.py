@@ -32,16 +32,17 @@ class TracedCollective:
     """One collective of a group (``comm.<call>``), recorded on the tracer's comm track under ``label``, one event
     name per size."""
 
-    __slots__ = ("comm", "tracer", "label", "events", "run")
+    __slots__ = ("comm", "tracer", "label", "events", "call")
 
     def __init__(self, comm, tracer, label: str, call: str = "allreduce"):
-        self.comm, self.label, self.run = comm, label, getattr(comm, call)
+        self.comm, self.label, self.call = comm, label, call   # the method is looked up per call: a layout check
+        # builds the layers over a stand-in group that has no collectives
         self.tracer = tracing.NULL if tracer is None else tracer
         self.events: dict[int, int] = {}     # bytes -> event id (a layer's buffer has one size per micro-batch shape)
 
     def __call__(self, buf: np.ndarray) -> np.ndarray:
         t0 = self.tracer.clock()
-        out = self.run(buf)
+        out = getattr(self.comm, self.call)(buf)
         event = self.events.get(buf.nbytes)
         if event is None:
             event = self.events[buf.nbytes] = self.tracer.name(
