@@ -43,17 +43,21 @@ def optimizer_class(name: str):
     return SGD, {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.01}
 
 
+def engine_and_optimizer(model, comm, stage: int, make_optimizer, **settings):
+    """DDP (stage 0) or ZeRO ``stage``'s engine over ``model``, and its optimizer built by ``make_optimizer``."""
+    if stage >= 2:
+        engine = ZeroDataParallel(model, comm, stage=stage, bucket_cap_mb=BUCKET_MB)
+        return engine, ShardedOptimizer(engine, make_optimizer, **settings)
+    engine = DistributedDataParallel(model, comm, bucket_cap_mb=BUCKET_MB)
+    return engine, (ZeroRedundancyOptimizer(engine.parameters(), make_optimizer, comm, **settings) if stage == 1
+                    else make_optimizer(engine.parameters(), **settings))
+
+
 def train(comm, kind: str, dtype, stage: int, opt_name: str, steps: int = STEPS):
     """``steps`` steps of ``stage`` (0: DDP); the parameters afterwards (full values) and the engine's pieces."""
     model, loss = make_model(kind, dtype), CrossEntropyLoss()
     cls, defaults = optimizer_class(opt_name)
-    if stage >= 2:
-        engine = ZeroDataParallel(model, comm, stage=stage, bucket_cap_mb=BUCKET_MB)
-        opt = ShardedOptimizer(engine, cls, **defaults)
-    else:
-        engine = DistributedDataParallel(model, comm, bucket_cap_mb=BUCKET_MB)
-        opt = (ZeroRedundancyOptimizer(engine.parameters(), cls, comm, **defaults) if stage == 1
-               else cls(engine.parameters(), **defaults))
+    engine, opt = engine_and_optimizer(model, comm, stage, cls, **defaults)
     X, Y = make_data(kind, dtype)
     parts = np.array_split(np.arange(GLOBAL_BATCH), comm.size)[comm.rank]
     for t in range(steps):

@@ -15,11 +15,11 @@ from npddp.data import BatchLoader, DistributedSampler
 from npddp.nn import CrossEntropyLoss, Linear, Sequential, gpt
 from npddp.optim import OPTIMIZERS, SGD, make_optimizer
 from npddp.parallel.ddp import DistributedDataParallel
-from npddp.parallel.zero import ShardedInit, ShardedOptimizer, ZeroDataParallel, ZeroRedundancyOptimizer
+from npddp.parallel.zero import ShardedInit, ShardedOptimizer, ZeroDataParallel
 
 from tests.helpers.fakes import Idle
 from tests.helpers.ranks import RUN_BACKENDS, world_raw
-from tests.helpers.zero import (TOLERANCE, BUCKET_MB, CLASSES, CONTEXT, FEATURES, GLOBAL_BATCH, STEPS, VOCAB, make_data, make_model,
+from tests.helpers.zero import (TOLERANCE, BUCKET_MB, engine_and_optimizer, CLASSES, CONTEXT, FEATURES, GLOBAL_BATCH, STEPS, VOCAB, make_data, make_model,
                                 train, values)
 
 ROWS, PER_RANK, EPOCHS = 25, 4, 2   # 25 rows: padded at N = 2, 3, 4, and every epoch ends on a partial batch
@@ -196,14 +196,7 @@ def test_zero2_sends_zeros_for_a_parameter_no_layer_wrote_since_zero_grad(via):
 def train_epochs(comm, stage: int, opt_name: str) -> np.ndarray:
     """EPOCHS epochs of the training CLI's loop at ``stage`` (0: DDP), float64 MLP; the final full parameters."""
     model, loss = make_model("mlp", "float64"), CrossEntropyLoss()
-    factory = partial(make_optimizer, opt_name)
-    if stage >= 2:
-        engine = ZeroDataParallel(model, comm, stage=stage, bucket_cap_mb=BUCKET_MB)
-        opt = ShardedOptimizer(engine, factory, **CLI_SETTINGS)
-    else:
-        engine = DistributedDataParallel(model, comm, bucket_cap_mb=BUCKET_MB)
-        opt = (ZeroRedundancyOptimizer(engine.parameters(), factory, comm, **CLI_SETTINGS) if stage == 1
-               else factory(engine.parameters(), **CLI_SETTINGS))
+    engine, opt = engine_and_optimizer(model, comm, stage, partial(make_optimizer, opt_name), **CLI_SETTINGS)
     rng = np.random.default_rng(1)
     X, y = rng.standard_normal((ROWS, FEATURES)), rng.integers(0, CLASSES, size=ROWS)
     loader = BatchLoader(X, y, DistributedSampler(ROWS, comm.size, comm.rank, shuffle=True, seed=0),
